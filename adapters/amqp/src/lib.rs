@@ -1,0 +1,4 @@
+//! AMQP 0-9-1 adapter.
+//!
+//! Not built yet: this crate is a placeholder in the workspace layout of
+//! ARCHITECTURE.md and exports nothing.

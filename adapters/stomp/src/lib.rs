@@ -1,0 +1,4 @@
+//! STOMP 1.2 adapter.
+//!
+//! Not built yet: this crate is a placeholder in the workspace layout of
+//! ARCHITECTURE.md and exports nothing.

@@ -1,0 +1,2 @@
+//! The `triad` broker binary. In progress.
+fn main() {}

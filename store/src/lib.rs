@@ -1,0 +1,35 @@
+//! Triad's durable store, after RocketMQ's design.
+//!
+//! Every message is written once, to the [`commitlog`]; each queue it was routed to gets
+//! a fixed 20-byte entry in its own [`consumequeue`]; message keys go to the
+//! [`index`]. Per-queue [`ack`] state records which entries were consumed, and
+//! [`meta`] holds small JSON documents (topology, users, sessions) written atomically.
+//! [`store`] ties them together: one writer path, group commit ([`flush`]), checkpoints,
+//! crash recovery and retention. It knows nothing of protocols.
+//!
+//! Modules:
+//! - [`record`]: the self-describing, CRC32C-checked commitlog record codec.
+//! - [`commitlog`]: fixed-size memory-mapped segments named by start offset.
+//! - [`consumequeue`]: per-queue files of 20-byte entries (commitlog offset, size, tag hash).
+//! - [`index`]: on-disk hash index from message key to commitlog offsets.
+//! - [`ack`]: ack head plus the set of acked entries above it.
+//! - [`flush`]: durability waiters and the flusher (sync = group commit, async = interval).
+//! - [`meta`]: atomic JSON metadata files.
+//! - [`store`]: the [`Store`] itself.
+//! - [`file`], [`error`]: helpers.
+
+#![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic))]
+
+pub mod ack;
+pub mod commitlog;
+pub mod consumequeue;
+pub mod error;
+pub mod file;
+pub mod flush;
+pub mod index;
+pub mod meta;
+pub mod record;
+pub mod store;
+
+pub use error::{Result, StoreError};
