@@ -1,1 +1,381 @@
-//! In progress.
+//! Durability tracking: which commitlog offset is known to be on disk, and the handles
+//! ([`Durable`]) that appends return and confirms wait on.
+//!
+//! In `sync` mode one flusher thread performs group commit: it takes everything appended
+//! so far, makes it durable with one `msync`, then completes every waiter at or below
+//! that offset; appends that arrive meanwhile share the next flush. In `async` mode the
+//! flusher runs on an interval or once enough bytes are dirty, and appends complete at
+//! once (after the page-cache write). A failed flush is fatal: every waiter, present and
+//! future, gets `StoreError::Fatal`, because retrying `fsync` can report success for data
+//! the kernel already dropped.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use crate::error::{Result, StoreError};
+
+/// How appends are made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushMode {
+    /// Group commit: an append completes once its bytes are on disk.
+    Sync,
+    /// Flush every `interval` or once `dirty_bytes` are unflushed; appends complete at once.
+    Async {
+        interval: Duration,
+        dirty_bytes: u64,
+    },
+}
+
+impl Default for FlushMode {
+    fn default() -> Self {
+        FlushMode::Sync
+    }
+}
+
+impl FlushMode {
+    /// RocketMQ-like async defaults: 200 ms, 16 MiB.
+    pub fn async_default() -> FlushMode {
+        FlushMode::Async {
+            interval: Duration::from_millis(200),
+            dirty_bytes: 16 << 20,
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Highest offset appended (requested to be flushed).
+    written: u64,
+    /// Everything below this offset is durable.
+    flushed: u64,
+    failed: Option<String>,
+    shutdown: bool,
+    wakers: Vec<(u64, Waker)>,
+}
+
+/// Shared between appenders, waiters and the flusher thread.
+#[derive(Default)]
+pub struct FlushShared {
+    state: Mutex<State>,
+    /// The flusher waits here for work.
+    work: Condvar,
+    /// Blocking waiters wait here for progress.
+    done: Condvar,
+}
+
+impl FlushShared {
+    pub fn new(start: u64) -> Arc<FlushShared> {
+        let s = FlushShared::default();
+        {
+            let mut st = s.lock();
+            st.written = start;
+            st.flushed = start;
+        }
+        Arc::new(s)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock only means another thread panicked while holding it; the state
+        // (two counters and a list) is still consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that bytes up to `end` were appended and wakes the flusher once at least
+    /// `kick_at` bytes are unflushed (0: always, for group commit).
+    pub fn appended(&self, end: u64, kick_at: u64) {
+        let mut st = self.lock();
+        if end > st.written {
+            st.written = end;
+        }
+        let dirty = st.written - st.flushed;
+        drop(st);
+        if dirty >= kick_at {
+            self.work.notify_one();
+        }
+    }
+
+    /// Wakes the flusher even if it is waiting for an interval (dirty threshold crossed).
+    pub fn kick(&self) {
+        self.work.notify_one();
+    }
+
+    /// The durable offset.
+    pub fn flushed(&self) -> u64 {
+        self.lock().flushed
+    }
+
+    /// The highest appended offset.
+    pub fn written(&self) -> u64 {
+        self.lock().written
+    }
+
+    /// `Err(Fatal)` once a flush failed.
+    pub fn check(&self) -> Result<()> {
+        match &self.lock().failed {
+            Some(why) => Err(StoreError::Fatal(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// For the sync flusher: waits until there is something to flush and returns the
+    /// target offset, or `None` on shutdown with nothing left (or after a failure).
+    pub fn next_target(&self) -> Option<u64> {
+        let mut st = self.lock();
+        loop {
+            if st.failed.is_some() {
+                return None;
+            }
+            if st.written > st.flushed {
+                return Some(st.written);
+            }
+            if st.shutdown {
+                return None;
+            }
+            st = self.work.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// For the async flusher: waits up to `interval` (less once `dirty_bytes` are unflushed
+    /// and the flusher is kicked, or on shutdown) and returns the offset to flush to, or
+    /// `None` when nothing is dirty (`Some(flushed)`-like no-ops are not returned).
+    pub fn next_target_async(&self, interval: Duration, dirty_bytes: u64) -> Option<u64> {
+        let mut st = self.lock();
+        let deadline = std::time::Instant::now() + interval;
+        loop {
+            if st.failed.is_some() {
+                return None;
+            }
+            let dirty = st.written - st.flushed;
+            if st.shutdown || dirty >= dirty_bytes {
+                break;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st = self
+                .work
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        (st.written > st.flushed).then_some(st.written)
+    }
+
+    /// Whether shutdown was asked for.
+    pub fn is_shutdown(&self) -> bool {
+        self.lock().shutdown
+    }
+
+    /// For the flusher: everything below `offset` is durable now.
+    pub fn complete(&self, offset: u64) {
+        let mut st = self.lock();
+        if offset > st.flushed {
+            st.flushed = offset;
+        }
+        let flushed = st.flushed;
+        let mut ready = Vec::new();
+        st.wakers.retain(|(t, w)| {
+            if *t <= flushed {
+                ready.push(w.clone());
+                false
+            } else {
+                true
+            }
+        });
+        drop(st);
+        self.done.notify_all();
+        for w in ready {
+            w.wake();
+        }
+    }
+
+    /// For the flusher: the flush failed; nothing will ever be durable again.
+    pub fn fail(&self, why: String) {
+        let mut st = self.lock();
+        if st.failed.is_none() {
+            st.failed = Some(why);
+        }
+        let wakers = std::mem::take(&mut st.wakers);
+        drop(st);
+        self.done.notify_all();
+        self.work.notify_all();
+        for (_, w) in wakers {
+            w.wake();
+        }
+    }
+
+    /// Asks the flusher to flush what is left and stop.
+    pub fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.work.notify_all();
+    }
+
+    /// Blocks until everything below `offset` is durable.
+    pub fn wait(&self, offset: u64) -> Result<()> {
+        let mut st = self.lock();
+        loop {
+            if let Some(why) = &st.failed {
+                return Err(StoreError::Fatal(why.clone()));
+            }
+            if st.flushed >= offset {
+                return Ok(());
+            }
+            if st.shutdown && st.written <= st.flushed {
+                return Err(StoreError::Fatal("store closed before the flush".into()));
+            }
+            st = self.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn poll_offset(&self, offset: u64, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let mut st = self.lock();
+        if let Some(why) = &st.failed {
+            return Poll::Ready(Err(StoreError::Fatal(why.clone())));
+        }
+        if st.flushed >= offset {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(slot) = st
+            .wakers
+            .iter_mut()
+            .find(|(t, w)| *t == offset && w.will_wake(cx.waker()))
+        {
+            slot.1 = cx.waker().clone();
+        } else {
+            st.wakers.push((offset, cx.waker().clone()));
+        }
+        Poll::Pending
+    }
+}
+
+/// Completes when an append (or ack) is durable: a future for async callers, `wait` for
+/// blocking ones. Dropping it does not cancel anything.
+#[must_use = "a Durable does nothing unless awaited or waited on"]
+pub struct Durable {
+    offset: u64,
+    shared: Option<Arc<FlushShared>>,
+}
+
+impl Durable {
+    pub(crate) fn new(offset: u64, shared: Arc<FlushShared>) -> Durable {
+        Durable {
+            offset,
+            shared: Some(shared),
+        }
+    }
+
+    /// Already durable (async mode, or nothing to wait for).
+    pub fn ready() -> Durable {
+        Durable {
+            offset: 0,
+            shared: None,
+        }
+    }
+
+    /// The commitlog offset this waits for.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Blocks the calling thread until durable.
+    pub fn wait(self) -> Result<()> {
+        match &self.shared {
+            Some(s) => s.wait(self.offset),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether it is durable already (never blocks).
+    pub fn is_durable(&self) -> bool {
+        match &self.shared {
+            Some(s) => s.flushed() >= self.offset,
+            None => true,
+        }
+    }
+}
+
+impl Future for Durable {
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        match &self.shared {
+            Some(s) => s.poll_offset(self.offset, cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl std::fmt::Debug for Durable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Durable")
+            .field("offset", &self.offset)
+            .field("durable", &self.is_durable())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Wake;
+
+    struct Flag(std::sync::atomic::AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn waiters_complete_in_order_and_fail_together() {
+        let s = FlushShared::new(10);
+        assert!(Durable::new(10, s.clone()).is_durable());
+        s.appended(20, 0);
+        assert_eq!(s.next_target(), Some(20));
+        let flag = Arc::new(Flag(Default::default()));
+        let waker = Waker::from(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut d = Durable::new(20, s.clone());
+        assert!(Pin::new(&mut d).poll(&mut cx).is_pending());
+        s.complete(15);
+        assert!(!flag.0.load(std::sync::atomic::Ordering::SeqCst));
+        s.complete(20);
+        assert!(flag.0.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(matches!(
+            Pin::new(&mut d).poll(&mut cx),
+            Poll::Ready(Ok(()))
+        ));
+
+        s.appended(30, 0);
+        let t = {
+            let s = s.clone();
+            std::thread::spawn(move || s.wait(30))
+        };
+        s.fail("disk on fire".into());
+        assert!(matches!(t.join().unwrap(), Err(StoreError::Fatal(_))));
+        assert!(Durable::new(30, s.clone()).wait().is_err());
+        assert!(s.check().is_err());
+        assert_eq!(s.next_target(), None);
+    }
+
+    #[test]
+    fn interval_timeout_returns_pending_work() {
+        let s = FlushShared::new(0);
+        let ms = Duration::from_millis(1);
+        assert_eq!(s.next_target_async(ms, 100), None);
+        s.appended(5, 1000);
+        assert_eq!(s.next_target_async(ms, 100), Some(5));
+        // past the dirty threshold it does not wait for the interval
+        s.appended(500, 1000);
+        assert_eq!(
+            s.next_target_async(Duration::from_secs(3600), 100),
+            Some(500)
+        );
+        s.shutdown();
+        s.complete(500);
+        assert_eq!(s.next_target(), None);
+    }
+}

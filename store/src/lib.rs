@@ -19,7 +19,10 @@
 //! - [`file`], [`error`]: helpers.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
-#![cfg_attr(test, allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic))]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)
+)]
 
 pub mod ack;
 pub mod commitlog;
