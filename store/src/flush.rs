@@ -18,21 +18,16 @@ use std::time::Duration;
 use crate::error::{Result, StoreError};
 
 /// How appends are made durable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FlushMode {
     /// Group commit: an append completes once its bytes are on disk.
+    #[default]
     Sync,
     /// Flush every `interval` or once `dirty_bytes` are unflushed; appends complete at once.
     Async {
         interval: Duration,
         dirty_bytes: u64,
     },
-}
-
-impl Default for FlushMode {
-    fn default() -> Self {
-        FlushMode::Sync
-    }
 }
 
 impl FlushMode {

@@ -12,7 +12,7 @@
 //! A MESSAGE continues with
 //!
 //! ```text
-//! u16 flags, u64 store timestamp ms, u64 born timestamp ms,
+//! u16 flags, u64 store timestamp ms, u64 born timestamp ms, u64 tag hash,
 //! u16 queue count, (u32 queue id, u64 queue offset) * count,
 //! u16 key count, (u16 length, bytes) * count,
 //! u32 properties length, properties (opaque to the store),
@@ -87,7 +87,7 @@ pub fn message_len(msg: &NewMessage<'_>) -> Result<usize> {
             msg.keys.len()
         )));
     }
-    let mut len = HEADER_LEN + 2 + 8 + 8 + 2 + msg.queues.len() * 12 + 2 + 4 + 4;
+    let mut len = HEADER_LEN + 2 + 8 + 8 + 8 + 2 + msg.queues.len() * 12 + 2 + 4 + 4;
     for k in msg.keys {
         if k.len() > MAX_KEY_LEN {
             return Err(StoreError::Invalid(format!(
@@ -143,9 +143,11 @@ fn seal(buf: &mut [u8], magic: u32) -> Result<()> {
     let head = buf
         .get_mut(..HEADER_LEN)
         .ok_or_else(|| StoreError::Invalid("record shorter than its header".into()))?;
-    head[..4].copy_from_slice(&len.to_le_bytes());
-    head[4..8].copy_from_slice(&magic.to_le_bytes());
-    head[8..12].copy_from_slice(&crc.to_le_bytes());
+    let mut h = [0u8; HEADER_LEN];
+    h[..4].copy_from_slice(&len.to_le_bytes());
+    h[4..8].copy_from_slice(&magic.to_le_bytes());
+    h[8..].copy_from_slice(&crc.to_le_bytes());
+    head.copy_from_slice(&h);
     Ok(())
 }
 
@@ -166,6 +168,7 @@ pub fn encode_message(
     w.u16(msg.flags)?;
     w.u64(store_ts_ms)?;
     w.u64(msg.born_ts_ms)?;
+    w.u64(msg.tag_hash)?;
     w.u16(msg.queues.len() as u16)?;
     for (q, off) in msg.queues.iter().zip(queue_offsets) {
         w.u32(*q)?;
@@ -220,8 +223,10 @@ pub fn encode_padding(buf: &mut [u8]) -> Result<()> {
     let head = buf
         .get_mut(..MIN_PADDING as usize)
         .ok_or_else(|| StoreError::Invalid("padding shorter than 8 bytes".into()))?;
-    head[..4].copy_from_slice(&len.to_le_bytes());
-    head[4..8].copy_from_slice(&MAGIC_END_OF_SEGMENT.to_le_bytes());
+    let mut h = [0u8; MIN_PADDING as usize];
+    h[..4].copy_from_slice(&len.to_le_bytes());
+    h[4..].copy_from_slice(&MAGIC_END_OF_SEGMENT.to_le_bytes());
+    head.copy_from_slice(&h);
     Ok(())
 }
 
@@ -256,6 +261,7 @@ pub struct MessageView<'a> {
     pub flags: u16,
     pub store_ts_ms: u64,
     pub born_ts_ms: u64,
+    pub tag_hash: u64,
     /// `(queue id, queue offset)` pairs, 12 bytes each, still encoded.
     queues_raw: &'a [u8],
     /// Keys, still encoded.
@@ -381,6 +387,7 @@ fn parse_message(rec: &[u8]) -> Option<MessageView<'_>> {
     let flags = r.u16()?;
     let store_ts_ms = r.u64()?;
     let born_ts_ms = r.u64()?;
+    let tag_hash = r.u64()?;
     let nq = r.u16()? as usize;
     let queues_raw = r.take(nq.checked_mul(12)?)?;
     let key_count = r.u16()?;
@@ -403,6 +410,7 @@ fn parse_message(rec: &[u8]) -> Option<MessageView<'_>> {
         flags,
         store_ts_ms,
         born_ts_ms,
+        tag_hash,
         queues_raw,
         keys_raw,
         key_count,

@@ -297,7 +297,7 @@ impl Store {
                             let entry = CqEntry {
                                 commit_offset: off,
                                 size,
-                                tag_hash: 0,
+                                tag_hash: view.tag_hash,
                             };
                             q.cq.put(qoff, entry)?;
                         }
@@ -405,6 +405,9 @@ impl Store {
                 Some((_, e)) if *e == o => *e = o + 1,
                 _ => ranges.push((o, o + 1)),
             }
+        }
+        if ranges.is_empty() {
+            return Ok(Durable::ready());
         }
         self.inner.ack_ranges(queue, &ranges)
     }
@@ -955,11 +958,8 @@ impl Inner {
                 dirty_bytes,
             } => loop {
                 match self.flush.next_target_async(interval, dirty_bytes) {
-                    Some(target) => {
-                        if self.flush_to(target).is_err() {
-                            break;
-                        }
-                    }
+                    Some(target) if self.flush_to(target).is_err() => break,
+                    Some(_) => {}
                     None if self.flush.is_shutdown() || self.flush.check().is_err() => break,
                     None => {}
                 }
