@@ -670,10 +670,27 @@ mod tests {
     }
 
     #[test]
-    fn wrong_file_length_is_corrupt() {
+    fn wrong_file_length_is_corrupt_but_short_is_extended() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(file::offset_name(0)), [0u8; 81]).unwrap();
+        assert!(matches!(
+            ConsumeQueue::open(dir.path(), 4),
+            Err(StoreError::Corrupt { .. })
+        ));
+        // a crash while a file was being created leaves it short: extended, not an error
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(file::offset_name(0)), [0u8; 0]).unwrap();
+        let cq = ConsumeQueue::open(dir.path(), 4).unwrap();
+        assert_eq!(cq.next_offset(), 0);
+        assert_eq!(
+            std::fs::metadata(dir.path().join(file::offset_name(0)))
+                .unwrap()
+                .len(),
+            80
+        );
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(file::offset_name(0)), [0u8; 79]).unwrap();
-        assert!(matches!(
+        assert!(!matches!(
             ConsumeQueue::open(dir.path(), 4),
             Err(StoreError::Corrupt { .. })
         ));
