@@ -1,4 +1,31 @@
-//! Protocol-neutral broker core: vhosts, exchanges, queues, bindings, routing, consumers, acks.
+//! Protocol-neutral broker core: vhosts, exchanges, queues, bindings, routing,
+//! consumers, acks. It knows no wire format: adapters translate frames into calls on
+//! these types and map [`CoreError`] to their protocol's errors.
 //!
-//! Not built yet: this crate is a placeholder in the workspace layout of
-//! ARCHITECTURE.md and exports nothing.
+//! Modules:
+//! - [`value`]: [`FieldValue`] and the ordered [`FieldTable`], AMQP 0-9-1's header and
+//!   argument model as RabbitMQ uses it.
+//! - [`message`]: [`Message`] and its [`Properties`] (AMQP basic properties), with the
+//!   compact, versioned encoding the store keeps in each commitlog record.
+//! - [`routing`]: exchange kinds, binding tables, the topic trie, the headers match
+//!   rule, and a vhost's [`Topology`], which resolves a publish to its set of queues.
+//! - [`error`]: [`CoreError`], one variant per condition the adapters map.
+//! - `encoding` (private): the bounds-checked storage encoding of values.
+
+#![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)
+)]
+#![warn(missing_docs)]
+
+mod encoding;
+pub mod error;
+pub mod message;
+pub mod routing;
+pub mod value;
+
+pub use error::{CoreError, ResourceKind};
+pub use message::{Message, Properties};
+pub use routing::{Destination, ExchangeDef, ExchangeKind, Topology};
+pub use value::{FieldTable, FieldValue};
