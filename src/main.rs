@@ -1,2 +1,208 @@
-//! The `triad` broker binary. In progress.
-fn main() {}
+//! The `triad` broker binary: load the configuration, open the store, bind the
+//! listeners, serve until SIGTERM or SIGINT, then shut down cleanly.
+//!
+//! # Output contract (scripts and `tests/common` parse it)
+//!
+//! Logs go to **stderr**, one event per line (tracing-subscriber's plain format,
+//! `RUST_LOG` honoured, default `info`). Once *every* listener is bound, the broker
+//! logs one line per protocol containing
+//!
+//! ```text
+//! listening proto=<amqp|stomp|mqtt|http> addr=<ip>:<port>
+//! ```
+//!
+//! with the actual bound address (so port 0 shows the ephemeral port; IPv6 as
+//! `[ip]:port`), e.g. `2025-01-01T00:00:00.000000Z  INFO triad: listening proto=amqp
+//! addr=127.0.0.1:40123`. Find the substring `listening proto=` and split the rest on
+//! spaces. After the four lines comes one line containing `broker ready`; signal
+//! handlers are installed before it, so a SIGTERM sent after it is always honoured.
+//!
+//! On shutdown it logs `shutdown requested signal=SIGTERM` (or `SIGINT`), waits up to
+//! [`SHUTDOWN_GRACE`] for connections, closes the store (final checkpoint, `abort`
+//! marker removed) and logs `stopped cleanly`.
+//!
+//! A fatal startup error (bad config, store locked by another broker, address in use)
+//! is one line on stderr starting with `triad: error: `.
+//!
+//! Exit codes: 0 clean shutdown; 1 runtime failure (store, bind, unclean close);
+//! 2 bad command line or configuration.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+use triad::cli::Cli;
+use triad::config::{Config, ConfigError};
+use triad::listener::{self, ConnContext, Listener, Proto};
+use triad_store::store::Store;
+
+/// How long shutdown waits for open connections before closing the store anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Concurrent HTTP connections (health probes, later the management API).
+const HTTP_MAX_CONNECTIONS: usize = 64;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let config = match load_config(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("triad: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&cli, config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("triad: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
+    let mut config = match &cli.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    cli.apply(&mut config);
+    config.validate()?;
+    Ok(config)
+}
+
+fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let s = &config.store;
+    info!(
+        config = ?cli.config,
+        data_dir = %s.data_dir.display(),
+        segment_size = %s.segment_size,
+        flush = ?s.flush,
+        repair = cli.repair,
+        "opening store"
+    );
+    // Blocking (recovery may read the whole commitlog tail), so before the runtime.
+    let store = Store::open(config.store_config(cli.repair))
+        .with_context(|| format!("cannot open the store in {}", s.data_dir.display()))?;
+    let store = Arc::new(store);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("triad-worker")
+        .build()
+        .context("cannot start the async runtime")?;
+    let served = runtime.block_on(serve(Arc::clone(&config), Arc::clone(&store)));
+    // Tasks that outlived the grace period are dropped here, releasing what they hold.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+
+    // The store is closed last, whether serving succeeded or not (e.g. a bind error).
+    let closed = match Arc::try_unwrap(store) {
+        Ok(store) => store.close().context("the store did not close cleanly"),
+        Err(still_shared) => {
+            // Cannot happen once the runtime is gone; dropping the last handle closes it.
+            warn!("store still referenced at shutdown; closing it on drop");
+            drop(still_shared);
+            Ok(())
+        }
+    };
+    served?;
+    closed?;
+    info!("stopped cleanly");
+    Ok(())
+}
+
+async fn serve(config: Arc<Config>, _store: Arc<Store>) -> anyhow::Result<()> {
+    // Installed before readiness is announced, so no early signal is lost.
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+
+    // Bind everything first: readiness means every port is open.
+    let mut bound = Vec::with_capacity(Proto::ALL.len());
+    for proto in Proto::ALL {
+        let addr = config.listeners.addr(proto);
+        let socket = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for {proto} on {addr}"))?;
+        bound.push((proto, socket));
+    }
+
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let conn_limit = match config.limits.max_connections {
+        0 => None,
+        n => Some(Arc::new(Semaphore::new(n as usize))),
+    };
+    let http_limit = Some(Arc::new(Semaphore::new(HTTP_MAX_CONNECTIONS)));
+    for (proto, socket) in bound {
+        let local = socket
+            .local_addr()
+            .with_context(|| format!("cannot read the {proto} listener's address"))?;
+        let ctx = ConnContext {
+            proto,
+            config: Arc::clone(&config),
+            shutdown: shutdown.clone(),
+        };
+        // The protocol adapters plug in here, one `Handler` per protocol.
+        match proto {
+            Proto::Http => {
+                let l = Listener::new(
+                    socket,
+                    triad::http::serve,
+                    ctx,
+                    http_limit.clone(),
+                    tracker.clone(),
+                );
+                tracker.spawn(l.run());
+            }
+            Proto::Amqp | Proto::Stomp | Proto::Mqtt => {
+                let l = Listener::new(
+                    socket,
+                    listener::not_implemented,
+                    ctx,
+                    conn_limit.clone(),
+                    tracker.clone(),
+                );
+                tracker.spawn(l.run());
+            }
+        }
+        info!(%proto, addr = %local, "listening");
+    }
+    info!(pid = std::process::id(), "broker ready");
+
+    let signal_name = tokio::select! {
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+    };
+    info!(signal = %signal_name, "shutdown requested");
+    shutdown.cancel();
+    tracker.close();
+    tokio::select! {
+        r = tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()) => match r {
+            Ok(()) => info!("all connections closed"),
+            Err(_) => warn!(
+                open = tracker.len(),
+                grace = ?SHUTDOWN_GRACE,
+                "connections still open after the grace period; closing them"
+            ),
+        },
+        _ = sigint.recv() => warn!(open = tracker.len(), "second SIGINT: not waiting for connections"),
+    }
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! Command-line flags. Their names are an interface that scripts and the test harness
+//! use; do not rename them.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config::Config;
+
+/// Triad: one broker for AMQP 0-9-1, STOMP 1.2 and MQTT 3.1.1 clients.
+#[derive(Debug, Default, Parser)]
+#[command(name = "triad", version)]
+pub struct Cli {
+    /// TOML configuration file (see triad.example.toml); without it, the defaults.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory; overrides store.data_dir.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// AMQP listen address; overrides listeners.amqp. Port 0 picks a free port.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub amqp_listen: Option<String>,
+    /// STOMP listen address; overrides listeners.stomp.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub stomp_listen: Option<String>,
+    /// MQTT listen address; overrides listeners.mqtt.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub mqtt_listen: Option<String>,
+    /// HTTP (health, management) listen address; overrides listeners.http.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub http_listen: Option<String>,
+    /// Cut the commitlog at corruption inside a sealed segment instead of refusing to start.
+    #[arg(long)]
+    pub repair: bool,
+}
+
+impl Cli {
+    /// Applies the flags on top of the file's (or the default) configuration.
+    pub fn apply(&self, cfg: &mut Config) {
+        if let Some(dir) = &self.data_dir {
+            cfg.store.data_dir.clone_from(dir);
+        }
+        let l = &mut cfg.listeners;
+        for (flag, slot) in [
+            (&self.amqp_listen, &mut l.amqp),
+            (&self.stomp_listen, &mut l.stomp),
+            (&self.mqtt_listen, &mut l.mqtt),
+            (&self.http_listen, &mut l.http),
+        ] {
+            if let Some(addr) = flag {
+                slot.clone_from(addr);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn flags_override_the_file() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "triad",
+            "--data-dir",
+            "/tmp/x",
+            "--amqp-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:8080",
+            "--repair",
+        ])
+        .expect("parses");
+        let mut cfg = Config::default();
+        cli.apply(&mut cfg);
+        assert_eq!(cfg.store.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(cfg.listeners.amqp, "127.0.0.1:0");
+        assert_eq!(cfg.listeners.http, "127.0.0.1:8080");
+        assert_eq!(cfg.listeners.mqtt, "0.0.0.0:1883");
+        assert!(cli.repair);
+        assert!(Cli::try_parse_from(["triad", "--amqp"]).is_err());
+    }
+}

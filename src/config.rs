@@ -1,0 +1,454 @@
+//! The broker's configuration: one serde tree, every key defaulted, unknown keys refused.
+//!
+//! Loaded from TOML ([`Config::load`]) or taken as [`Config::default`] when no file is
+//! given; command-line flags are applied on top (see [`crate::cli::Cli::apply`]), then
+//! [`Config::validate`] checks the whole. `triad.example.toml` at the repository root
+//! lists every key with its default; a unit test keeps the two in step.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use triad_store::flush::FlushMode;
+use triad_store::store::StoreConfig;
+
+use crate::listener::Proto;
+use crate::units::{ByteSize, HumanDuration};
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Syntax errors, unknown keys, wrong types and bad units; `message` is the TOML
+    /// parser's, with line, column and the offending text.
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid `{key}` = {value:?}: {reason}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+fn invalid(key: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub listeners: Listeners,
+    pub store: StoreSection,
+    pub auth: Auth,
+    pub limits: Limits,
+}
+
+/// `HOST:PORT` to listen on per protocol; port 0 binds an ephemeral port.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Listeners {
+    pub amqp: String,
+    pub stomp: String,
+    pub mqtt: String,
+    pub http: String,
+}
+
+impl Listeners {
+    /// The configured `HOST:PORT` for `proto`.
+    pub fn addr(&self, proto: Proto) -> &str {
+        match proto {
+            Proto::Amqp => &self.amqp,
+            Proto::Stomp => &self.stomp,
+            Proto::Mqtt => &self.mqtt,
+            Proto::Http => &self.http,
+        }
+    }
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        Listeners {
+            amqp: "0.0.0.0:5672".into(),
+            stomp: "0.0.0.0:61613".into(),
+            mqtt: "0.0.0.0:1883".into(),
+            http: "0.0.0.0:15672".into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushKind {
+    /// Group commit: a publish is confirmed once it is on disk.
+    #[default]
+    Sync,
+    /// Flush every `flush_interval` or `flush_dirty_bytes`; confirm after the page-cache write.
+    Async,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    pub data_dir: PathBuf,
+    pub segment_size: ByteSize,
+    pub flush: FlushKind,
+    pub flush_interval: HumanDuration,
+    pub flush_dirty_bytes: ByteSize,
+    pub checkpoint_interval: HumanDuration,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            data_dir: PathBuf::from("./data"),
+            segment_size: ByteSize::gib(1),
+            flush: FlushKind::Sync,
+            flush_interval: HumanDuration::millis(200),
+            flush_dirty_bytes: ByteSize::mib(16),
+            checkpoint_interval: HumanDuration::secs(1),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Auth {
+    /// Used by STOMP CONNECT without `login` and MQTT CONNECT without a username.
+    pub default_user: String,
+    pub default_pass: String,
+    /// Users that may only log in from a loopback address.
+    pub loopback_users: Vec<String>,
+    pub default_vhost: String,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Auth {
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
+            loopback_users: vec!["guest".into()],
+            default_vhost: "/".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest frame (AMQP frame, STOMP frame, MQTT packet) accepted after login.
+    pub frame_max: ByteSize,
+    pub max_message_size: ByteSize,
+    /// Deadline for a connection to complete its protocol handshake and login.
+    pub handshake_timeout: HumanDuration,
+    /// Heartbeat the server proposes; `"0s"` disables it.
+    pub heartbeat: HumanDuration,
+    pub channel_max: u16,
+    /// Open connections over all protocols; 0 = unlimited.
+    pub max_connections: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            frame_max: ByteSize::kib(128),
+            max_message_size: ByteSize::mib(16),
+            handshake_timeout: HumanDuration::secs(10),
+            heartbeat: HumanDuration::secs(60),
+            channel_max: 2047,
+            max_connections: 0,
+        }
+    }
+}
+
+/// AMQP 0-9-1's `frame-min-size`: no peer may be offered less.
+const FRAME_MIN: u64 = 4096;
+const SEGMENT_MIN: u64 = 64 << 10;
+
+impl Config {
+    /// Parses a TOML document; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })
+    }
+
+    /// Reads and parses a TOML file (not yet validated).
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_toml(&text, path)
+    }
+
+    /// Checks values that parse but make no sense together or for a protocol.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for proto in Proto::ALL {
+            let key = match proto {
+                Proto::Amqp => "listeners.amqp",
+                Proto::Stomp => "listeners.stomp",
+                Proto::Mqtt => "listeners.mqtt",
+                Proto::Http => "listeners.http",
+            };
+            check_listen(key, self.listeners.addr(proto))?;
+        }
+
+        let s = &self.store;
+        if s.data_dir.as_os_str().is_empty() {
+            return Err(invalid("store.data_dir", "", "must not be empty"));
+        }
+        if s.segment_size.bytes() < SEGMENT_MIN {
+            return Err(invalid(
+                "store.segment_size",
+                s.segment_size,
+                format!("must be at least {}", ByteSize(SEGMENT_MIN)),
+            ));
+        }
+        if s.segment_size <= self.limits.max_message_size {
+            return Err(invalid(
+                "store.segment_size",
+                s.segment_size,
+                format!(
+                    "must be larger than limits.max_message_size ({})",
+                    self.limits.max_message_size
+                ),
+            ));
+        }
+        if s.flush == FlushKind::Async {
+            if s.flush_interval.get().is_zero() {
+                return Err(invalid(
+                    "store.flush_interval",
+                    s.flush_interval,
+                    "must be above zero",
+                ));
+            }
+            if s.flush_dirty_bytes.bytes() == 0 {
+                return Err(invalid(
+                    "store.flush_dirty_bytes",
+                    s.flush_dirty_bytes,
+                    "must be above zero",
+                ));
+            }
+        }
+        if s.checkpoint_interval.get().is_zero() {
+            return Err(invalid(
+                "store.checkpoint_interval",
+                s.checkpoint_interval,
+                "must be above zero",
+            ));
+        }
+
+        let a = &self.auth;
+        if a.default_user.is_empty() {
+            return Err(invalid("auth.default_user", "", "must not be empty"));
+        }
+        if a.default_vhost.is_empty() {
+            return Err(invalid("auth.default_vhost", "", "must not be empty"));
+        }
+
+        let m = &self.limits;
+        if m.frame_max.bytes() < FRAME_MIN || m.frame_max.bytes() > u64::from(u32::MAX) {
+            return Err(invalid(
+                "limits.frame_max",
+                m.frame_max,
+                format!("must be between {} and 4 GiB", ByteSize(FRAME_MIN)),
+            ));
+        }
+        if m.max_message_size.bytes() == 0 {
+            return Err(invalid(
+                "limits.max_message_size",
+                m.max_message_size,
+                "must be above zero",
+            ));
+        }
+        if m.handshake_timeout.get().is_zero() {
+            return Err(invalid(
+                "limits.handshake_timeout",
+                m.handshake_timeout,
+                "must be above zero",
+            ));
+        }
+        if m.heartbeat.get().subsec_nanos() != 0 || m.heartbeat.get().as_secs() > 65535 {
+            return Err(invalid(
+                "limits.heartbeat",
+                m.heartbeat,
+                "must be whole seconds, at most 65535s (AMQP sends it as a 16-bit count of seconds)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The store settings this configuration asks for.
+    pub fn store_config(&self, repair: bool) -> StoreConfig {
+        let s = &self.store;
+        let mut cfg = StoreConfig::new(&s.data_dir);
+        cfg.segment_size = s.segment_size.bytes();
+        cfg.flush = match s.flush {
+            FlushKind::Sync => FlushMode::Sync,
+            FlushKind::Async => FlushMode::Async {
+                interval: s.flush_interval.get(),
+                dirty_bytes: s.flush_dirty_bytes.bytes(),
+            },
+        };
+        cfg.checkpoint_interval = s.checkpoint_interval.get();
+        cfg.repair = repair;
+        cfg
+    }
+}
+
+/// `HOST:PORT`, with `[v6]:PORT` for IPv6 literals; the host is resolved at bind time.
+fn check_listen(key: &'static str, value: &str) -> Result<(), ConfigError> {
+    let bad = |reason: &str| invalid(key, value, reason);
+    let (host, port) = value
+        .rsplit_once(':')
+        .ok_or_else(|| bad("expected HOST:PORT"))?;
+    if host.is_empty() {
+        return Err(bad("missing host (use 0.0.0.0 for all interfaces)"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(bad("an IPv6 address must be in brackets, as [::1]:5672"));
+    }
+    port.parse::<u16>()
+        .map_err(|_| bad("port must be a number from 0 to 65535"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn example_file_is_the_defaults() {
+        let text = include_str!("../triad.example.toml");
+        assert_eq!(parse(text).expect("example parses"), Config::default());
+        // Every key is present in the example, commented out: uncommenting them all
+        // must still give the defaults.
+        let uncommented: String = text
+            .lines()
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .filter(|r| r.contains(" = "))
+                    .unwrap_or(l)
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(uncommented.contains("max_connections = 0"));
+        assert_eq!(
+            parse(&uncommented).expect("uncommented example parses"),
+            Config::default()
+        );
+        Config::default().validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn empty_file_is_the_defaults() {
+        assert_eq!(parse("").expect("parses"), Config::default());
+    }
+
+    #[test]
+    fn values_are_read() {
+        let c = parse(
+            r#"
+            [listeners]
+            amqp = "127.0.0.1:0"
+            [store]
+            segment_size = 1048576
+            flush = "async"
+            flush_interval = "50ms"
+            [limits]
+            frame_max = "64 KiB"
+            max_connections = 10
+            "#,
+        )
+        .expect("parses");
+        assert_eq!(c.listeners.amqp, "127.0.0.1:0");
+        assert_eq!(c.listeners.stomp, Listeners::default().stomp);
+        assert_eq!(c.store.segment_size, ByteSize::mib(1));
+        assert_eq!(c.limits.frame_max, ByteSize::kib(64));
+        assert_eq!(c.limits.max_connections, 10);
+        let sc = c.store_config(true);
+        assert_eq!(sc.segment_size, 1 << 20);
+        assert!(sc.repair);
+        assert_eq!(
+            sc.flush,
+            FlushMode::Async {
+                interval: std::time::Duration::from_millis(50),
+                dirty_bytes: 16 << 20
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = parse("[store]\nsegment_sise = \"1 GiB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("test.toml"), "{e}");
+        assert!(e.contains("unknown field `segment_sise`"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        let e = parse("[storage]\n").unwrap_err().to_string();
+        assert!(e.contains("unknown field `storage`"), "{e}");
+    }
+
+    #[test]
+    fn bad_units_are_refused() {
+        let e = parse("[store]\nsegment_size = \"1 GB/s\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid size \"1 GB/s\""), "{e}");
+        assert!(e.contains("unknown unit"), "{e}");
+        let e = parse("[limits]\nheartbeat = 60\n").unwrap_err().to_string();
+        assert!(e.contains("a duration with a unit"), "{e}");
+        let e = parse("[limits]\nhandshake_timeout = \"10 parsecs\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid duration \"10 parsecs\""), "{e}");
+        let e = parse("[store]\nflush = \"sometimes\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `sometimes`"), "{e}");
+    }
+
+    #[test]
+    fn validate_catches_nonsense() {
+        let check = |text: &str, key: &str| {
+            let e = parse(text).expect("parses").validate().unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { key: k, .. } if *k == key),
+                "{e}"
+            );
+        };
+        check("[listeners]\namqp = \"5672\"\n", "listeners.amqp");
+        check("[listeners]\nmqtt = \"host:99999\"\n", "listeners.mqtt");
+        check("[listeners]\nhttp = \"::1:80\"\n", "listeners.http");
+        check("[store]\nsegment_size = \"1 KiB\"\n", "store.segment_size");
+        check(
+            "[store]\nsegment_size = \"1 MiB\"\n[limits]\nmax_message_size = \"2 MiB\"\n",
+            "store.segment_size",
+        );
+        check(
+            "[store]\nflush = \"async\"\nflush_interval = \"0s\"\n",
+            "store.flush_interval",
+        );
+        check("[limits]\nframe_max = 100\n", "limits.frame_max");
+        check("[limits]\nheartbeat = \"1500ms\"\n", "limits.heartbeat");
+        check("[auth]\ndefault_vhost = \"\"\n", "auth.default_vhost");
+        let ok =
+            parse("[listeners]\namqp = \"[::1]:0\"\nhttp = \"localhost:8080\"\n").expect("parses");
+        ok.validate().expect("valid");
+    }
+}

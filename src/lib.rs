@@ -1,0 +1,17 @@
+//! The `triad` broker's shell: everything between the process and the protocol
+//! adapters. The binary (`src/main.rs`) wires these together.
+//!
+//! Modules:
+//! - [`cli`]: command-line flags (an interface: scripts use these names).
+//! - [`config`]: the TOML configuration tree, its defaults and `validate()`.
+//! - [`units`]: human sizes (`"64 KiB"`) and durations (`"200ms"`) for the config.
+//! - [`listener`]: the accept loop every protocol shares (connection limit, accept
+//!   backoff, one tracked task and span per connection) and the [`listener::Handler`]
+//!   a protocol adapter plugs in as.
+//! - [`http`]: a minimal HTTP/1.1 server for `GET /health`.
+
+pub mod cli;
+pub mod config;
+pub mod http;
+pub mod listener;
+pub mod units;

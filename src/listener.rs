@@ -1,0 +1,325 @@
+//! The accept loop shared by every protocol, after mini-redis's `Listener`.
+//!
+//! - A connection permit is taken *before* `accept`, so past `limits.max_connections`
+//!   new peers wait in the kernel's backlog instead of costing a task and a buffer.
+//! - Accept errors (`EMFILE`, `ENFILE`, `ENOBUFS`, ...) back off exponentially, from
+//!   10 ms up to 1 s, and never end the loop: a broker must outlive a file-descriptor
+//!   storm. The backoff resets after the next successful accept.
+//! - Each connection runs in its own task, tracked by the broker's [`TaskTracker`]
+//!   so that shutdown can wait for it, inside a `conn` span carrying `proto`, `peer`,
+//!   and (filled in by the adapter) `user` and `vhost`.
+//! - The accept loop never awaits per-peer work: deadlines (handshake, TLS) belong to
+//!   the handler, inside the spawned task.
+//!
+//! A protocol plugs in as a [`Handler`]: any
+//! `async fn(TcpStream, SocketAddr, ConnContext) -> ConnResult`.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+use crate::config::Config;
+
+/// The protocols the broker listens for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Proto {
+    Amqp,
+    Stomp,
+    Mqtt,
+    Http,
+}
+
+impl Proto {
+    pub const ALL: [Proto; 4] = [Proto::Amqp, Proto::Stomp, Proto::Mqtt, Proto::Http];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Amqp => "amqp",
+            Proto::Stomp => "stomp",
+            Proto::Mqtt => "mqtt",
+            Proto::Http => "http",
+        }
+    }
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Any error a connection ends with; the listener only logs it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How a connection ended: `Ok(reason)` for an orderly close (the reason is logged),
+/// `Err(e)` for a protocol violation or I/O error (logged too: what a peer causes is
+/// never an `error`-level event).
+pub type ConnResult = Result<Cow<'static, str>, BoxError>;
+
+/// What a connection handler gets besides its socket. Cheap to clone.
+#[derive(Clone)]
+pub struct ConnContext {
+    pub proto: Proto,
+    pub config: Arc<Config>,
+    /// Cancelled when the broker shuts down: close the connection politely (AMQP
+    /// `connection.close` 320, STOMP ERROR, MQTT: just close) and return.
+    pub shutdown: CancellationToken,
+    // The core's handle joins here once the core exists.
+}
+
+/// A protocol's connection driver. Implemented for every
+/// `Fn(TcpStream, SocketAddr, ConnContext) -> impl Future<Output = ConnResult>`,
+/// so an `async fn serve(stream, peer, ctx) -> ConnResult` plugs in directly.
+pub trait Handler: Send + Sync + 'static {
+    fn serve(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        ctx: ConnContext,
+    ) -> impl Future<Output = ConnResult> + Send + 'static;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(TcpStream, SocketAddr, ConnContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ConnResult> + Send + 'static,
+{
+    fn serve(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        ctx: ConnContext,
+    ) -> impl Future<Output = ConnResult> + Send + 'static {
+        self(stream, peer, ctx)
+    }
+}
+
+/// The handler of protocols whose adapter is not wired in yet: closes at once.
+pub async fn not_implemented(
+    _stream: TcpStream,
+    _peer: SocketAddr,
+    _ctx: ConnContext,
+) -> ConnResult {
+    Ok(Cow::Borrowed("protocol not implemented yet"))
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// One bound socket and what to do with its connections.
+pub struct Listener<H> {
+    listener: TcpListener,
+    handler: Arc<H>,
+    ctx: ConnContext,
+    /// Shared by the listeners that count toward `limits.max_connections`; `None` =
+    /// unlimited.
+    limit: Option<Arc<Semaphore>>,
+    tracker: TaskTracker,
+}
+
+impl<H: Handler> Listener<H> {
+    pub fn new(
+        listener: TcpListener,
+        handler: H,
+        ctx: ConnContext,
+        limit: Option<Arc<Semaphore>>,
+        tracker: TaskTracker,
+    ) -> Listener<H> {
+        Listener {
+            listener,
+            handler: Arc::new(handler),
+            ctx,
+            limit,
+            tracker,
+        }
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts until `ctx.shutdown` is cancelled. Dropping the returned future (or its
+    /// return) closes the listening socket; connection tasks go on until they finish.
+    pub async fn run(self) {
+        let shutdown = self.ctx.shutdown.clone();
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = self.accept_loop() => {}
+        }
+        debug!(proto = %self.ctx.proto, "listener stopped");
+    }
+
+    async fn accept_loop(&self) {
+        let proto = self.ctx.proto;
+        loop {
+            let permit = match &self.limit {
+                Some(sem) => match sem.clone().acquire_owned().await {
+                    Ok(p) => Some(p),
+                    // Closed semaphore: only at shutdown.
+                    Err(_) => return,
+                },
+                None => None,
+            };
+            let (stream, peer) = self.accept().await;
+            // Small frames (heartbeats, acks) must not wait for Nagle.
+            if let Err(e) = stream.set_nodelay(true) {
+                debug!(%proto, %peer, error = %e, "set_nodelay failed");
+            }
+            let span = info_span!(
+                "conn",
+                %proto,
+                %peer,
+                user = tracing::field::Empty,
+                vhost = tracing::field::Empty
+            );
+            let handler = Arc::clone(&self.handler);
+            let ctx = self.ctx.clone();
+            self.tracker.spawn(
+                async move {
+                    debug!("connection accepted");
+                    let result = handler.serve(stream, peer, ctx).await;
+                    log_close(proto, peer, result);
+                    drop::<Option<OwnedSemaphorePermit>>(permit);
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    /// Accepts one connection, backing off on errors for as long as they last.
+    async fn accept(&self) -> (TcpStream, SocketAddr) {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self.listener.accept().await {
+                Ok(conn) => return conn,
+                Err(e) => {
+                    warn!(
+                        proto = %self.ctx.proto,
+                        error = %e,
+                        retry_in = ?backoff,
+                        "accept failed"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// Logs `connection closed peer=<ip:port> proto=<name> reason="<why>"`; HTTP requests
+/// only at `debug`, so that health probes do not flood the log.
+fn log_close(proto: Proto, peer: SocketAddr, result: ConnResult) {
+    let reason: Cow<'_, str> = match &result {
+        Ok(r) => Cow::Borrowed(r.as_ref()),
+        Err(e) => Cow::Owned(e.to_string()),
+    };
+    if proto == Proto::Http {
+        debug!(%peer, %proto, reason = ?reason, "connection closed");
+    } else {
+        info!(%peer, %proto, reason = ?reason, "connection closed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+
+    fn ctx(proto: Proto, shutdown: &CancellationToken) -> ConnContext {
+        ConnContext {
+            proto,
+            config: Arc::new(Config::default()),
+            shutdown: shutdown.clone(),
+        }
+    }
+
+    #[tokio::test]
+    async fn accepts_closes_and_stops_on_shutdown() {
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let sock = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let l = Listener::new(
+            sock,
+            not_implemented,
+            ctx(Proto::Amqp, &shutdown),
+            None,
+            tracker.clone(),
+        );
+        let addr = l.local_addr().expect("addr");
+        let task = tokio::spawn(l.run());
+
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        let mut buf = [0u8; 8];
+        // The placeholder handler closes at once: EOF.
+        assert_eq!(c.read(&mut buf).await.expect("read"), 0);
+
+        shutdown.cancel();
+        task.await.expect("listener task");
+        tracker.close();
+        tracker.wait().await;
+        assert!(TcpStream::connect(addr).await.is_err(), "socket closed");
+    }
+
+    #[tokio::test]
+    async fn connection_limit_holds_peers_in_the_backlog() {
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let sock = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        // A handler that counts its peers and holds each until it closes or shutdown.
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        let hold = move |mut s: TcpStream, _peer: SocketAddr, ctx: ConnContext| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let mut buf = [0u8; 1];
+                tokio::select! {
+                    () = ctx.shutdown.cancelled() => {}
+                    _ = s.read(&mut buf) => {}
+                }
+                Ok(Cow::Borrowed("done"))
+            }
+        };
+        let limit = Arc::new(Semaphore::new(1));
+        let l = Listener::new(
+            sock,
+            hold,
+            ctx(Proto::Stomp, &shutdown),
+            Some(Arc::clone(&limit)),
+            tracker.clone(),
+        );
+        let addr = l.local_addr().expect("addr");
+        let task = tokio::spawn(l.run());
+
+        let first = TcpStream::connect(addr).await.expect("connect 1");
+        let _second = TcpStream::connect(addr).await.expect("connect 2 (backlog)");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "second peer waits");
+        drop(first);
+        // The first task ends, its permit goes back, the second peer is accepted.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while accepted.load(Ordering::SeqCst) < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "second peer accepted"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shutdown.cancel();
+        task.await.expect("listener task");
+        tracker.close();
+        tracker.wait().await;
+        assert_eq!(limit.available_permits(), 1);
+    }
+}
