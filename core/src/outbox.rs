@@ -45,6 +45,8 @@ pub struct Delivery {
 }
 
 /// What a connection receives from queues.
+// Deliveries are nearly every event; boxing them would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum OutEvent {
     /// A message for one of the connection's consumers.

@@ -984,7 +984,7 @@ impl Queue {
             let Ok((_, _, props)) = envelope::decode(&rec.properties) else {
                 return;
             };
-            if !self.expiry(e.tag, &rec, &props).is_some_and(|t| t <= now) {
+            if self.expiry(e.tag, &rec, &props).is_none_or(|t| t > now) {
                 return;
             }
             st.ready.remove(&key);
@@ -1016,7 +1016,7 @@ impl Queue {
         };
         let existing = deaths
             .iter()
-            .position(|d| d.as_table().is_some_and(|t| same(t)));
+            .position(|d| d.as_table().is_some_and(&same));
         let any_rejected = deaths.iter().any(|d| {
             d.as_table()
                 .is_some_and(|t| t.get_str("reason") == Some("rejected"))
