@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! The core engine over a real store: publish → route → store → deliver → ack, and the
 //! queue features (prefetch, round robin, requeue, DLX, TTL, limits, priority,
 //! exclusivity, auto-delete, purge, get, durability across restarts, back-pressure).
