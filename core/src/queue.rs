@@ -186,6 +186,39 @@ struct Unacked {
     gate: Option<Arc<CreditGate>>,
 }
 
+/// A ready message taken out of the window, about to be delivered.
+struct Ready {
+    offset: u64,
+    entry: Entry,
+    body: Bytes,
+    exchange: String,
+    routing_key: String,
+    properties: Properties,
+}
+
+impl Ready {
+    fn into_delivery(
+        self,
+        tag: Arc<str>,
+        queue: Arc<Queue>,
+        message_count: u32,
+        needs_ack: bool,
+    ) -> Delivery {
+        Delivery {
+            tag,
+            queue,
+            offset: self.offset,
+            redelivered: self.entry.redelivered,
+            exchange: self.exchange,
+            routing_key: self.routing_key,
+            properties: self.properties,
+            body: self.body,
+            message_count,
+            needs_ack,
+        }
+    }
+}
+
 struct State {
     /// Ready entries in memory: (255 - priority, queue offset) → entry.
     ready: BTreeMap<(u8, u64), Entry>,
@@ -438,7 +471,7 @@ impl Queue {
                     .may_have_been_delivered(self.id, off)
                     .unwrap_or(false);
             st.ready.insert(
-                (255 - tag_priority(e.tag_hash), off),
+                (255 - self.priority_of(e.tag_hash), off),
                 Entry {
                     commit_offset: e.commit_offset,
                     tag: e.tag_hash,
@@ -585,43 +618,21 @@ impl Queue {
                 return;
             }
             self.fill(st);
-            let Some((&key, _)) = st.ready.iter().next() else {
+            if st.ready.is_empty() {
                 return;
-            };
+            }
             let Some(ci) = self.pick_consumer(st) else {
                 return;
             };
-            let Some(e) = st.ready.remove(&key) else {
-                return;
-            };
-            let off = key.1;
-            st.ready_count = st.ready_count.saturating_sub(1);
-            st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
-            let Some((rec, exchange, routing_key, props)) = self.load(off, &e, after) else {
+            let Some(m) = self.take_next(st, after) else {
                 continue;
             };
-            if self
-                .expiry(e.tag, &rec, &props)
-                .is_some_and(|t| t <= now_ms())
-            {
-                self.drop_entry(off, e, "expired", after);
-                continue;
-            }
+            let (key, e) = ((255 - self.priority_of(m.entry.tag), m.offset), m.entry);
+            let off = m.offset;
             let Some(c) = st.consumers.get_mut(ci) else {
                 return;
             };
-            let delivery = Delivery {
-                tag: c.tag.clone(),
-                queue: me.clone(),
-                offset: off,
-                redelivered: e.redelivered,
-                exchange,
-                routing_key,
-                properties: props,
-                body: rec.body.clone(),
-                message_count: 0,
-                needs_ack: !c.no_ack,
-            };
+            let delivery = m.into_delivery(c.tag.clone(), me.clone(), 0, !c.no_ack);
             if !c.outbox.push(OutEvent::Deliver(delivery)) {
                 // filled up since pick_consumer looked: put it back, wait for room
                 c.outbox.wait_for_room(&me);
@@ -649,6 +660,36 @@ impl Queue {
                 );
             }
             st.rr = ci + 1;
+        }
+    }
+
+    /// Takes the next ready message out of the window, loaded and not expired (expired
+    /// and unreadable ones on the way are dropped or dead-lettered). `None`: empty.
+    fn take_next(&self, st: &mut State, after: &mut After) -> Option<Ready> {
+        loop {
+            self.fill(st);
+            let (key, e) = st.ready.pop_first()?;
+            let off = key.1;
+            st.ready_count = st.ready_count.saturating_sub(1);
+            st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+            let Some((rec, exchange, routing_key, properties)) = self.load(off, &e, after) else {
+                continue;
+            };
+            if self
+                .expiry(e.tag, &rec, &properties)
+                .is_some_and(|t| t <= now_ms())
+            {
+                self.drop_entry(off, e, "expired", after);
+                continue;
+            }
+            return Some(Ready {
+                offset: off,
+                entry: e,
+                body: rec.body,
+                exchange,
+                routing_key,
+                properties,
+            });
         }
     }
 
@@ -840,28 +881,8 @@ impl Queue {
                 return None;
             }
             st.last_used = Instant::now();
-            out = loop {
-                self.fill(&mut st);
-                let Some((&key, _)) = st.ready.iter().next() else {
-                    break None;
-                };
-                let Some(e) = st.ready.remove(&key) else {
-                    break None;
-                };
-                let off = key.1;
-                st.ready_count = st.ready_count.saturating_sub(1);
-                st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
-                let Some((rec, exchange, routing_key, props)) = self.load(off, &e, &mut after)
-                else {
-                    continue;
-                };
-                if self
-                    .expiry(e.tag, &rec, &props)
-                    .is_some_and(|t| t <= now_ms())
-                {
-                    self.drop_entry(off, e, "expired", &mut after);
-                    continue;
-                }
+            out = self.take_next(&mut st, &mut after).map(|m| {
+                let off = m.offset;
                 let _ = self.store.mark_delivered(self.id, off);
                 if no_ack {
                     after.acks.push(off);
@@ -869,25 +890,15 @@ impl Queue {
                     st.unacked.insert(
                         off,
                         Unacked {
-                            entry: e,
+                            entry: m.entry,
                             consumer: 0,
                             gate: None,
                         },
                     );
                 }
-                break Some(Delivery {
-                    tag: Arc::from(""),
-                    queue: me.clone(),
-                    offset: off,
-                    redelivered: e.redelivered,
-                    exchange,
-                    routing_key,
-                    properties: props,
-                    body: rec.body.clone(),
-                    message_count: u32::try_from(st.ready_count).unwrap_or(u32::MAX),
-                    needs_ack: !no_ack,
-                });
-            };
+                let remaining = u32::try_from(st.ready_count).unwrap_or(u32::MAX);
+                m.into_delivery(Arc::from(""), me.clone(), remaining, !no_ack)
+            });
         }
         self.finish(after);
         out
@@ -1014,9 +1025,7 @@ impl Queue {
         let same = |t: &FieldTable| {
             t.get_str("queue") == Some(self.name.as_str()) && t.get_str("reason") == Some(reason)
         };
-        let existing = deaths
-            .iter()
-            .position(|d| d.as_table().is_some_and(&same));
+        let existing = deaths.iter().position(|d| d.as_table().is_some_and(&same));
         let any_rejected = deaths.iter().any(|d| {
             d.as_table()
                 .is_some_and(|t| t.get_str("reason") == Some("rejected"))

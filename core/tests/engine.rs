@@ -644,3 +644,28 @@ fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
         std::thread::park_timeout(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn message_priority_is_ignored_without_x_max_priority_even_beyond_the_window() {
+    let e = env();
+    let v = vh(&e);
+    let q = declare(&v, "fifo", false, FieldTable::default());
+    // more than the window (64), so most entries are loaded back from the consume queue
+    for i in 0..300u32 {
+        publish(
+            &v,
+            "",
+            &q,
+            &i.to_string(),
+            Properties {
+                priority: Some((i % 10) as u8),
+                ..Default::default()
+            },
+        );
+    }
+    let got: Vec<String> = (0..300)
+        .map(|_| bodies(&[v.get(&q, true, 1).unwrap().unwrap()]).remove(0))
+        .collect();
+    let expect: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+    assert_eq!(got, expect);
+}
