@@ -1,0 +1,386 @@
+//! `triad-bench store`: writer threads appending through `triad-store`, each waiting for
+//! its append to be durable before the next one.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Barrier};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+use triad_store::flush::FlushMode;
+use triad_store::record::{NewMessage, FLAG_PERSISTENT};
+use triad_store::store::{QueueId, Store, StoreConfig};
+
+use crate::args::{Flush, StoreArgs};
+use crate::report::{latency_json, new_histogram, round};
+use crate::sys::{loadavg, Cpu, Scratch};
+
+/// Bytes 0..4 of a body: writer id, 4..12: the writer's sequence number (little endian);
+/// then a fixed pattern. Bodies under 12 bytes are the pattern alone.
+pub const HEADER: usize = 12;
+
+pub fn pattern(size: usize) -> Vec<u8> {
+    (0..size)
+        .map(|i| ((i as u32).wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect()
+}
+
+pub fn stamp(body: &mut [u8], writer: u32, seq: u64) {
+    if let Some(h) = body.get_mut(..HEADER) {
+        h[..4].copy_from_slice(&writer.to_le_bytes());
+        h[4..].copy_from_slice(&seq.to_le_bytes());
+    }
+}
+
+/// Checks a body read back: the pattern, and for bodies with a header, that each writer's
+/// messages arrive in order with no gap (`next[w]` is the writer's next sequence number).
+pub fn verify(body: &[u8], pat: &[u8], next: &mut [u64]) -> Result<(), String> {
+    if body.len() != pat.len() {
+        return Err(format!(
+            "body of {} bytes, expected {}",
+            body.len(),
+            pat.len()
+        ));
+    }
+    if body.len() < HEADER {
+        return if body == pat {
+            Ok(())
+        } else {
+            Err("body differs".into())
+        };
+    }
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&body[..4]);
+    let mut s = [0u8; 8];
+    s.copy_from_slice(&body[4..HEADER]);
+    let (w, s) = (u32::from_le_bytes(w) as usize, u64::from_le_bytes(s));
+    let Some(expect) = next.get_mut(w) else {
+        return Err(format!("unknown writer {w}"));
+    };
+    if s != *expect {
+        return Err(format!("writer {w}: sequence {s}, expected {expect}"));
+    }
+    *expect += 1;
+    if body[HEADER..] != pat[HEADER..] {
+        return Err(format!("writer {w} seq {s}: body differs"));
+    }
+    Ok(())
+}
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(AtomicU64);
+
+struct Done {
+    writer: usize,
+    result: Result<Histogram<u64>, String>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn writer(
+    store: &Store,
+    id: usize,
+    queue: QueueId,
+    size: usize,
+    quota: Option<u64>,
+    stop: &AtomicBool,
+    progress: &AtomicU64,
+    start: &Barrier,
+) -> Result<Histogram<u64>, String> {
+    let mut hist = new_histogram();
+    let mut body = pattern(size);
+    let queues = [queue];
+    start.wait();
+    let mut seq = 0u64;
+    while quota.is_none_or(|q| seq < q) && !stop.load(Ordering::Relaxed) {
+        stamp(&mut body, id as u32, seq);
+        let msg = NewMessage {
+            queues: &queues,
+            flags: FLAG_PERSISTENT,
+            born_ts_ms: now_ms(),
+            tag_hash: 0,
+            keys: &[],
+            properties: &[],
+            body: &body,
+        };
+        let t0 = Instant::now();
+        let app = store.append(&msg).map_err(|e| format!("append: {e}"))?;
+        app.durable.wait().map_err(|e| format!("durable: {e}"))?;
+        let ns = t0.elapsed().as_nanos().max(1) as u64;
+        hist.saturating_record(ns);
+        seq += 1;
+        progress.store(seq, Ordering::Relaxed);
+    }
+    Ok(hist)
+}
+
+fn read_back(store: &Store, queues: &[QueueId], a: &StoreArgs) -> Result<Value, String> {
+    let pat = pattern(a.size);
+    let t0 = Instant::now();
+    let results: Vec<Result<(u64, u64), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = queues
+            .iter()
+            .map(|&q| {
+                let pat = &pat;
+                s.spawn(move || -> Result<(u64, u64), String> {
+                    let mut next = vec![0u64; a.writers];
+                    let mut n = 0u64;
+                    let mut bytes = 0u64;
+                    loop {
+                        match store
+                            .read_queue(q, n)
+                            .map_err(|e| format!("read_queue({q}, {n}): {e}"))?
+                        {
+                            Some((_, rec)) => {
+                                verify(&rec.body, pat, &mut next)
+                                    .map_err(|e| format!("queue {q} entry {n}: {e}"))?;
+                                bytes += rec.body.len() as u64;
+                                n += 1;
+                            }
+                            None => return Ok((n, bytes)),
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("reader panicked".into())))
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let mut ops = 0;
+    let mut bytes = 0;
+    for r in results {
+        let (n, b) = r?;
+        ops += n;
+        bytes += b;
+    }
+    Ok(json!({
+        "ops": ops,
+        "seconds": round(secs, 3),
+        "ops_per_s": round(ops as f64 / secs, 0),
+        "mb_per_s": round(bytes as f64 / secs / 1e6, 1),
+        "verified": ops,
+        "source": "page cache (just written)",
+    }))
+}
+
+pub fn run(a: &StoreArgs) -> Result<Value, String> {
+    let load = loadavg();
+    let scratch = Scratch::create(&a.dir, "bench-data", a.allow_tmpfs, a.keep)?;
+    let mut cfg = StoreConfig::new(&scratch.path);
+    cfg.segment_size = a.segment_size;
+    cfg.flush = match a.flush {
+        Flush::Sync => FlushMode::Sync,
+        Flush::Async => FlushMode::async_default(),
+    };
+    let store = Store::open(cfg).map_err(|e| format!("open store: {e}"))?;
+    let queues: Vec<QueueId> = (0..a.queues)
+        .map(|i| store.create_queue("/", &format!("bench-{i}"), true))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("create queue: {e}"))?;
+
+    let stop = AtomicBool::new(false);
+    let progress: Vec<Padded> = (0..a.writers).map(|_| Padded::default()).collect();
+    let barrier = Barrier::new(a.writers + 1);
+    let cap = a.time_cap();
+    let quotas: Vec<Option<u64>> = (0..a.writers as u64)
+        .map(|i| {
+            a.count
+                .map(|c| c / a.writers as u64 + u64::from(i < c % a.writers as u64))
+        })
+        .collect();
+
+    let (tx, rx) = mpsc::channel::<Done>();
+    let (hist, secs, cpu, dev) = std::thread::scope(|s| -> Result<_, String> {
+        for w in 0..a.writers {
+            let tx = tx.clone();
+            let (store, stop, barrier) = (&store, &stop, &barrier);
+            let prog = &progress[w].0;
+            let q = queues[w % queues.len()];
+            let quota = quotas[w];
+            std::thread::Builder::new()
+                .name(format!("writer-{w}"))
+                .spawn_scoped(s, move || {
+                    let result = writer(store, w, q, a.size, quota, stop, prog, barrier);
+                    if result.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    let _ = tx.send(Done { writer: w, result });
+                })
+                .map_err(|e| format!("spawn: {e}"))?;
+        }
+        drop(tx);
+        let dev0 = scratch.dev_stat();
+        let cpu0 = Cpu::now();
+        barrier.wait();
+        let t0 = Instant::now();
+        let mut merged = new_histogram();
+        let mut finished = 0;
+        let mut first_err = None;
+        let mut last = (t0, 0u64);
+        let mut next_tick = t0 + Duration::from_secs(1);
+        while finished < a.writers {
+            let now = Instant::now();
+            if let Some(c) = cap {
+                if now >= t0 + c {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+            let mut wake = next_tick;
+            if let Some(c) = cap {
+                if !stop.load(Ordering::Relaxed) {
+                    wake = wake.min(t0 + c);
+                }
+            }
+            match rx.recv_timeout(wake.saturating_duration_since(now)) {
+                Ok(d) => {
+                    finished += 1;
+                    match d.result {
+                        Ok(h) => merged.add(&h).map_err(|e| format!("merge: {e}"))?,
+                        Err(e) => {
+                            first_err.get_or_insert(format!("writer {}: {e}", d.writer));
+                        }
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                let total: u64 = progress.iter().map(|p| p.0.load(Ordering::Relaxed)).sum();
+                let dt = now.duration_since(last.0).as_secs_f64();
+                let rate = (total - last.1) as f64 / dt;
+                if !a.quiet {
+                    eprintln!(
+                        "[{:>4.0}s] {:>10.0} appends/s {:>9.1} MB/s  total {}",
+                        now.duration_since(t0).as_secs_f64(),
+                        rate,
+                        rate * a.size as f64 / 1e6,
+                        total
+                    );
+                }
+                last = (now, total);
+                next_tick += Duration::from_secs(1);
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = Cpu::now().since(cpu0);
+        let dev = match (dev0, scratch.dev_stat()) {
+            (Some(a), Some(b)) => Some(b.since(a)),
+            _ => None,
+        };
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        Ok((merged, secs, cpu, dev))
+    })?;
+
+    let ops = hist.len();
+    let stats = store.stats();
+    let read = if a.read {
+        Some(read_back(&store, &queues, a)?)
+    } else {
+        None
+    };
+    if let Some(r) = &read {
+        if r["ops"].as_u64() != Some(ops) {
+            return Err(format!("read back {} messages, wrote {ops}", r["ops"]));
+        }
+    }
+    let read = read.map(|mut r| {
+        r["ok"] = json!(true);
+        r
+    });
+    store.close().map_err(|e| format!("close: {e}"))?;
+
+    let size = a.size as u64;
+    Ok(json!({
+        "bench": "store",
+        "flush": a.flush.name(),
+        "size": size,
+        "writers": a.writers,
+        "queues": a.queues,
+        "ops": ops,
+        "seconds": round(secs, 3),
+        "ops_per_s": round(ops as f64 / secs, 0),
+        "mb_per_s": round((ops * size) as f64 / secs / 1e6, 2),
+        "lat_us": latency_json(&hist),
+        "cpu_us_per_op": round(cpu.total().as_secs_f64() * 1e6 / ops.max(1) as f64, 2),
+        "cpu_user_s": round(cpu.user.as_secs_f64(), 3),
+        "cpu_sys_s": round(cpu.sys.as_secs_f64(), 3),
+        "commitlog_bytes": stats.commitlog_end - stats.commitlog_min,
+        "dev": dev.map(|d| json!({
+            "flushes": d.flushes,
+            "writes": d.writes,
+            "write_mb": round(d.sectors_written as f64 * 512.0 / 1e6, 1),
+        })),
+        "fs": scratch.fs,
+        "loadavg_at_start": load,
+        "segment_size": a.segment_size,
+        "read": read,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamp_and_verify() {
+        let pat = pattern(64);
+        let mut next = vec![0u64; 2];
+        let mut b = pat.clone();
+        stamp(&mut b, 1, 0);
+        verify(&b, &pat, &mut next).unwrap();
+        stamp(&mut b, 1, 2);
+        assert!(verify(&b, &pat, &mut next).is_err(), "gap");
+        stamp(&mut b, 1, 1);
+        verify(&b, &pat, &mut next).unwrap();
+        b[40] ^= 1;
+        stamp(&mut b, 0, 0);
+        assert!(verify(&b, &pat, &mut next).is_err(), "flipped bit");
+        stamp(&mut b, 5, 0);
+        assert!(verify(&b, &pat, &mut next).is_err(), "unknown writer");
+        let small = pattern(8);
+        let mut sb = small.clone();
+        stamp(&mut sb, 3, 3);
+        assert_eq!(sb, small);
+        verify(&sb, &small, &mut next).unwrap();
+        assert!(verify(&small[..4], &small, &mut next).is_err());
+    }
+
+    #[test]
+    fn small_run_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = StoreArgs {
+            dir: dir.path().to_path_buf(),
+            size: 100,
+            writers: 3,
+            queues: 2,
+            count: Some(50),
+            segment_size: 1 << 20,
+            read: true,
+            allow_tmpfs: true,
+            quiet: true,
+            flush: Flush::Async,
+            ..StoreArgs::default()
+        };
+        let v = run(&a).unwrap();
+        assert_eq!(v["ops"], 50);
+        assert_eq!(v["read"]["ops"], 50);
+        assert_eq!(v["read"]["ok"], true);
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "scratch removed"
+        );
+    }
+}
