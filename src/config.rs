@@ -289,6 +289,22 @@ impl Config {
     }
 
     /// The store settings this configuration asks for.
+    /// The core's settings. Until users can be configured (the security issue), the one
+    /// user is `auth.default_user` / `auth.default_pass`.
+    pub fn core_config(&self) -> triad_core::CoreConfig {
+        triad_core::CoreConfig {
+            users: vec![triad_core::UserConfig {
+                name: self.auth.default_user.clone(),
+                password: self.auth.default_pass.clone(),
+            }],
+            loopback_users: self.auth.loopback_users.clone(),
+            default_vhost: self.auth.default_vhost.clone(),
+            max_message_size: usize::try_from(self.limits.max_message_size.bytes())
+                .unwrap_or(usize::MAX),
+            ..triad_core::CoreConfig::default()
+        }
+    }
+
     pub fn store_config(&self, repair: bool) -> StoreConfig {
         let s = &self.store;
         let mut cfg = StoreConfig::new(&s.data_dir);

@@ -74,7 +74,8 @@ pub struct ConnContext {
     /// Cancelled when the broker shuts down: close the connection politely (AMQP
     /// `connection.close` 320, STOMP ERROR, MQTT: just close) and return.
     pub shutdown: CancellationToken,
-    // The core's handle joins here once the core exists.
+    /// The broker core every adapter talks to.
+    pub broker: Arc<triad_core::Broker>,
 }
 
 /// A protocol's connection driver. Implemented for every

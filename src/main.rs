@@ -47,6 +47,8 @@ use triad_store::store::Store;
 
 /// How long shutdown waits for open connections before closing the store anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How often the core's timers run (message TTL at queue heads, `x-expires`).
+const TICK: Duration = Duration::from_millis(250);
 /// Concurrent HTTP connections (health probes, later the management API).
 const HTTP_MAX_CONNECTIONS: usize = 64;
 
@@ -102,13 +104,16 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
     let store = Store::open(config.store_config(cli.repair))
         .with_context(|| format!("cannot open the store in {}", s.data_dir.display()))?;
     let store = Arc::new(store);
+    let broker = triad_core::Broker::open(Arc::clone(&store), config.core_config())
+        .context("cannot load the broker's topology from the store")?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("triad-worker")
         .build()
         .context("cannot start the async runtime")?;
-    let served = runtime.block_on(serve(Arc::clone(&config), Arc::clone(&store)));
+    let served = runtime.block_on(serve(Arc::clone(&config), Arc::clone(&broker)));
+    drop(broker);
     // Tasks that outlived the grace period are dropped here, releasing what they hold.
     runtime.shutdown_timeout(Duration::from_secs(1));
 
@@ -128,7 +133,7 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(config: Arc<Config>, _store: Arc<Store>) -> anyhow::Result<()> {
+async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::Result<()> {
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
@@ -158,6 +163,7 @@ async fn serve(config: Arc<Config>, _store: Arc<Store>) -> anyhow::Result<()> {
             proto,
             config: Arc::clone(&config),
             shutdown: shutdown.clone(),
+            broker: Arc::clone(&broker),
         };
         // The protocol adapters plug in here, one `Handler` per protocol.
         match proto {
@@ -186,9 +192,25 @@ async fn serve(config: Arc<Config>, _store: Arc<Store>) -> anyhow::Result<()> {
     }
     info!(pid = std::process::id(), "broker ready");
 
-    let signal_name = tokio::select! {
-        _ = sigterm.recv() => "SIGTERM",
-        _ = sigint.recv() => "SIGINT",
+    // Timers (message TTL, x-expires) and the store's health: a failed flush stops the
+    // broker rather than let it confirm what may not be on disk.
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut store_failed = None;
+    let signal_name = loop {
+        tokio::select! {
+            _ = sigterm.recv() => break "SIGTERM",
+            _ = sigint.recv() => break "SIGINT",
+            _ = tick.tick() => {
+                if let Err(e) = broker.store().health() {
+                    store_failed = Some(e);
+                    break "store failure";
+                }
+                let b = Arc::clone(&broker);
+                // the core's timers may read the store: keep them off the async workers
+                let _ = tokio::task::spawn_blocking(move || b.tick()).await;
+            }
+        }
     };
     info!(signal = %signal_name, "shutdown requested");
     shutdown.cancel();
@@ -204,5 +226,8 @@ async fn serve(config: Arc<Config>, _store: Arc<Store>) -> anyhow::Result<()> {
         },
         _ = sigint.recv() => warn!(open = tracker.len(), "second SIGINT: not waiting for connections"),
     }
-    Ok(())
+    match store_failed {
+        Some(e) => Err(anyhow::anyhow!(e).context("the store failed; stopping")),
+        None => Ok(()),
+    }
 }

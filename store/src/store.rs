@@ -378,6 +378,12 @@ impl Store {
         })
     }
 
+    /// `Err(Fatal)` once a flush failed: the store takes no more writes and the broker
+    /// must stop.
+    pub fn health(&self) -> Result<()> {
+        self.inner.flush.check()
+    }
+
     /// The store's metadata documents.
     pub fn meta(&self) -> &MetaStore {
         &self.inner.meta
