@@ -343,6 +343,7 @@ mod tests {
             proto: Proto::Http,
             config: Arc::new(config),
             shutdown: CancellationToken::new(),
+            broker: crate::listener::test_broker(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -232,6 +232,16 @@ fn log_close(proto: Proto, peer: SocketAddr, result: ConnResult) {
     }
 }
 
+/// A broker over a store in a fresh temporary directory (kept: tests are short-lived).
+#[cfg(test)]
+pub(crate) fn test_broker() -> Arc<triad_core::Broker> {
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    let mut cfg = triad_store::store::StoreConfig::new(dir);
+    cfg.segment_size = 1 << 20;
+    let store = Arc::new(triad_store::store::Store::open(cfg).expect("store"));
+    triad_core::Broker::open(store, triad_core::CoreConfig::default()).expect("broker")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +253,7 @@ mod tests {
             proto,
             config: Arc::new(Config::default()),
             shutdown: shutdown.clone(),
+            broker: test_broker(),
         }
     }
 
