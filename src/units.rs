@@ -154,7 +154,7 @@ impl fmt::Display for HumanDuration {
         let d = self.0;
         if d.subsec_nanos() == 0 {
             write!(f, "{}s", d.as_secs())
-        } else if d.subsec_nanos() % 1_000_000 == 0 {
+        } else if d.subsec_nanos().is_multiple_of(1_000_000) {
             write!(f, "{}ms", d.as_millis())
         } else {
             write!(f, "{}us", d.as_micros())

@@ -86,6 +86,22 @@ pub enum CoreError {
     /// such input earlier; this is the core's own bound. (AMQP: 406 or a frame error.)
     #[error("limit exceeded: {0}")]
     LimitExceeded(&'static str),
+
+    /// The store failed underneath an operation (I/O error, disk full, a fatal flush
+    /// failure). Adapters close the connection (AMQP 541 INTERNAL_ERROR).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<triad_store::StoreError> for CoreError {
+    fn from(e: triad_store::StoreError) -> Self {
+        match e {
+            triad_store::StoreError::TooLarge { .. } => {
+                CoreError::LimitExceeded("message too large for the store")
+            }
+            other => CoreError::Internal(other.to_string()),
+        }
+    }
 }
 
 impl CoreError {

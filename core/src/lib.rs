@@ -10,6 +10,12 @@
 //! - [`routing`]: exchange kinds, binding tables, the topic trie, the headers match
 //!   rule, and a vhost's [`Topology`], which resolves a publish to its set of queues.
 //! - [`error`]: [`CoreError`], one variant per condition the adapters map.
+//! - [`broker`]: the [`Broker`]: users, vhosts, connections, timers.
+//! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
+//! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
+//!   requeue, TTL, length limits, dead-lettering.
+//! - [`outbox`]: how queues hand deliveries to connections, with back-pressure.
+//! - [`envelope`]: exchange, routing key and properties as stored with each message.
 //! - `encoding` (private): the bounds-checked storage encoding of values.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
@@ -19,13 +25,22 @@
 )]
 #![warn(missing_docs)]
 
+pub mod broker;
 mod encoding;
+pub mod envelope;
 pub mod error;
 pub mod message;
+pub mod outbox;
+pub mod queue;
 pub mod routing;
 pub mod value;
+pub mod vhost;
 
+pub use broker::{Broker, ConnectionId, CoreConfig, User, UserConfig};
 pub use error::{CoreError, ResourceKind};
 pub use message::{Message, Properties};
+pub use outbox::{CreditGate, Delivery, OutEvent, Outbox};
+pub use queue::{ConsumeRequest, ConsumerHandle, Queue, QueueArgs};
 pub use routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 pub use value::{FieldTable, FieldValue};
+pub use vhost::{Publish, Published, QueueDeclare, QueueDeclareOk, Vhost};

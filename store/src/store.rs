@@ -443,6 +443,11 @@ impl Store {
         }
     }
 
+    /// One past the last entry of `queue` (cheap: no locks beyond the queue map's).
+    pub fn queue_next_offset(&self, queue: QueueId) -> Result<u64> {
+        Ok(self.inner.queue(queue)?.cq.next_offset())
+    }
+
     /// Whether entry `logical` of `queue` has been acked.
     pub fn is_acked(&self, queue: QueueId, logical: u64) -> Result<bool> {
         Ok(self.inner.queue(queue)?.ack().is_acked(logical))

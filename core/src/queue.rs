@@ -1,0 +1,1135 @@
+//! A queue: its ready messages, consumers, unacked deliveries, limits, TTL and
+//! dead-lettering. All state sits behind one mutex whose critical sections are short
+//! (no I/O but reads of the mapped store); work that touches other queues (dead-letter
+//! publishes, waking other queues) runs after the lock is released.
+//!
+//! Messages live in the store; the queue keeps a bounded window of ready entries in
+//! memory (the oldest ones, keyed by priority then queue offset) and loads more from its
+//! consume queue as the window drains, so a backlog of millions costs disk, not RAM.
+//! Priority ordering (`x-max-priority`) therefore applies within the window.
+//!
+//! The consume-queue tag of each entry carries what the queue needs without reading the
+//! record: body length (bits 0-31), priority (32-39), "has a per-message TTL" (40),
+//! persistent (41).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use triad_store::commitlog::StoredRecord;
+use triad_store::store::{QueueId, Store};
+
+use crate::error::CoreError;
+use crate::message::Properties;
+use crate::outbox::{CreditGate, Delivery, OutEvent, Outbox};
+use crate::value::{FieldTable, FieldValue};
+use crate::vhost::Vhost;
+use crate::{envelope, ConnectionId};
+
+/// Identifies a consumer within its queue.
+pub type ConsumerId = u64;
+
+const TAG_PRIORITY_SHIFT: u32 = 32;
+const TAG_HAS_TTL: u64 = 1 << 40;
+const TAG_PERSISTENT: u64 = 1 << 41;
+
+/// The consume-queue tag for a message.
+pub(crate) fn make_tag(body_len: usize, priority: u8, has_ttl: bool, persistent: bool) -> u64 {
+    (body_len.min(u32::MAX as usize) as u64)
+        | ((priority as u64) << TAG_PRIORITY_SHIFT)
+        | if has_ttl { TAG_HAS_TTL } else { 0 }
+        | if persistent { TAG_PERSISTENT } else { 0 }
+}
+
+fn tag_len(tag: u64) -> u64 {
+    tag & 0xffff_ffff
+}
+
+fn tag_priority(tag: u64) -> u8 {
+    ((tag >> TAG_PRIORITY_SHIFT) & 0xff) as u8
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What happens when a queue is full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Overflow {
+    /// Drop (or dead-letter) the oldest messages.
+    #[default]
+    DropHead,
+    /// Refuse new messages (publisher confirms nack them).
+    RejectPublish,
+    /// Refuse new messages and dead-letter them.
+    RejectPublishDlx,
+}
+
+/// The `x-` arguments a queue understands, validated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueArgs {
+    /// `x-message-ttl`, ms.
+    pub message_ttl: Option<u64>,
+    /// `x-expires`, ms.
+    pub expires: Option<u64>,
+    /// `x-max-length`, messages.
+    pub max_length: Option<u64>,
+    /// `x-max-length-bytes`, body bytes.
+    pub max_length_bytes: Option<u64>,
+    /// `x-overflow`.
+    pub overflow: Overflow,
+    /// `x-dead-letter-exchange`.
+    pub dead_letter_exchange: Option<String>,
+    /// `x-dead-letter-routing-key`.
+    pub dead_letter_routing_key: Option<String>,
+    /// `x-max-priority` (1-255).
+    pub max_priority: Option<u8>,
+}
+
+fn non_negative(args: &FieldTable, name: &str) -> Result<Option<u64>, CoreError> {
+    match args.get(name) {
+        None => Ok(None),
+        Some(v) => match v.as_i64() {
+            Some(n) if n >= 0 => Ok(Some(n as u64)),
+            _ => Err(CoreError::PreconditionFailed(format!(
+                "invalid arg '{name}' for queue: {v:?} is not a non-negative integer"
+            ))),
+        },
+    }
+}
+
+fn string_arg(args: &FieldTable, name: &str) -> Result<Option<String>, CoreError> {
+    match args.get(name) {
+        None => Ok(None),
+        Some(v) => v.as_str().map(|s| Some(s.to_string())).ok_or_else(|| {
+            CoreError::PreconditionFailed(format!("invalid arg '{name}' for queue: not a string"))
+        }),
+    }
+}
+
+impl QueueArgs {
+    /// Parses and validates a queue's arguments as RabbitMQ does (unknown `x-` arguments
+    /// are kept but ignored).
+    pub fn parse(args: &FieldTable) -> Result<QueueArgs, CoreError> {
+        let expires = non_negative(args, "x-expires")?;
+        if expires == Some(0) {
+            return Err(CoreError::PreconditionFailed(
+                "invalid arg 'x-expires' for queue: must be positive".into(),
+            ));
+        }
+        let overflow = match string_arg(args, "x-overflow")?.as_deref() {
+            None | Some("drop-head") => Overflow::DropHead,
+            Some("reject-publish") => Overflow::RejectPublish,
+            Some("reject-publish-dlx") => Overflow::RejectPublishDlx,
+            Some(other) => {
+                return Err(CoreError::PreconditionFailed(format!(
+                    "invalid arg 'x-overflow' for queue: '{other}'"
+                )))
+            }
+        };
+        let max_priority = match non_negative(args, "x-max-priority")? {
+            None => None,
+            Some(n @ 1..=255) => Some(n as u8),
+            Some(n) => {
+                return Err(CoreError::PreconditionFailed(format!(
+                    "invalid arg 'x-max-priority' for queue: {n} is not in 1..255"
+                )))
+            }
+        };
+        match string_arg(args, "x-queue-type")?.as_deref() {
+            None | Some("classic") => {}
+            Some(other) => {
+                return Err(CoreError::PreconditionFailed(format!(
+                    "invalid arg 'x-queue-type' for queue: '{other}' is not supported"
+                )))
+            }
+        }
+        Ok(QueueArgs {
+            message_ttl: non_negative(args, "x-message-ttl")?,
+            expires,
+            max_length: non_negative(args, "x-max-length")?,
+            max_length_bytes: non_negative(args, "x-max-length-bytes")?,
+            overflow,
+            dead_letter_exchange: string_arg(args, "x-dead-letter-exchange")?,
+            dead_letter_routing_key: string_arg(args, "x-dead-letter-routing-key")?,
+            max_priority,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    commit_offset: u64,
+    tag: u64,
+    redelivered: bool,
+}
+
+struct Consumer {
+    id: ConsumerId,
+    tag: Arc<str>,
+    no_ack: bool,
+    exclusive: bool,
+    prefetch: u32,
+    unacked: u32,
+    priority: i32,
+    outbox: Arc<Outbox>,
+    gate: Option<Arc<CreditGate>>,
+}
+
+struct Unacked {
+    entry: Entry,
+    consumer: ConsumerId,
+    gate: Option<Arc<CreditGate>>,
+}
+
+struct State {
+    /// Ready entries in memory: (255 - priority, queue offset) → entry.
+    ready: BTreeMap<(u8, u64), Entry>,
+    /// Next consume-queue offset not yet looked at; every ready entry below it is in
+    /// `ready` or `unacked`.
+    loaded_upto: u64,
+    /// Entries below this were in the queue when it was opened.
+    recovered_next: u64,
+    unacked: HashMap<u64, Unacked>,
+    /// Ready messages, loaded or not.
+    ready_count: u64,
+    /// Body bytes of the ready messages.
+    ready_bytes: u64,
+    consumers: Vec<Consumer>,
+    rr: usize,
+    next_consumer: ConsumerId,
+    had_consumers: bool,
+    last_used: Instant,
+    deleted: bool,
+}
+
+/// Work to do once the queue's lock is released.
+#[derive(Default)]
+struct After {
+    acks: Vec<u64>,
+    dead: Vec<(u64, StoredRecord, &'static str)>,
+    gates: Vec<Arc<CreditGate>>,
+    cancelled_all: bool,
+}
+
+/// A queue. Shared as `Arc<Queue>`; deliveries carry one so consumers can ack.
+pub struct Queue {
+    name: String,
+    vhost_name: String,
+    id: QueueId,
+    durable: bool,
+    exclusive_owner: Option<ConnectionId>,
+    auto_delete: bool,
+    arguments: FieldTable,
+    args: QueueArgs,
+    window: usize,
+    store: Arc<Store>,
+    vhost: Weak<Vhost>,
+    me: Weak<Queue>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("vhost", &self.vhost_name)
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Creation parameters of a queue object (the store queue already exists).
+pub(crate) struct QueueSpec {
+    pub name: String,
+    pub vhost_name: String,
+    pub id: QueueId,
+    pub durable: bool,
+    pub exclusive_owner: Option<ConnectionId>,
+    pub auto_delete: bool,
+    pub arguments: FieldTable,
+    pub args: QueueArgs,
+    pub window: usize,
+}
+
+/// What a consumer asks for.
+#[derive(Debug, Clone)]
+pub struct ConsumeRequest {
+    /// Consumer tag (unique per channel; the adapter generates one when empty).
+    pub tag: String,
+    /// Deliveries need no ack.
+    pub no_ack: bool,
+    /// No other consumer may use the queue meanwhile.
+    pub exclusive: bool,
+    /// Most unacked deliveries (0 = unlimited).
+    pub prefetch: u32,
+    /// Consumer priority (`x-priority`): higher gets messages first.
+    pub priority: i32,
+    /// The consuming connection.
+    pub conn: ConnectionId,
+    /// Where deliveries go.
+    pub outbox: Arc<Outbox>,
+    /// Channel-wide unacked limit, if any.
+    pub gate: Option<Arc<CreditGate>>,
+}
+
+/// A registered consumer. Cancel it explicitly; dropping it does not.
+#[derive(Debug, Clone)]
+pub struct ConsumerHandle {
+    queue: Arc<Queue>,
+    id: ConsumerId,
+    tag: Arc<str>,
+}
+
+impl ConsumerHandle {
+    /// The consumer tag.
+    pub fn tag(&self) -> &Arc<str> {
+        &self.tag
+    }
+    /// The queue consumed from.
+    pub fn queue(&self) -> &Arc<Queue> {
+        &self.queue
+    }
+    /// Stops deliveries. Unacked deliveries stay unacked until acked or nacked.
+    pub fn cancel(&self) {
+        self.queue.cancel(self.id);
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Queue {
+    pub(crate) fn new(
+        spec: QueueSpec,
+        store: Arc<Store>,
+        vhost: Weak<Vhost>,
+    ) -> Result<Arc<Queue>, CoreError> {
+        // Everything pending in the store is ready: nothing is delivered yet.
+        let pending = store.unacked(spec.id, usize::MAX)?;
+        let mut ready_bytes = 0;
+        for off in &pending {
+            if let Some(e) = store.entry(spec.id, *off) {
+                ready_bytes += tag_len(e.tag_hash);
+            }
+        }
+        let head = store.queue_info(spec.id)?.ack_head;
+        let next = store.queue_next_offset(spec.id)?;
+        let state = State {
+            ready: BTreeMap::new(),
+            loaded_upto: head,
+            recovered_next: next,
+            unacked: HashMap::new(),
+            ready_count: pending.len() as u64,
+            ready_bytes,
+            consumers: Vec::new(),
+            rr: 0,
+            next_consumer: 1,
+            had_consumers: false,
+            last_used: Instant::now(),
+            deleted: false,
+        };
+        Ok(Arc::new_cyclic(|me| Queue {
+            name: spec.name,
+            vhost_name: spec.vhost_name,
+            id: spec.id,
+            durable: spec.durable,
+            exclusive_owner: spec.exclusive_owner,
+            auto_delete: spec.auto_delete,
+            arguments: spec.arguments,
+            args: spec.args,
+            window: spec.window.max(16),
+            store,
+            vhost,
+            me: me.clone(),
+            state: Mutex::new(state),
+        }))
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Whether it survives a restart.
+    pub fn durable(&self) -> bool {
+        self.durable
+    }
+    /// The connection that owns it, for exclusive queues.
+    pub fn exclusive_owner(&self) -> Option<ConnectionId> {
+        self.exclusive_owner
+    }
+    /// Deleted when its last consumer goes.
+    pub fn auto_delete(&self) -> bool {
+        self.auto_delete
+    }
+    /// Declared arguments.
+    pub fn arguments(&self) -> &FieldTable {
+        &self.arguments
+    }
+    /// Parsed arguments.
+    pub fn args(&self) -> &QueueArgs {
+        &self.args
+    }
+    pub(crate) fn store_id(&self) -> QueueId {
+        self.id
+    }
+
+    /// Ready messages (not delivered and unacked).
+    pub fn message_count(&self) -> u32 {
+        u32::try_from(lock(&self.state).ready_count).unwrap_or(u32::MAX)
+    }
+
+    /// Active consumers.
+    pub fn consumer_count(&self) -> u32 {
+        lock(&self.state).consumers.len() as u32
+    }
+
+    /// Delivered but not yet acked.
+    pub fn unacked_count(&self) -> u32 {
+        lock(&self.state).unacked.len() as u32
+    }
+
+    pub(crate) fn touch(&self) {
+        lock(&self.state).last_used = Instant::now();
+    }
+
+    /// Whether a new message of `body_len` bytes would be refused (`x-overflow`
+    /// reject-publish with the queue at its limit).
+    pub(crate) fn rejects(&self, body_len: usize) -> bool {
+        if self.args.overflow == Overflow::DropHead {
+            return false;
+        }
+        let st = lock(&self.state);
+        self.args.max_length.is_some_and(|m| st.ready_count >= m)
+            || self
+                .args
+                .max_length_bytes
+                .is_some_and(|m| st.ready_bytes + body_len as u64 > m)
+    }
+
+    fn me(&self) -> Option<Arc<Queue>> {
+        self.me.upgrade()
+    }
+
+    /// Loads ready entries from the consume queue into the window.
+    fn fill(&self, st: &mut State) {
+        if st.ready.len() >= self.window / 2 {
+            return;
+        }
+        let Ok(next) = self.store.queue_next_offset(self.id) else {
+            return;
+        };
+        while st.ready.len() < self.window && st.loaded_upto < next {
+            let off = st.loaded_upto;
+            st.loaded_upto += 1;
+            if st.unacked.contains_key(&off) || self.store.is_acked(self.id, off).unwrap_or(true) {
+                continue;
+            }
+            let Some(e) = self.store.entry(self.id, off) else {
+                continue;
+            };
+            let redelivered = off < st.recovered_next
+                && self
+                    .store
+                    .may_have_been_delivered(self.id, off)
+                    .unwrap_or(false);
+            st.ready.insert(
+                (255 - tag_priority(e.tag_hash), off),
+                Entry {
+                    commit_offset: e.commit_offset,
+                    tag: e.tag_hash,
+                    redelivered,
+                },
+            );
+        }
+    }
+
+    fn priority_of(&self, tag: u64) -> u8 {
+        match self.args.max_priority {
+            Some(max) => tag_priority(tag).min(max),
+            None => 0,
+        }
+    }
+
+    /// A message was appended for this queue at `offset`.
+    pub(crate) fn enqueue(&self, offset: u64, commit_offset: u64, tag: u64) {
+        let mut after = After::default();
+        {
+            let mut st = lock(&self.state);
+            if st.deleted {
+                return;
+            }
+            st.ready_count += 1;
+            st.ready_bytes += tag_len(tag);
+            if st.loaded_upto == offset && st.ready.len() < self.window {
+                st.loaded_upto += 1;
+                st.ready.insert(
+                    (255 - self.priority_of(tag), offset),
+                    Entry {
+                        commit_offset,
+                        tag,
+                        redelivered: false,
+                    },
+                );
+            }
+            self.enforce_limits(&mut st, &mut after);
+            self.dispatch(&mut st, &mut after);
+        }
+        self.finish(after);
+    }
+
+    /// Takes the oldest ready entry out (for drop-head, purge-like removal).
+    fn pop_oldest(&self, st: &mut State) -> Option<(u64, Entry)> {
+        self.fill(st);
+        // the oldest is the lowest offset, whatever its priority
+        let key = *st.ready.keys().min_by_key(|(_, off)| *off)?;
+        let e = st.ready.remove(&key)?;
+        st.ready_count = st.ready_count.saturating_sub(1);
+        st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+        Some((key.1, e))
+    }
+
+    fn enforce_limits(&self, st: &mut State, after: &mut After) {
+        if self.args.overflow != Overflow::DropHead {
+            return;
+        }
+        loop {
+            let over = self.args.max_length.is_some_and(|m| st.ready_count > m)
+                || self
+                    .args
+                    .max_length_bytes
+                    .is_some_and(|m| st.ready_bytes > m);
+            if !over {
+                return;
+            }
+            let Some((off, e)) = self.pop_oldest(st) else {
+                return;
+            };
+            self.drop_entry(off, e, "maxlen", after);
+        }
+    }
+
+    /// A ready entry leaves the queue without a consumer: dead-letter it if configured.
+    fn drop_entry(&self, off: u64, e: Entry, reason: &'static str, after: &mut After) {
+        if self.args.dead_letter_exchange.is_some() {
+            if let Ok(rec) = self.store.read(e.commit_offset) {
+                after.dead.push((off, rec, reason));
+                return;
+            }
+        }
+        after.acks.push(off);
+    }
+
+    fn expiry(&self, tag: u64, rec: &StoredRecord, props: &Properties) -> Option<u64> {
+        let msg_ttl = if tag & TAG_HAS_TTL != 0 {
+            props
+                .expiration
+                .as_deref()
+                .and_then(|s| s.parse::<u64>().ok())
+        } else {
+            None
+        };
+        let ttl = match (self.args.message_ttl, msg_ttl) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }?;
+        Some(rec.store_ts_ms.saturating_add(ttl))
+    }
+
+    fn pick_consumer(&self, st: &State) -> Option<usize> {
+        let n = st.consumers.len();
+        let me = self.me();
+        let mut best: Option<(i32, usize)> = None;
+        for k in 0..n {
+            let i = (st.rr + k) % n;
+            let Some(c) = st.consumers.get(i) else {
+                continue;
+            };
+            if c.prefetch != 0 && c.unacked >= c.prefetch {
+                continue;
+            }
+            if best.is_some_and(|(p, _)| p >= c.priority) {
+                continue;
+            }
+            if let Some(g) = &c.gate {
+                if !g.has_room() {
+                    if let Some(me) = &me {
+                        g.wait_for_room(me);
+                    }
+                    continue;
+                }
+            }
+            if !c.outbox.has_room() {
+                if let Some(me) = &me {
+                    c.outbox.wait_for_room(me);
+                }
+                continue;
+            }
+            best = Some((c.priority, i));
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// Hands ready messages to consumers with credit, round robin within the highest
+    /// consumer priority.
+    fn dispatch(&self, st: &mut State, after: &mut After) {
+        let Some(me) = self.me() else {
+            return;
+        };
+        loop {
+            if st.consumers.is_empty() {
+                return;
+            }
+            self.fill(st);
+            let Some((&key, _)) = st.ready.iter().next() else {
+                return;
+            };
+            let Some(ci) = self.pick_consumer(st) else {
+                return;
+            };
+            let Some(e) = st.ready.remove(&key) else {
+                return;
+            };
+            let off = key.1;
+            st.ready_count = st.ready_count.saturating_sub(1);
+            st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+            let Some((rec, exchange, routing_key, props)) = self.load(off, &e, after) else {
+                continue;
+            };
+            if self
+                .expiry(e.tag, &rec, &props)
+                .is_some_and(|t| t <= now_ms())
+            {
+                self.drop_entry(off, e, "expired", after);
+                continue;
+            }
+            let Some(c) = st.consumers.get_mut(ci) else {
+                return;
+            };
+            let delivery = Delivery {
+                tag: c.tag.clone(),
+                queue: me.clone(),
+                offset: off,
+                redelivered: e.redelivered,
+                exchange,
+                routing_key,
+                properties: props,
+                body: rec.body.clone(),
+                message_count: 0,
+                needs_ack: !c.no_ack,
+            };
+            if !c.outbox.push(OutEvent::Deliver(delivery)) {
+                // filled up since pick_consumer looked: put it back, wait for room
+                c.outbox.wait_for_room(&me);
+                st.ready.insert(key, e);
+                st.ready_count += 1;
+                st.ready_bytes += tag_len(e.tag);
+                return;
+            }
+            let _ = self.store.mark_delivered(self.id, off);
+            if c.no_ack {
+                after.acks.push(off);
+            } else {
+                c.unacked += 1;
+                if let Some(g) = &c.gate {
+                    g.take();
+                }
+                let (consumer, gate) = (c.id, c.gate.clone());
+                st.unacked.insert(
+                    off,
+                    Unacked {
+                        entry: e,
+                        consumer,
+                        gate,
+                    },
+                );
+            }
+            st.rr = ci + 1;
+        }
+    }
+
+    /// Reads and decodes an entry's record; an unreadable one is dropped (acked) with a
+    /// warning rather than wedging the queue.
+    fn load(
+        &self,
+        off: u64,
+        e: &Entry,
+        after: &mut After,
+    ) -> Option<(StoredRecord, String, String, Properties)> {
+        let rec = match self.store.read(e.commit_offset) {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::warn!(queue = %self.name, offset = off, error = %err, "dropping an unreadable message");
+                after.acks.push(off);
+                return None;
+            }
+        };
+        match envelope::decode(&rec.properties) {
+            Ok((x, rk, p)) => Some((rec, x, rk, p)),
+            Err(err) => {
+                tracing::warn!(queue = %self.name, offset = off, error = %err, "dropping a message with undecodable properties");
+                after.acks.push(off);
+                None
+            }
+        }
+    }
+
+    /// Runs after the lock is released: store acks, dead-letter publishes, wake-ups.
+    fn finish(&self, after: After) {
+        let After {
+            mut acks,
+            dead,
+            gates,
+            cancelled_all,
+        } = after;
+        if !dead.is_empty() {
+            if let Some(vh) = self.vhost.upgrade() {
+                for (off, rec, reason) in dead {
+                    vh.dead_letter(self, &rec, reason);
+                    acks.push(off);
+                }
+            } else {
+                acks.extend(dead.iter().map(|d| d.0));
+            }
+        }
+        if !acks.is_empty() {
+            if let Err(e) = self.store.ack(self.id, &acks) {
+                tracing::warn!(queue = %self.name, error = %e, "store ack failed");
+            }
+        }
+        for g in gates {
+            g.wake();
+        }
+        if cancelled_all && self.auto_delete {
+            if let Some(vh) = self.vhost.upgrade() {
+                vh.auto_delete_queue(self);
+            }
+        }
+    }
+
+    /// Resumes deliveries after an outbox or credit gate had no room.
+    pub(crate) fn kick(&self) {
+        let mut after = After::default();
+        {
+            let mut st = lock(&self.state);
+            if st.deleted {
+                return;
+            }
+            self.dispatch(&mut st, &mut after);
+        }
+        self.finish(after);
+    }
+
+    pub(crate) fn consume(&self, req: ConsumeRequest) -> Result<ConsumerHandle, CoreError> {
+        let me = self
+            .me()
+            .ok_or_else(|| CoreError::queue_not_found(&self.name))?;
+        let mut after = After::default();
+        let handle;
+        {
+            let mut st = lock(&self.state);
+            if st.deleted {
+                return Err(CoreError::queue_not_found(&self.name));
+            }
+            if st.consumers.iter().any(|c| c.exclusive)
+                || (req.exclusive && !st.consumers.is_empty())
+            {
+                return Err(CoreError::AccessRefused(format!(
+                    "queue '{}' in vhost '{}' in exclusive use",
+                    self.name, self.vhost_name
+                )));
+            }
+            let id = st.next_consumer;
+            st.next_consumer += 1;
+            let tag: Arc<str> = Arc::from(req.tag.as_str());
+            st.consumers.push(Consumer {
+                id,
+                tag: tag.clone(),
+                no_ack: req.no_ack,
+                exclusive: req.exclusive,
+                prefetch: req.prefetch,
+                unacked: 0,
+                priority: req.priority,
+                outbox: req.outbox,
+                gate: req.gate,
+            });
+            st.had_consumers = true;
+            st.last_used = Instant::now();
+            handle = ConsumerHandle { queue: me, id, tag };
+            self.dispatch(&mut st, &mut after);
+        }
+        self.finish(after);
+        Ok(handle)
+    }
+
+    fn cancel(&self, id: ConsumerId) {
+        let mut after = After::default();
+        {
+            let mut st = lock(&self.state);
+            let before = st.consumers.len();
+            st.consumers.retain(|c| c.id != id);
+            if st.consumers.len() != before {
+                st.last_used = Instant::now();
+                after.cancelled_all = st.consumers.is_empty() && st.had_consumers && !st.deleted;
+            }
+        }
+        self.finish(after);
+    }
+
+    /// Acks deliveries (by queue offset); unknown offsets are ignored.
+    pub fn ack(&self, offsets: &[u64]) {
+        let mut after = After::default();
+        {
+            let mut st = lock(&self.state);
+            for off in offsets {
+                if let Some(u) = st.unacked.remove(off) {
+                    release(&mut st, &u, &mut after);
+                    after.acks.push(*off);
+                }
+            }
+            if !st.deleted {
+                self.dispatch(&mut st, &mut after);
+            }
+        }
+        self.finish(after);
+    }
+
+    /// Rejects deliveries: back to the queue (marked redelivered) or, without requeue,
+    /// dead-lettered when the queue has a dead-letter exchange, else dropped.
+    pub fn nack(&self, offsets: &[u64], requeue: bool) {
+        let mut after = After::default();
+        {
+            let mut st = lock(&self.state);
+            for off in offsets {
+                let Some(u) = st.unacked.remove(off) else {
+                    continue;
+                };
+                release(&mut st, &u, &mut after);
+                if st.deleted {
+                    continue;
+                }
+                if requeue {
+                    let mut e = u.entry;
+                    e.redelivered = true;
+                    st.ready_count += 1;
+                    st.ready_bytes += tag_len(e.tag);
+                    st.ready.insert((255 - self.priority_of(e.tag), *off), e);
+                } else {
+                    self.drop_entry(*off, u.entry, "rejected", &mut after);
+                }
+            }
+            if !st.deleted {
+                self.dispatch(&mut st, &mut after);
+            }
+        }
+        self.finish(after);
+    }
+
+    /// `basic.get`: one message, or `None` when the queue is empty.
+    pub(crate) fn get(&self, no_ack: bool) -> Option<Delivery> {
+        let me = self.me()?;
+        let mut after = After::default();
+        let out;
+        {
+            let mut st = lock(&self.state);
+            if st.deleted {
+                return None;
+            }
+            st.last_used = Instant::now();
+            out = loop {
+                self.fill(&mut st);
+                let Some((&key, _)) = st.ready.iter().next() else {
+                    break None;
+                };
+                let Some(e) = st.ready.remove(&key) else {
+                    break None;
+                };
+                let off = key.1;
+                st.ready_count = st.ready_count.saturating_sub(1);
+                st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+                let Some((rec, exchange, routing_key, props)) = self.load(off, &e, &mut after)
+                else {
+                    continue;
+                };
+                if self
+                    .expiry(e.tag, &rec, &props)
+                    .is_some_and(|t| t <= now_ms())
+                {
+                    self.drop_entry(off, e, "expired", &mut after);
+                    continue;
+                }
+                let _ = self.store.mark_delivered(self.id, off);
+                if no_ack {
+                    after.acks.push(off);
+                } else {
+                    st.unacked.insert(
+                        off,
+                        Unacked {
+                            entry: e,
+                            consumer: 0,
+                            gate: None,
+                        },
+                    );
+                }
+                break Some(Delivery {
+                    tag: Arc::from(""),
+                    queue: me.clone(),
+                    offset: off,
+                    redelivered: e.redelivered,
+                    exchange,
+                    routing_key,
+                    properties: props,
+                    body: rec.body.clone(),
+                    message_count: u32::try_from(st.ready_count).unwrap_or(u32::MAX),
+                    needs_ack: !no_ack,
+                });
+            };
+        }
+        self.finish(after);
+        out
+    }
+
+    /// Removes every ready message; returns how many.
+    pub(crate) fn purge(&self) -> u32 {
+        let mut acks_range = None;
+        let mut after = After::default();
+        let n;
+        {
+            let mut st = lock(&self.state);
+            n = st.ready_count;
+            let ready = std::mem::take(&mut st.ready);
+            after.acks.extend(ready.keys().map(|k| k.1));
+            if let Ok(next) = self.store.queue_next_offset(self.id) {
+                if next > st.loaded_upto {
+                    acks_range = Some((st.loaded_upto, next));
+                }
+                st.loaded_upto = next;
+            }
+            st.ready_count = 0;
+            st.ready_bytes = 0;
+        }
+        if let Some((a, b)) = acks_range {
+            // entries not loaded yet: none of them is delivered, so all can go
+            let unacked: Vec<u64> = (a..b)
+                .filter(|o| !self.store.is_acked(self.id, *o).unwrap_or(true))
+                .collect();
+            after.acks.extend(unacked);
+        }
+        self.finish(after);
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Marks the queue deleted and tells its consumers; returns the ready count.
+    pub(crate) fn mark_deleted(&self) -> u32 {
+        let mut st = lock(&self.state);
+        st.deleted = true;
+        for c in st.consumers.drain(..) {
+            c.outbox
+                .push_control(OutEvent::Cancelled { tag: c.tag.clone() });
+        }
+        u32::try_from(st.ready_count).unwrap_or(u32::MAX)
+    }
+
+    /// Whether the queue has consumers, ready messages (for delete if-unused / if-empty).
+    pub(crate) fn usage(&self) -> (u32, u32) {
+        let st = lock(&self.state);
+        (
+            st.consumers.len() as u32,
+            u32::try_from(st.ready_count).unwrap_or(u32::MAX),
+        )
+    }
+
+    /// Periodic work: expire messages at the head (TTL) and report whether the queue has
+    /// been unused past `x-expires`.
+    pub(crate) fn tick(&self) -> bool {
+        let mut after = After::default();
+        let expired;
+        {
+            let mut st = lock(&self.state);
+            if st.deleted {
+                return false;
+            }
+            if self.args.message_ttl.is_some() || self.has_message_ttls(&st) {
+                self.expire_head(&mut st, &mut after);
+            }
+            expired = self.args.expires.is_some_and(|ms| {
+                st.consumers.is_empty() && st.last_used.elapsed() >= Duration::from_millis(ms)
+            });
+        }
+        self.finish(after);
+        expired
+    }
+
+    fn has_message_ttls(&self, st: &State) -> bool {
+        st.ready
+            .values()
+            .next()
+            .is_some_and(|e| e.tag & TAG_HAS_TTL != 0)
+    }
+
+    fn expire_head(&self, st: &mut State, after: &mut After) {
+        let now = now_ms();
+        loop {
+            self.fill(st);
+            let Some((&key, &e)) = st.ready.iter().next() else {
+                return;
+            };
+            let Ok(rec) = self.store.read(e.commit_offset) else {
+                return;
+            };
+            let Ok((_, _, props)) = envelope::decode(&rec.properties) else {
+                return;
+            };
+            if self.expiry(e.tag, &rec, &props).is_none_or(|t| t > now) {
+                return;
+            }
+            st.ready.remove(&key);
+            st.ready_count = st.ready_count.saturating_sub(1);
+            st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+            self.drop_entry(key.1, e, "expired", after);
+        }
+    }
+
+    /// Dead-letter routing for a message leaving this queue, with RabbitMQ's `x-death`
+    /// bookkeeping; `None` when there is no dead-letter exchange or the message would
+    /// cycle (already expired out of this queue before).
+    pub(crate) fn dead_letter_target(
+        &self,
+        reason: &str,
+        exchange: &str,
+        routing_key: &str,
+        props: &mut Properties,
+    ) -> Option<(String, String)> {
+        let dlx = self.args.dead_letter_exchange.clone()?;
+        let mut headers = props.headers.take().unwrap_or_default();
+        let mut deaths: Vec<FieldValue> = headers
+            .get("x-death")
+            .and_then(|v| v.as_array())
+            .map(|a| a.to_vec())
+            .unwrap_or_default();
+        let same = |t: &FieldTable| {
+            t.get_str("queue") == Some(self.name.as_str()) && t.get_str("reason") == Some(reason)
+        };
+        let existing = deaths
+            .iter()
+            .position(|d| d.as_table().is_some_and(&same));
+        let any_rejected = deaths.iter().any(|d| {
+            d.as_table()
+                .is_some_and(|t| t.get_str("reason") == Some("rejected"))
+        });
+        if reason != "rejected" && existing.is_some() && !any_rejected {
+            // it left this queue for the same reason before and no client rejected it
+            // on the way: a dead-letter cycle, which RabbitMQ breaks by dropping it
+            props.headers = Some(headers);
+            return None;
+        }
+        let mut entry = match existing {
+            Some(i) => {
+                let t = deaths.remove(i);
+                t.as_table().cloned().unwrap_or_default()
+            }
+            None => FieldTable::default(),
+        };
+        let count = entry.get_i64("count").unwrap_or(0) + 1;
+        entry.insert("count", FieldValue::I64(count));
+        entry.insert(
+            "reason",
+            FieldValue::LongString(Bytes::from(reason.to_string())),
+        );
+        entry.insert(
+            "queue",
+            FieldValue::LongString(Bytes::from(self.name.clone())),
+        );
+        entry.insert("time", FieldValue::Timestamp(now_ms() / 1000));
+        entry.insert(
+            "exchange",
+            FieldValue::LongString(Bytes::from(exchange.to_string())),
+        );
+        entry.insert(
+            "routing-keys",
+            FieldValue::Array(vec![FieldValue::LongString(Bytes::from(
+                routing_key.to_string(),
+            ))]),
+        );
+        if let Some(exp) = props.expiration.take() {
+            entry.insert(
+                "original-expiration",
+                FieldValue::LongString(Bytes::from(exp)),
+            );
+        }
+        deaths.insert(0, FieldValue::Table(entry));
+        headers.insert("x-death", FieldValue::Array(deaths));
+        for (k, v) in [
+            ("x-first-death-reason", reason),
+            ("x-first-death-queue", self.name.as_str()),
+            ("x-first-death-exchange", exchange),
+        ] {
+            if headers.get(k).is_none() {
+                headers.insert(k, FieldValue::LongString(Bytes::from(v.to_string())));
+            }
+        }
+        props.headers = Some(headers);
+        let key = self
+            .args
+            .dead_letter_routing_key
+            .clone()
+            .unwrap_or_else(|| routing_key.to_string());
+        Some((dlx, key))
+    }
+}
+
+fn release(st: &mut State, u: &Unacked, after: &mut After) {
+    if let Some(c) = st.consumers.iter_mut().find(|c| c.id == u.consumer) {
+        c.unacked = c.unacked.saturating_sub(1);
+    }
+    if let Some(g) = &u.gate {
+        g.release(1);
+        if !after.gates.iter().any(|x| Arc::ptr_eq(x, g)) {
+            after.gates.push(g.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_pack_and_unpack() {
+        let t = make_tag(1234, 7, true, true);
+        assert_eq!(tag_len(t), 1234);
+        assert_eq!(tag_priority(t), 7);
+        assert!(t & TAG_HAS_TTL != 0 && t & TAG_PERSISTENT != 0);
+    }
+
+    #[test]
+    fn args_are_validated() {
+        let mut t = FieldTable::default();
+        t.insert("x-message-ttl", FieldValue::I32(100));
+        t.insert(
+            "x-overflow",
+            FieldValue::LongString(Bytes::from_static(b"reject-publish")),
+        );
+        t.insert("x-max-priority", FieldValue::U8(10));
+        let a = QueueArgs::parse(&t).unwrap();
+        assert_eq!(a.message_ttl, Some(100));
+        assert_eq!(a.overflow, Overflow::RejectPublish);
+        assert_eq!(a.max_priority, Some(10));
+        let mut bad = FieldTable::default();
+        bad.insert("x-message-ttl", FieldValue::I32(-1));
+        assert!(QueueArgs::parse(&bad).is_err());
+        let mut bad = FieldTable::default();
+        bad.insert(
+            "x-overflow",
+            FieldValue::LongString(Bytes::from_static(b"nope")),
+        );
+        assert!(QueueArgs::parse(&bad).is_err());
+        let mut bad = FieldTable::default();
+        bad.insert("x-expires", FieldValue::I32(0));
+        assert!(QueueArgs::parse(&bad).is_err());
+    }
+}

@@ -1,0 +1,646 @@
+#![allow(clippy::unwrap_used)]
+//! The core engine over a real store: publish → route → store → deliver → ack, and the
+//! queue features (prefetch, round robin, requeue, DLX, TTL, limits, priority,
+//! exclusivity, auto-delete, purge, get, durability across restarts, back-pressure).
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use triad_core::{
+    Broker, ConsumeRequest, CoreConfig, CoreError, CreditGate, Delivery, ExchangeDef, ExchangeKind,
+    FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish, QueueDeclare, Vhost,
+};
+use triad_store::store::{Store, StoreConfig};
+
+struct Env {
+    _dir: tempfile::TempDir,
+    broker: Arc<Broker>,
+}
+
+fn store_cfg(dir: &Path) -> StoreConfig {
+    let mut c = StoreConfig::new(dir);
+    c.segment_size = 1 << 20;
+    c.cq_entries_per_file = 1024;
+    c
+}
+
+fn open(dir: &Path, window: usize) -> Arc<Broker> {
+    let store = Arc::new(Store::open(store_cfg(dir)).unwrap());
+    let cfg = CoreConfig {
+        queue_window: window,
+        ..CoreConfig::default()
+    };
+    Broker::open(store, cfg).unwrap()
+}
+
+fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path(), 64);
+    Env { _dir: dir, broker }
+}
+
+fn vh(e: &Env) -> Arc<Vhost> {
+    e.broker.vhost("/").unwrap()
+}
+
+fn declare(v: &Vhost, name: &str, durable: bool, args: FieldTable) -> String {
+    v.declare_queue(QueueDeclare {
+        name: name.into(),
+        durable,
+        arguments: args,
+        conn: 1,
+        ..Default::default()
+    })
+    .unwrap()
+    .name
+}
+
+fn publish(
+    v: &Vhost,
+    exchange: &str,
+    key: &str,
+    body: &str,
+    props: Properties,
+) -> triad_core::Published {
+    v.publish(Publish {
+        exchange: exchange.into(),
+        routing_key: key.into(),
+        properties: props,
+        body: Bytes::from(body.to_string()),
+        conn: 1,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn persistent() -> Properties {
+    Properties {
+        delivery_mode: Some(2),
+        ..Default::default()
+    }
+}
+
+fn consume(
+    v: &Vhost,
+    q: &str,
+    tag: &str,
+    prefetch: u32,
+    outbox: &Arc<Outbox>,
+) -> triad_core::ConsumerHandle {
+    v.consume(
+        q,
+        ConsumeRequest {
+            tag: tag.into(),
+            no_ack: false,
+            exclusive: false,
+            prefetch,
+            priority: 0,
+            conn: 1,
+            outbox: outbox.clone(),
+            gate: None,
+        },
+    )
+    .unwrap()
+}
+
+fn drain(o: &Outbox) -> Vec<Delivery> {
+    let mut evs = Vec::new();
+    o.drain(&mut evs, usize::MAX);
+    evs.into_iter()
+        .filter_map(|e| match e {
+            OutEvent::Deliver(d) => Some(d),
+            OutEvent::Cancelled { .. } => None,
+        })
+        .collect()
+}
+
+fn bodies(ds: &[Delivery]) -> Vec<String> {
+    ds.iter()
+        .map(|d| String::from_utf8(d.body.to_vec()).unwrap())
+        .collect()
+}
+
+fn s(v: &str) -> FieldValue {
+    FieldValue::LongString(Bytes::from(v.to_string()))
+}
+
+#[test]
+fn publish_consume_ack_through_default_and_topic_exchanges() {
+    let e = env();
+    let v = vh(&e);
+    let q = declare(&v, "orders", false, FieldTable::default());
+    v.bind_queue(&q, "amq.topic", "orders.*.eu", &FieldTable::default(), 1)
+        .unwrap();
+    assert!(publish(&v, "", "orders", "direct", Properties::default()).routed);
+    assert!(
+        publish(
+            &v,
+            "amq.topic",
+            "orders.new.eu",
+            "topic",
+            Properties::default()
+        )
+        .routed
+    );
+    assert!(
+        !publish(
+            &v,
+            "amq.topic",
+            "orders.new.us",
+            "nowhere",
+            Properties::default()
+        )
+        .routed
+    );
+    assert_eq!(v.queue(&q).unwrap().message_count(), 2);
+    let o = Outbox::new(100);
+    let _c = consume(&v, &q, "c1", 0, &o);
+    let ds = drain(&o);
+    assert_eq!(bodies(&ds), ["direct", "topic"]);
+    assert_eq!(ds[1].exchange, "amq.topic");
+    assert_eq!(ds[1].routing_key, "orders.new.eu");
+    assert!(!ds[0].redelivered);
+    let queue = ds[0].queue.clone();
+    assert_eq!(queue.unacked_count(), 2);
+    queue.ack(&[ds[0].offset, ds[1].offset]);
+    assert_eq!(queue.unacked_count(), 0);
+    assert_eq!(queue.message_count(), 0);
+}
+
+#[test]
+fn prefetch_limits_and_round_robin() {
+    let e = env();
+    let v = vh(&e);
+    let q = declare(&v, "work", false, FieldTable::default());
+    let (a, b) = (Outbox::new(100), Outbox::new(100));
+    let _ca = consume(&v, &q, "a", 2, &a);
+    let _cb = consume(&v, &q, "b", 2, &b);
+    for i in 0..10 {
+        publish(&v, "", &q, &format!("m{i}"), Properties::default());
+    }
+    let (da, db) = (drain(&a), drain(&b));
+    assert_eq!(bodies(&da), ["m0", "m2"]);
+    assert_eq!(bodies(&db), ["m1", "m3"]);
+    let queue = v.queue(&q).unwrap();
+    assert_eq!(queue.message_count(), 6);
+    queue.ack(&[da[0].offset]);
+    assert_eq!(bodies(&drain(&a)), ["m4"]);
+    assert!(drain(&b).is_empty());
+}
+
+#[test]
+fn nack_requeue_is_redelivered_first_and_reject_dead_letters() {
+    let e = env();
+    let v = vh(&e);
+    let dlq = declare(&v, "dead", false, FieldTable::default());
+    v.declare_exchange(ExchangeDef::new("dlx", ExchangeKind::Fanout), false)
+        .unwrap();
+    v.bind_queue(&dlq, "dlx", "", &FieldTable::default(), 1)
+        .unwrap();
+    let mut args = FieldTable::default();
+    args.insert("x-dead-letter-exchange", s("dlx"));
+    let q = declare(&v, "main", false, args);
+    publish(&v, "", &q, "one", Properties::default());
+    publish(&v, "", &q, "two", Properties::default());
+    let o = Outbox::new(100);
+    let c = consume(&v, &q, "c", 1, &o);
+    let d1 = drain(&o);
+    assert_eq!(bodies(&d1), ["one"]);
+    d1[0].queue.nack(&[d1[0].offset], true);
+    let d2 = drain(&o);
+    assert_eq!(bodies(&d2), ["one"]);
+    assert!(d2[0].redelivered);
+    d2[0].queue.nack(&[d2[0].offset], false);
+    let d3 = drain(&o);
+    assert_eq!(bodies(&d3), ["two"]);
+    c.cancel();
+    let got = v.get(&dlq, true, 1).unwrap().unwrap();
+    assert_eq!(got.body.as_ref(), b"one");
+    let deaths = got
+        .properties
+        .headers
+        .as_ref()
+        .unwrap()
+        .get("x-death")
+        .unwrap()
+        .as_array()
+        .unwrap();
+    let first = deaths[0].as_table().unwrap();
+    assert_eq!(first.get_str("reason"), Some("rejected"));
+    assert_eq!(first.get_str("queue"), Some("main"));
+    assert_eq!(first.get_i64("count"), Some(1));
+    assert_eq!(
+        got.properties
+            .headers
+            .as_ref()
+            .unwrap()
+            .get_str("x-first-death-reason"),
+        Some("rejected")
+    );
+}
+
+#[test]
+fn message_ttl_expires_into_the_dead_letter_queue() {
+    let e = env();
+    let v = vh(&e);
+    let dlq = declare(&v, "expired", false, FieldTable::default());
+    let mut args = FieldTable::default();
+    args.insert("x-message-ttl", FieldValue::I32(30));
+    args.insert("x-dead-letter-exchange", s(""));
+    args.insert("x-dead-letter-routing-key", s("expired"));
+    let q = declare(&v, "ttl", false, args);
+    publish(&v, "", &q, "old", Properties::default());
+    // per-message expiration on a queue without TTL
+    let q2 = declare(&v, "per-msg", false, FieldTable::default());
+    publish(
+        &v,
+        "",
+        &q2,
+        "short",
+        Properties {
+            expiration: Some("20".into()),
+            ..Default::default()
+        },
+    );
+    publish(
+        &v,
+        "",
+        &q2,
+        "long",
+        Properties {
+            expiration: Some("600000".into()),
+            ..Default::default()
+        },
+    );
+    std::thread::sleep(Duration::from_millis(60));
+    e.broker.tick();
+    assert_eq!(v.queue(&q).unwrap().message_count(), 0);
+    let d = v.get(&dlq, true, 1).unwrap().unwrap();
+    assert_eq!(d.body.as_ref(), b"old");
+    assert_eq!(v.get(&q2, true, 1).unwrap().unwrap().body.as_ref(), b"long");
+}
+
+#[test]
+fn max_length_drop_head_and_reject_publish() {
+    let e = env();
+    let v = vh(&e);
+    let mut args = FieldTable::default();
+    args.insert("x-max-length", FieldValue::I32(2));
+    let q = declare(&v, "short", false, args);
+    for b in ["a", "b", "c"] {
+        publish(&v, "", &q, b, Properties::default());
+    }
+    assert_eq!(v.get(&q, true, 1).unwrap().unwrap().body.as_ref(), b"b");
+    let mut args = FieldTable::default();
+    args.insert("x-max-length-bytes", FieldValue::I32(10));
+    args.insert("x-overflow", s("reject-publish"));
+    let r = declare(&v, "bytes", false, args);
+    assert!(!publish(&v, "", &r, "12345", Properties::default()).rejected);
+    assert!(!publish(&v, "", &r, "12345", Properties::default()).rejected);
+    assert!(publish(&v, "", &r, "x", Properties::default()).rejected);
+    assert_eq!(v.queue(&r).unwrap().message_count(), 2);
+}
+
+#[test]
+fn priority_queue_delivers_highest_first() {
+    let e = env();
+    let v = vh(&e);
+    let mut args = FieldTable::default();
+    args.insert("x-max-priority", FieldValue::I32(10));
+    let q = declare(&v, "prio", false, args);
+    for (b, p) in [("low", 1), ("high", 9), ("mid", 5), ("none", 0)] {
+        publish(
+            &v,
+            "",
+            &q,
+            b,
+            Properties {
+                priority: Some(p),
+                ..Default::default()
+            },
+        );
+    }
+    let got: Vec<_> = (0..4)
+        .map(|_| v.get(&q, true, 1).unwrap().unwrap())
+        .collect();
+    assert_eq!(bodies(&got), ["high", "mid", "low", "none"]);
+}
+
+#[test]
+fn exclusive_queues_are_locked_and_die_with_their_connection() {
+    let e = env();
+    let v = vh(&e);
+    let name = v
+        .declare_queue(QueueDeclare {
+            exclusive: true,
+            conn: 7,
+            ..Default::default()
+        })
+        .unwrap()
+        .name;
+    assert!(name.starts_with("amq.gen-"));
+    let err = v.purge_queue(&name, 8).unwrap_err();
+    assert!(matches!(err, CoreError::ResourceLocked(_)), "{err:?}");
+    assert!(v.purge_queue(&name, 7).is_ok());
+    e.broker.connection_closed(7);
+    assert!(v.queue(&name).is_none());
+}
+
+#[test]
+fn exclusive_consumer_and_auto_delete() {
+    let e = env();
+    let v = vh(&e);
+    let q = v
+        .declare_queue(QueueDeclare {
+            name: "ad".into(),
+            auto_delete: true,
+            conn: 1,
+            ..Default::default()
+        })
+        .unwrap()
+        .name;
+    let o = Outbox::new(10);
+    let c = v
+        .consume(
+            &q,
+            ConsumeRequest {
+                tag: "x".into(),
+                no_ack: true,
+                exclusive: true,
+                prefetch: 0,
+                priority: 0,
+                conn: 1,
+                outbox: o.clone(),
+                gate: None,
+            },
+        )
+        .unwrap();
+    let err = v
+        .consume(
+            &q,
+            ConsumeRequest {
+                tag: "y".into(),
+                no_ack: true,
+                exclusive: false,
+                prefetch: 0,
+                priority: 0,
+                conn: 2,
+                outbox: o.clone(),
+                gate: None,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, CoreError::AccessRefused(_)));
+    c.cancel();
+    assert!(
+        v.queue(&q).is_none(),
+        "auto-delete queue removed with its last consumer"
+    );
+}
+
+#[test]
+fn deleting_a_queue_cancels_its_consumers_and_bindings() {
+    let e = env();
+    let v = vh(&e);
+    let q = declare(&v, "gone", false, FieldTable::default());
+    v.bind_queue(&q, "amq.fanout", "", &FieldTable::default(), 1)
+        .unwrap();
+    let o = Outbox::new(10);
+    let _c = consume(&v, &q, "c", 0, &o);
+    assert_eq!(v.delete_queue(&q, false, false, 1).unwrap(), 0);
+    let mut evs = Vec::new();
+    o.drain(&mut evs, 10);
+    assert!(matches!(&evs[..], [OutEvent::Cancelled { tag }] if &**tag == "c"));
+    assert!(!publish(&v, "amq.fanout", "", "x", Properties::default()).routed);
+}
+
+#[test]
+fn inequivalent_redeclare_and_reserved_names() {
+    let e = env();
+    let v = vh(&e);
+    declare(&v, "q", true, FieldTable::default());
+    let err = v
+        .declare_queue(QueueDeclare {
+            name: "q".into(),
+            durable: false,
+            conn: 1,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(err, CoreError::PreconditionFailed(_)), "{err:?}");
+    let err = v
+        .declare_queue(QueueDeclare {
+            name: "amq.mine".into(),
+            conn: 1,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(err, CoreError::AccessRefused(_)));
+    let err = v
+        .declare_queue(QueueDeclare {
+            name: "missing".into(),
+            passive: true,
+            conn: 1,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(err, CoreError::NotFound { .. }));
+}
+
+#[test]
+fn purge_counts_and_get_reports_remaining() {
+    let e = env();
+    let v = vh(&e);
+    let q = declare(&v, "p", false, FieldTable::default());
+    for i in 0..200 {
+        publish(&v, "", &q, &format!("{i}"), Properties::default());
+    }
+    let d = v.get(&q, false, 1).unwrap().unwrap();
+    assert_eq!(d.message_count, 199);
+    assert_eq!(v.purge_queue(&q, 1).unwrap(), 199);
+    assert!(v.get(&q, true, 1).unwrap().is_none());
+    d.queue.nack(&[d.offset], true);
+    assert_eq!(v.get(&q, true, 1).unwrap().unwrap().body.as_ref(), b"0");
+}
+
+#[test]
+fn backlog_beyond_the_window_is_delivered_in_order() {
+    let e = env();
+    let v = vh(&e);
+    let q = declare(&v, "big", true, FieldTable::default());
+    for i in 0..1000 {
+        publish(&v, "", &q, &format!("{i}"), persistent());
+    }
+    let o = Outbox::new(10_000);
+    let _c = consume(&v, &q, "c", 0, &o);
+    let ds = drain(&o);
+    let expect: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+    assert_eq!(bodies(&ds), expect);
+}
+
+#[test]
+fn a_full_outbox_pauses_deliveries_until_drained() {
+    let e = env();
+    let v = vh(&e);
+    let q = declare(&v, "slow", false, FieldTable::default());
+    let o = Outbox::new(4);
+    let c = v
+        .consume(
+            &q,
+            ConsumeRequest {
+                tag: "c".into(),
+                no_ack: true,
+                exclusive: false,
+                prefetch: 0,
+                priority: 0,
+                conn: 1,
+                outbox: o.clone(),
+                gate: None,
+            },
+        )
+        .unwrap();
+    for i in 0..20 {
+        publish(&v, "", &q, &format!("{i}"), Properties::default());
+    }
+    assert_eq!(o.len(), 4);
+    let mut all = Vec::new();
+    for _ in 0..10 {
+        all.extend(drain(&o));
+    }
+    assert_eq!(all.len(), 20);
+    assert_eq!(bodies(&all)[19], "19");
+    c.cancel();
+}
+
+#[test]
+fn channel_gate_limits_across_consumers() {
+    let e = env();
+    let v = vh(&e);
+    let q1 = declare(&v, "g1", false, FieldTable::default());
+    let q2 = declare(&v, "g2", false, FieldTable::default());
+    let o = Outbox::new(100);
+    let gate = CreditGate::new(3);
+    for (q, tag) in [(&q1, "a"), (&q2, "b")] {
+        v.consume(
+            q,
+            ConsumeRequest {
+                tag: tag.into(),
+                no_ack: false,
+                exclusive: false,
+                prefetch: 0,
+                priority: 0,
+                conn: 1,
+                outbox: o.clone(),
+                gate: Some(gate.clone()),
+            },
+        )
+        .unwrap();
+    }
+    for i in 0..5 {
+        publish(&v, "", &q1, &format!("a{i}"), Properties::default());
+        publish(&v, "", &q2, &format!("b{i}"), Properties::default());
+    }
+    let ds = drain(&o);
+    assert_eq!(ds.len(), 3);
+    let d = ds.iter().find(|d| d.queue.name() == "g1").unwrap();
+    d.queue.ack(&[d.offset]);
+    assert_eq!(drain(&o).len(), 1);
+    gate.set_limit(0);
+    assert_eq!(drain(&o).len(), 6);
+}
+
+#[test]
+fn durable_topology_and_persistent_messages_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let b = open(dir.path(), 64);
+        let v = b.vhost("/").unwrap();
+        v.declare_exchange(
+            ExchangeDef {
+                durable: true,
+                ..ExchangeDef::new("events", ExchangeKind::Topic)
+            },
+            false,
+        )
+        .unwrap();
+        let q = declare(&v, "keep", true, FieldTable::default());
+        declare(&v, "transient", false, FieldTable::default());
+        v.bind_queue(&q, "events", "a.#", &FieldTable::default(), 1)
+            .unwrap();
+        let p = publish(&v, "events", "a.b", "hello", persistent());
+        futures_lite_block_on(p.durable.expect("persistent to durable waits for disk")).unwrap();
+        publish(&v, "events", "a.c", "second", persistent());
+        let o = Outbox::new(10);
+        let _c = consume(&v, &q, "c", 1, &o);
+        let d = drain(&o);
+        assert_eq!(bodies(&d), ["hello"]);
+        // delivered but never acked: comes back redelivered
+        let b2 = b.store().clone();
+        drop(v);
+        drop(b);
+        drop(b2);
+    }
+    let b = open(dir.path(), 64);
+    let v = b.vhost("/").unwrap();
+    assert!(v.queue("transient").is_none());
+    assert!(v.has_exchange("events"));
+    let got: Vec<Delivery> = (0..2)
+        .map(|_| v.get("keep", true, 1).unwrap().unwrap())
+        .collect();
+    assert_eq!(bodies(&got), ["hello", "second"]);
+    assert!(got[0].redelivered);
+    assert!(!got[1].redelivered);
+    assert!(
+        publish(
+            &v,
+            "events",
+            "a.z",
+            "routed after restart",
+            Properties::default()
+        )
+        .routed
+    );
+}
+
+#[test]
+fn authentication_and_loopback_users() {
+    let e = env();
+    let local: IpAddr = "127.0.0.1".parse().unwrap();
+    let remote: IpAddr = "192.0.2.1".parse().unwrap();
+    assert!(e.broker.authenticate("guest", "guest", local).is_ok());
+    assert!(matches!(
+        e.broker.authenticate("guest", "nope", local),
+        Err(CoreError::AccessRefused(_))
+    ));
+    assert!(matches!(
+        e.broker.authenticate("guest", "guest", remote),
+        Err(CoreError::AccessRefused(_))
+    ));
+    assert!(matches!(
+        e.broker.vhost("nope"),
+        Err(CoreError::NotFound { .. })
+    ));
+}
+
+/// A tiny executor for one future (the store's Durable is a plain Future).
+fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct T(std::thread::Thread);
+    impl Wake for T {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(T(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
