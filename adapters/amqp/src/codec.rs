@@ -256,6 +256,18 @@ fn gen(frame: &AMQPFrame, out: &mut BytesMut) -> Result<(), EncodeError> {
     Ok(())
 }
 
+/// Parses a field table given without its u32 length prefix (the AMQPLAIN response),
+/// with the same depth bound as frames.
+pub fn parse_table_body(body: &[u8]) -> Option<amq_protocol::types::FieldTable> {
+    let len = u32::try_from(body.len()).ok()?;
+    let mut full = Vec::with_capacity(body.len() + 4);
+    full.extend_from_slice(&len.to_be_bytes());
+    full.extend_from_slice(body);
+    check_table(&full, 0, 1).ok()?;
+    let (rest, t) = amq_protocol::types::parsing::parse_field_table(full.as_slice()).ok()?;
+    rest.is_empty().then_some(t)
+}
+
 // ---- field-table depth pre-check ---------------------------------------------------
 
 #[derive(Clone, Copy)]

@@ -17,6 +17,8 @@ pub struct AmqpConfig {
     pub handshake_timeout: Duration,
     /// How long to wait for connection.close-ok after sending connection.close.
     pub close_timeout: Duration,
+    /// Deliveries buffered per connection before queues stop handing it more.
+    pub outbox_capacity: usize,
 }
 
 impl Default for AmqpConfig {
@@ -28,6 +30,7 @@ impl Default for AmqpConfig {
             max_message_size: 16 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(3),
+            outbox_capacity: 1024,
         }
     }
 }

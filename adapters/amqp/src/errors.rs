@@ -9,7 +9,7 @@
 //! | `LimitExceeded` | 406 PRECONDITION_FAILED | channel (RabbitMQ answers an oversized message or an out-of-range argument with 406 on the channel; it keeps 530 for connection/channel-count limits, which this adapter enforces itself) |
 //! | `CommandInvalid` | 503 COMMAND_INVALID | connection |
 //! | `NotAllowed` | 530 NOT_ALLOWED | connection |
-//! | `InvalidEncoding` | 541 INTERNAL_ERROR | connection (a corrupt stored record, never the peer's fault) |
+//! | `InvalidEncoding`, `Internal` | 541 INTERNAL_ERROR | connection (a corrupt stored record or a store failure, never the peer's fault) |
 //!
 //! Framing problems are 501 FRAME_ERROR / 502 SYNTAX_ERROR / 505 UNEXPECTED_FRAME
 //! (see [`crate::codec::FrameError`] and the session).
@@ -138,7 +138,9 @@ pub fn from_core(e: &CoreError) -> AmqpError {
         CoreError::LimitExceeded(_) => (PRECONDITION_FAILED, Scope::Channel),
         CoreError::CommandInvalid(_) => (COMMAND_INVALID, Scope::Connection),
         CoreError::NotAllowed(_) => (NOT_ALLOWED, Scope::Connection),
-        CoreError::InvalidEncoding(_) => (INTERNAL_ERROR, Scope::Connection),
+        CoreError::InvalidEncoding(_) | CoreError::Internal(_) => {
+            (INTERNAL_ERROR, Scope::Connection)
+        }
     };
     let detail = match e {
         CoreError::NotFound { kind, name } => format!("no {kind} '{name}'"),
@@ -146,7 +148,8 @@ pub fn from_core(e: &CoreError) -> AmqpError {
         | CoreError::ResourceLocked(s)
         | CoreError::PreconditionFailed(s)
         | CoreError::CommandInvalid(s)
-        | CoreError::NotAllowed(s) => s.clone(),
+        | CoreError::NotAllowed(s)
+        | CoreError::Internal(s) => s.clone(),
         CoreError::InvalidEncoding(s) | CoreError::LimitExceeded(s) => (*s).to_owned(),
     };
     AmqpError::new(code, scope, detail)

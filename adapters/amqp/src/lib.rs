@@ -7,6 +7,10 @@
 //! - [`convert`]: amq-protocol field tables and basic properties ⇄ the core's
 //!   [`triad_core::FieldTable`] and [`triad_core::Properties`].
 //! - [`errors`]: reply codes and the table mapping [`triad_core::CoreError`] to them.
+//! - [`session`]: the sans-IO connection state machine (handshake, connection
+//!   class, error handling, teardown); [`channel`] holds the channel-level methods
+//!   and content assembly; [`confirms`] the in-order publisher-confirm FIFO.
+//! - [`driver`]: [`serve`], the one task per connection doing the socket I/O.
 //! - [`config`]: [`AmqpConfig`] limits and timeouts.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
@@ -15,9 +19,14 @@
     allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)
 )]
 
+pub mod channel;
 pub mod codec;
+pub mod confirms;
 pub mod config;
 pub mod convert;
+pub mod driver;
 pub mod errors;
+pub mod session;
 
 pub use config::AmqpConfig;
+pub use driver::{serve, AmqpContext, ServeError};
