@@ -26,7 +26,7 @@ pub(crate) struct Unacked {
 
 #[derive(Debug)]
 enum TxOp {
-    Publish(Publish),
+    Publish(Box<Publish>),
     Settle {
         entries: Vec<(u64, Unacked)>,
         ack: bool,
@@ -117,9 +117,9 @@ impl Session {
     }
 
     fn chan(&mut self, id: u16) -> Result<&mut Channel, AmqpError> {
-        self.channels
-            .get_mut(&id)
-            .ok_or_else(|| AmqpError::connection(errors::CHANNEL_ERROR, format!("channel {id} not open")))
+        self.channels.get_mut(&id).ok_or_else(|| {
+            AmqpError::connection(errors::CHANNEL_ERROR, format!("channel {id} not open"))
+        })
     }
 
     /// A method on channel `id` (≠ 0).
@@ -142,7 +142,10 @@ impl Session {
                     .on(cid, mid));
                 }
                 self.channels.insert(id, Channel::new());
-                self.send(id, AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})));
+                self.send(
+                    id,
+                    AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+                );
                 return Ok(());
             }
             AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => {
@@ -155,10 +158,17 @@ impl Session {
                 if self.channels.contains_key(&id) {
                     self.release_channel(id);
                     self.channels.remove(&id);
-                    self.send(id, AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})));
+                    self.send(
+                        id,
+                        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                    );
                     return Ok(());
                 }
-                return Err(AmqpError::connection(errors::CHANNEL_ERROR, format!("channel {id} not open")).on(cid, mid));
+                return Err(AmqpError::connection(
+                    errors::CHANNEL_ERROR,
+                    format!("channel {id} not open"),
+                )
+                .on(cid, mid));
             }
             _ => {}
         }
@@ -240,7 +250,9 @@ impl Session {
             AMQPClass::Channel(channel::AMQPMethod::Flow(f)) => {
                 self.send(
                     id,
-                    AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active: f.active })),
+                    AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk {
+                        active: f.active,
+                    })),
                 );
                 Ok(())
             }
@@ -260,7 +272,10 @@ impl Session {
                     Mode::Confirm { .. } => {}
                 }
                 if !s.nowait {
-                    self.send(id, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})));
+                    self.send(
+                        id,
+                        AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+                    );
                 }
                 Ok(())
             }
@@ -269,7 +284,10 @@ impl Session {
                 errors::COMMAND_INVALID,
                 "access class is not supported",
             )),
-            _ => Err(AmqpError::connection(errors::COMMAND_INVALID, "unexpected method")),
+            _ => Err(AmqpError::connection(
+                errors::COMMAND_INVALID,
+                "unexpected method",
+            )),
         }
     }
 
@@ -291,11 +309,17 @@ impl Session {
                     arguments: table_from_wire(&d.arguments),
                 };
                 vhost.declare_exchange(def, d.passive)?;
-                (exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}), d.nowait)
+                (
+                    exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}),
+                    d.nowait,
+                )
             }
             exchange::AMQPMethod::Delete(d) => {
                 vhost.delete_exchange(d.exchange.as_str(), d.if_unused)?;
-                (exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}), d.nowait)
+                (
+                    exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}),
+                    d.nowait,
+                )
             }
             exchange::AMQPMethod::Bind(b) => {
                 vhost.bind_exchange(
@@ -313,9 +337,17 @@ impl Session {
                     b.routing_key.as_str(),
                     &table_from_wire(&b.arguments),
                 )?;
-                (exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {}), b.nowait)
+                (
+                    exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {}),
+                    b.nowait,
+                )
             }
-            _ => return Err(AmqpError::connection(errors::COMMAND_INVALID, "unexpected exchange method")),
+            _ => {
+                return Err(AmqpError::connection(
+                    errors::COMMAND_INVALID,
+                    "unexpected exchange method",
+                ))
+            }
         };
         if !nowait {
             self.send(id, AMQPClass::Exchange(reply));
@@ -388,14 +420,25 @@ impl Session {
             queue::AMQPMethod::Purge(p) => {
                 let q = self.queue_name(id, p.queue.as_str())?;
                 let n = vhost.purge_queue(&q, conn)?;
-                (queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n }), p.nowait)
+                (
+                    queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n }),
+                    p.nowait,
+                )
             }
             queue::AMQPMethod::Delete(d) => {
                 let q = self.queue_name(id, d.queue.as_str())?;
                 let n = vhost.delete_queue(&q, d.if_unused, d.if_empty, conn)?;
-                (queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n }), d.nowait)
+                (
+                    queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n }),
+                    d.nowait,
+                )
             }
-            _ => return Err(AmqpError::connection(errors::COMMAND_INVALID, "unexpected queue method")),
+            _ => {
+                return Err(AmqpError::connection(
+                    errors::COMMAND_INVALID,
+                    "unexpected queue method",
+                ))
+            }
         };
         if !nowait {
             self.send(id, AMQPClass::Queue(reply));
@@ -416,7 +459,10 @@ impl Session {
                 } else {
                     ch.prefetch = n;
                 }
-                self.send(id, AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})));
+                self.send(
+                    id,
+                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+                );
                 Ok(())
             }
             basic::AMQPMethod::Consume(c) => self.consume(id, c),
@@ -463,7 +509,13 @@ impl Session {
                         let tag = ch.next_tag;
                         ch.next_tag += 1;
                         if d.needs_ack {
-                            ch.unacked.insert(tag, Unacked { queue: d.queue.clone(), offset: d.offset });
+                            ch.unacked.insert(
+                                tag,
+                                Unacked {
+                                    queue: d.queue.clone(),
+                                    offset: d.offset,
+                                },
+                            );
                         }
                         let m = basic::AMQPMethod::GetOk(basic::GetOk {
                             delivery_tag: tag,
@@ -477,22 +529,32 @@ impl Session {
                 }
                 Ok(())
             }
-            basic::AMQPMethod::Ack(a) => self.settle_tags(id, a.delivery_tag, a.multiple, true, false),
+            basic::AMQPMethod::Ack(a) => {
+                self.settle_tags(id, a.delivery_tag, a.multiple, true, false)
+            }
             basic::AMQPMethod::Nack(n) => {
                 self.settle_tags(id, n.delivery_tag, n.multiple, false, n.requeue)
             }
-            basic::AMQPMethod::Reject(r) => self.settle_tags(id, r.delivery_tag, false, false, r.requeue),
+            basic::AMQPMethod::Reject(r) => {
+                self.settle_tags(id, r.delivery_tag, false, false, r.requeue)
+            }
             basic::AMQPMethod::Recover(_) | basic::AMQPMethod::RecoverAsync(_) => {
                 let sync = matches!(m, basic::AMQPMethod::Recover(_));
                 let ch = self.chan(id)?;
                 let all: Vec<_> = std::mem::take(&mut ch.unacked).into_iter().collect();
                 settle(&all, false, true);
                 if sync {
-                    self.send(id, AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})));
+                    self.send(
+                        id,
+                        AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+                    );
                 }
                 Ok(())
             }
-            _ => Err(AmqpError::connection(errors::COMMAND_INVALID, "unexpected basic method")),
+            _ => Err(AmqpError::connection(
+                errors::COMMAND_INVALID,
+                "unexpected basic method",
+            )),
         }
     }
 
@@ -536,7 +598,9 @@ impl Session {
         if !c.nowait {
             self.send(
                 id,
-                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk { consumer_tag: short(&tag) })),
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: short(&tag),
+                })),
             );
         }
         let handle = match vhost.consume(&q, req) {
@@ -566,7 +630,10 @@ impl Session {
         let entries: Vec<(u64, Unacked)> = if multiple {
             let upto = if tag == 0 { u64::MAX } else { tag };
             if tag != 0 && !ch.unacked.contains_key(&tag) {
-                return Err(chan_err(errors::PRECONDITION_FAILED, format!("unknown delivery tag {tag}")));
+                return Err(chan_err(
+                    errors::PRECONDITION_FAILED,
+                    format!("unknown delivery tag {tag}"),
+                ));
             }
             let keys: Vec<u64> = ch.unacked.range(..=upto).map(|(k, _)| *k).collect();
             keys.into_iter()
@@ -584,7 +651,11 @@ impl Session {
             }
         };
         if let Mode::Tx { ops } = &mut ch.mode {
-            ops.push(TxOp::Settle { entries, ack, requeue });
+            ops.push(TxOp::Settle {
+                entries,
+                ack,
+                requeue,
+            });
         } else {
             settle(&entries, ack, requeue);
         }
@@ -617,14 +688,19 @@ impl Session {
                 for op in ops {
                     match op {
                         TxOp::Publish(p) => {
-                            let (mandatory, props, body) = (p.mandatory, p.properties.clone(), p.body.clone());
+                            let (mandatory, props, body) =
+                                (p.mandatory, p.properties.clone(), p.body.clone());
                             let (ex, rk) = (p.exchange.clone(), p.routing_key.clone());
-                            let res = vhost.publish(p)?;
+                            let res = vhost.publish(*p)?;
                             if !res.routed && mandatory {
                                 self.send_return(id, &ex, &rk, &props, &body);
                             }
                         }
-                        TxOp::Settle { entries, ack, requeue } => settle(&entries, ack, requeue),
+                        TxOp::Settle {
+                            entries,
+                            ack,
+                            requeue,
+                        } => settle(&entries, ack, requeue),
                     }
                 }
                 self.send(id, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
@@ -638,34 +714,58 @@ impl Session {
                         ch.unacked.extend(entries);
                     }
                 }
-                self.send(id, AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})));
+                self.send(
+                    id,
+                    AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
+                );
             }
-            _ => return Err(AmqpError::connection(errors::COMMAND_INVALID, "unexpected tx method")),
+            _ => {
+                return Err(AmqpError::connection(
+                    errors::COMMAND_INVALID,
+                    "unexpected tx method",
+                ))
+            }
         }
         Ok(())
     }
 
     /// A content header frame on channel `id`.
-    pub(crate) fn content_header(&mut self, id: u16, h: AMQPContentHeader) -> Result<(), AmqpError> {
+    pub(crate) fn content_header(
+        &mut self,
+        id: u16,
+        h: AMQPContentHeader,
+    ) -> Result<(), AmqpError> {
         let max = self.cfg.max_message_size;
         let ch = self.chan(id)?;
         if ch.closing {
             return Ok(());
         }
         let Some(c) = ch.content.as_mut() else {
-            return Err(AmqpError::connection(errors::UNEXPECTED_FRAME, "content header without basic.publish"));
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "content header without basic.publish",
+            ));
         };
         if c.properties.is_some() {
-            return Err(AmqpError::connection(errors::UNEXPECTED_FRAME, "second content header"));
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "second content header",
+            ));
         }
         if h.class_id != 60 {
-            return Err(AmqpError::connection(errors::UNEXPECTED_FRAME, "content header of a class other than basic"));
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "content header of a class other than basic",
+            ));
         }
         if h.body_size > max {
             ch.content = None;
             let e = chan_err(
                 errors::PRECONDITION_FAILED,
-                format!("message size {} is larger than configured max size {max}", h.body_size),
+                format!(
+                    "message size {} is larger than configured max size {max}",
+                    h.body_size
+                ),
             )
             .on(60, 40);
             self.close_channel(id, e);
@@ -687,22 +787,30 @@ impl Session {
             return Ok(());
         }
         let Some(c) = ch.content.as_mut().filter(|c| c.properties.is_some()) else {
-            return Err(AmqpError::connection(errors::UNEXPECTED_FRAME, "content body without content header"));
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "content body without content header",
+            ));
         };
         let have = c.first.as_ref().map_or(0, |b| b.len()) + c.body.len();
         let total = have as u64 + body.len() as u64;
         if total > c.size {
-            return Err(AmqpError::connection(errors::UNEXPECTED_FRAME, "content body exceeds the declared size"));
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "content body exceeds the declared size",
+            ));
         }
         if have == 0 && total == c.size {
             c.first = Some(body);
         } else {
             if let Some(first) = c.first.take() {
-                c.body.reserve(usize::try_from(c.size).unwrap_or(0).min(1 << 20));
+                c.body
+                    .reserve(usize::try_from(c.size).unwrap_or(0).min(1 << 20));
                 c.body.extend_from_slice(&first);
             }
             if c.body.capacity() == 0 {
-                c.body.reserve(usize::try_from(c.size).unwrap_or(0).min(1 << 20));
+                c.body
+                    .reserve(usize::try_from(c.size).unwrap_or(0).min(1 << 20));
             }
             c.body.extend_from_slice(&body);
         }
@@ -724,7 +832,11 @@ impl Session {
 
     fn publish(&mut self, id: u16) -> Result<(), AmqpError> {
         let vhost = self.vhost_arc()?;
-        let user = self.user.as_ref().map(|u| u.name.clone()).unwrap_or_default();
+        let user = self
+            .user
+            .as_ref()
+            .map(|u| u.name.clone())
+            .unwrap_or_default();
         let conn = self.conn;
         let ch = self.chan(id)?;
         let Some(c) = ch.content.take() else {
@@ -765,7 +877,7 @@ impl Session {
                 return Err(triad_core::CoreError::exchange_not_found(&p.exchange).into());
             }
             if let Mode::Tx { ops } = &mut ch.mode {
-                ops.push(TxOp::Publish(p));
+                ops.push(TxOp::Publish(Box::new(p)));
             }
             return Ok(());
         }
@@ -782,9 +894,9 @@ impl Session {
             self.send_return(id, &ex, &rk, &props, &body);
         }
         if let Some(seq) = seq {
-            let durable = res.durable.map(|d| -> crate::confirms::Durable {
-                Box::pin(async move { d.await.is_ok() })
-            });
+            let durable = res
+                .durable
+                .map(|d| -> crate::confirms::Durable { Box::pin(async move { d.await.is_ok() }) });
             self.confirms.push(id, seq, !res.rejected, durable);
         }
         Ok(())
@@ -811,7 +923,9 @@ impl Session {
                 properties: properties_to_wire(props),
             }),
         ));
-        let chunk = (self.frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
+        let chunk = (self.frame_max as usize)
+            .saturating_sub(FRAME_OVERHEAD)
+            .max(1);
         let mut rest = body.clone();
         while !rest.is_empty() {
             let part = rest.split_to(chunk.min(rest.len()));
@@ -823,7 +937,8 @@ impl Session {
     pub(crate) fn deliver(&mut self, d: Delivery) {
         let id = self.consumer_channels.get(&d.tag).copied();
         let ch = id.and_then(|id| self.channels.get_mut(&id).map(|c| (id, c)));
-        let Some((id, ch)) = ch.filter(|(_, c)| c.is_open() && c.consumers.contains_key(&d.tag)) else {
+        let Some((id, ch)) = ch.filter(|(_, c)| c.is_open() && c.consumers.contains_key(&d.tag))
+        else {
             // Consumer gone (cancelled, channel closed): give the message back.
             if d.needs_ack {
                 d.queue.nack(&[d.offset], true);
@@ -833,7 +948,13 @@ impl Session {
         let tag = ch.next_tag;
         ch.next_tag += 1;
         if d.needs_ack {
-            ch.unacked.insert(tag, Unacked { queue: d.queue.clone(), offset: d.offset });
+            ch.unacked.insert(
+                tag,
+                Unacked {
+                    queue: d.queue.clone(),
+                    offset: d.offset,
+                },
+            );
         }
         let m = basic::AMQPMethod::Deliver(basic::Deliver {
             consumer_tag: short(&d.tag),

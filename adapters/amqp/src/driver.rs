@@ -82,7 +82,14 @@ where
     }
 
     let mut session = Session::new(ctx.broker.clone(), cfg.clone(), peer.ip());
-    let result = connection_loop(&mut stream, &mut rbuf, &mut session, &ctx, handshake_deadline).await;
+    let result = connection_loop(
+        &mut stream,
+        &mut rbuf,
+        &mut session,
+        &ctx,
+        handshake_deadline,
+    )
+    .await;
     session.teardown();
     let _ = stream.shutdown().await;
     result

@@ -21,8 +21,8 @@
 
 pub mod channel;
 pub mod codec;
-pub mod confirms;
 pub mod config;
+pub mod confirms;
 pub mod convert;
 pub mod driver;
 pub mod errors;

@@ -267,7 +267,10 @@ impl Session {
             Scope::Connection => self.close_connection(e),
             Scope::Channel => {
                 // Channel errors before the connection is open cannot happen; be safe.
-                self.close_connection(AmqpError { scope: Scope::Connection, ..e })
+                self.close_connection(AmqpError {
+                    scope: Scope::Connection,
+                    ..e
+                })
             }
         }
     }
@@ -366,11 +369,8 @@ impl Session {
             (State::AwaitOpen, connection::AMQPMethod::Open(open)) => {
                 let name = open.virtual_host.as_str();
                 let vhost = self.broker.vhost(name).map_err(|_| {
-                    AmqpError::connection(
-                        errors::NOT_ALLOWED,
-                        format!("vhost '{name}' not found"),
-                    )
-                    .on(cid, mid)
+                    AmqpError::connection(errors::NOT_ALLOWED, format!("vhost '{name}' not found"))
+                        .on(cid, mid)
                 })?;
                 tracing::debug!(conn = self.conn, vhost = name, "connection open");
                 self.vhost = Some(vhost);
@@ -399,13 +399,17 @@ impl Session {
                 );
                 Ok(())
             }
-            (State::Open, connection::AMQPMethod::Blocked(_) | connection::AMQPMethod::Unblocked(_)) => Ok(()),
+            (
+                State::Open,
+                connection::AMQPMethod::Blocked(_) | connection::AMQPMethod::Unblocked(_),
+            ) => Ok(()),
             _ => Err(unexpected()),
         }
     }
 
     fn start_ok(&mut self, ok: connection::StartOk) -> Result<(), AmqpError> {
-        if let Some(AMQPValue::FieldTable(caps)) = ok.client_properties.inner().get("capabilities") {
+        if let Some(AMQPValue::FieldTable(caps)) = ok.client_properties.inner().get("capabilities")
+        {
             self.blocked_capable = matches!(
                 caps.inner().get("connection.blocked"),
                 Some(AMQPValue::Boolean(true))
@@ -447,7 +451,11 @@ impl Session {
 
     fn tune_ok(&mut self, ok: connection::TuneOk) -> Result<(), AmqpError> {
         let ours = self.cfg.frame_max;
-        let frame_max = if ok.frame_max == 0 { ours } else { ok.frame_max };
+        let frame_max = if ok.frame_max == 0 {
+            ours
+        } else {
+            ok.frame_max
+        };
         if frame_max < FRAME_MIN_SIZE || frame_max > ours {
             return Err(AmqpError::connection(
                 errors::NOT_ALLOWED,
