@@ -1,4 +1,32 @@
-//! AMQP 0-9-1 adapter.
+//! AMQP 0-9-1 adapter: lets unmodified 0-9-1 clients (pika, lapin, amqplib, kombu)
+//! talk to the Triad core the way they talk to RabbitMQ.
 //!
-//! Not built yet: this crate is a placeholder in the workspace layout of
-//! ARCHITECTURE.md and exports nothing.
+//! Modules, from the socket inwards:
+//! - [`codec`]: pure framing, bytes ⇄ [`codec::Frame`] (amq-protocol's method and
+//!   property parsers behind our own size, frame-end and table-depth checks).
+//! - [`convert`]: amq-protocol field tables and basic properties ⇄ the core's
+//!   [`triad_core::FieldTable`] and [`triad_core::Properties`].
+//! - [`errors`]: reply codes and the table mapping [`triad_core::CoreError`] to them.
+//! - [`session`]: the sans-IO connection state machine (handshake, connection
+//!   class, error handling, teardown); [`channel`] holds the channel-level methods
+//!   and content assembly; [`confirms`] the in-order publisher-confirm FIFO.
+//! - [`driver`]: [`serve`], the one task per connection doing the socket I/O.
+//! - [`config`]: [`AmqpConfig`] limits and timeouts.
+
+#![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)
+)]
+
+pub mod channel;
+pub mod codec;
+pub mod config;
+pub mod confirms;
+pub mod convert;
+pub mod driver;
+pub mod errors;
+pub mod session;
+
+pub use config::AmqpConfig;
+pub use driver::{serve, AmqpContext, ServeError};

@@ -1,0 +1,987 @@
+//! Channel state and the channel-level methods: channel, exchange, queue, basic, tx,
+//! confirm. Content assembly (method + header + bodies) for basic.publish is here too.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use amq_protocol::frame::AMQPContentHeader;
+use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
+use bytes::{Bytes, BytesMut};
+use triad_core::{
+    ConsumeRequest, ConsumerHandle, CreditGate, Delivery, ExchangeDef, ExchangeKind, FieldValue,
+    Properties, Publish, Queue, QueueDeclare, Vhost,
+};
+
+use crate::codec::{Frame, FRAME_OVERHEAD};
+use crate::convert::{properties_from_wire, properties_to_wire, short, table_from_wire};
+use crate::errors::{self, AmqpError, Scope};
+use crate::session::Session;
+
+/// A delivery awaiting ack.
+#[derive(Debug, Clone)]
+pub(crate) struct Unacked {
+    queue: Arc<Queue>,
+    offset: u64,
+}
+
+#[derive(Debug)]
+enum TxOp {
+    Publish(Box<Publish>),
+    Settle {
+        entries: Vec<(u64, Unacked)>,
+        ack: bool,
+        requeue: bool,
+    },
+}
+
+#[derive(Debug)]
+enum Mode {
+    Normal,
+    Confirm { next_seq: u64 },
+    Tx { ops: Vec<TxOp> },
+}
+
+#[derive(Debug)]
+struct Content {
+    exchange: String,
+    routing_key: String,
+    mandatory: bool,
+    properties: Option<Properties>,
+    size: u64,
+    body: BytesMut,
+    first: Option<Bytes>,
+}
+
+/// One open channel.
+#[derive(Debug)]
+pub struct Channel {
+    closing: bool,
+    content: Option<Content>,
+    next_tag: u64,
+    unacked: BTreeMap<u64, Unacked>,
+    consumers: HashMap<Arc<str>, ConsumerHandle>,
+    prefetch: u32,
+    gate: Option<Arc<CreditGate>>,
+    mode: Mode,
+    last_queue: String,
+}
+
+impl Channel {
+    fn new() -> Channel {
+        Channel {
+            closing: false,
+            content: None,
+            next_tag: 1,
+            unacked: BTreeMap::new(),
+            consumers: HashMap::new(),
+            prefetch: 0,
+            gate: None,
+            mode: Mode::Normal,
+            last_queue: String::new(),
+        }
+    }
+
+    /// Open and not waiting for close-ok.
+    pub fn is_open(&self) -> bool {
+        !self.closing
+    }
+}
+
+fn settle(entries: &[(u64, Unacked)], ack: bool, requeue: bool) {
+    // Group by queue so each queue sees one call.
+    let mut by_queue: Vec<(Arc<Queue>, Vec<u64>)> = Vec::new();
+    for (_, u) in entries {
+        match by_queue.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
+            Some((_, offs)) => offs.push(u.offset),
+            None => by_queue.push((u.queue.clone(), vec![u.offset])),
+        }
+    }
+    for (q, offs) in by_queue {
+        if ack {
+            q.ack(&offs);
+        } else {
+            q.nack(&offs, requeue);
+        }
+    }
+}
+
+fn chan_err(code: u16, detail: impl std::fmt::Display) -> AmqpError {
+    AmqpError::channel(code, detail)
+}
+
+impl Session {
+    fn vhost_arc(&self) -> Result<Arc<Vhost>, AmqpError> {
+        self.vhost
+            .clone()
+            .ok_or_else(|| AmqpError::connection(errors::CHANNEL_ERROR, "no vhost"))
+    }
+
+    fn chan(&mut self, id: u16) -> Result<&mut Channel, AmqpError> {
+        self.channels.get_mut(&id).ok_or_else(|| {
+            AmqpError::connection(errors::CHANNEL_ERROR, format!("channel {id} not open"))
+        })
+    }
+
+    /// A method on channel `id` (≠ 0).
+    pub(crate) fn channel_method(&mut self, id: u16, class: AMQPClass) -> Result<(), AmqpError> {
+        let (cid, mid) = (class.get_amqp_class_id(), class.get_amqp_method_id());
+        match &class {
+            AMQPClass::Channel(channel::AMQPMethod::Open(_)) => {
+                if id > self.channel_max {
+                    return Err(AmqpError::connection(
+                        errors::NOT_ALLOWED,
+                        format!("channel {id} exceeds channel_max {}", self.channel_max),
+                    )
+                    .on(cid, mid));
+                }
+                if self.channels.contains_key(&id) {
+                    return Err(AmqpError::connection(
+                        errors::CHANNEL_ERROR,
+                        format!("channel {id} already open"),
+                    )
+                    .on(cid, mid));
+                }
+                self.channels.insert(id, Channel::new());
+                self.send(
+                    id,
+                    AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+                );
+                return Ok(());
+            }
+            AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)) => {
+                if self.channels.get(&id).is_some_and(|c| c.closing) {
+                    self.channels.remove(&id);
+                }
+                return Ok(());
+            }
+            AMQPClass::Channel(channel::AMQPMethod::Close(_)) => {
+                if self.channels.contains_key(&id) {
+                    self.release_channel(id);
+                    self.channels.remove(&id);
+                    self.send(
+                        id,
+                        AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                    );
+                    return Ok(());
+                }
+                return Err(AmqpError::connection(
+                    errors::CHANNEL_ERROR,
+                    format!("channel {id} not open"),
+                )
+                .on(cid, mid));
+            }
+            _ => {}
+        }
+        let ch = self.chan(id).map_err(|e| e.on(cid, mid))?;
+        if ch.closing {
+            // Dropped until close-ok, as the spec asks.
+            return Ok(());
+        }
+        if ch.content.is_some() {
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "method frame while content was expected",
+            )
+            .on(cid, mid));
+        }
+        match self.channel_method_inner(id, class) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let e = e.on(cid, mid);
+                match e.scope {
+                    Scope::Connection => Err(e),
+                    Scope::Channel => {
+                        self.close_channel(id, e);
+                        Ok(())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends channel.close and releases the channel's core resources.
+    fn close_channel(&mut self, id: u16, e: AmqpError) {
+        tracing::debug!(conn = self.conn, channel = id, code = e.code, text = %e.text, "closing channel");
+        self.release_channel(id);
+        if let Some(ch) = self.channels.get_mut(&id) {
+            ch.closing = true;
+        }
+        self.send(
+            id,
+            AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                reply_code: e.code,
+                reply_text: short(&e.text),
+                class_id: e.class_id,
+                method_id: e.method_id,
+            })),
+        );
+    }
+
+    /// Cancels the channel's consumers and requeues its unacked deliveries.
+    pub(crate) fn release_channel(&mut self, id: u16) {
+        self.confirms.forget_channel(id);
+        let Some(ch) = self.channels.get_mut(&id) else {
+            return;
+        };
+        ch.content = None;
+        let consumers: Vec<_> = ch.consumers.drain().collect();
+        let unacked: Vec<_> = std::mem::take(&mut ch.unacked).into_iter().collect();
+        let tx_settles: Vec<_> = match std::mem::replace(&mut ch.mode, Mode::Normal) {
+            Mode::Tx { ops } => ops
+                .into_iter()
+                .filter_map(|op| match op {
+                    TxOp::Settle { entries, .. } => Some(entries),
+                    TxOp::Publish(_) => None,
+                })
+                .flatten()
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (tag, handle) in consumers {
+            handle.cancel();
+            self.consumer_channels.remove(&tag);
+        }
+        settle(&unacked, false, true);
+        settle(&tx_settles, false, true);
+    }
+
+    fn channel_method_inner(&mut self, id: u16, class: AMQPClass) -> Result<(), AmqpError> {
+        match class {
+            AMQPClass::Channel(channel::AMQPMethod::Flow(f)) => {
+                self.send(
+                    id,
+                    AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk {
+                        active: f.active,
+                    })),
+                );
+                Ok(())
+            }
+            AMQPClass::Exchange(m) => self.exchange_method(id, m),
+            AMQPClass::Queue(m) => self.queue_method(id, m),
+            AMQPClass::Basic(m) => self.basic_method(id, m),
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
+                let ch = self.chan(id)?;
+                match ch.mode {
+                    Mode::Tx { .. } => {
+                        return Err(chan_err(
+                            errors::PRECONDITION_FAILED,
+                            "cannot switch from tx to confirm mode",
+                        ))
+                    }
+                    Mode::Normal => ch.mode = Mode::Confirm { next_seq: 1 },
+                    Mode::Confirm { .. } => {}
+                }
+                if !s.nowait {
+                    self.send(
+                        id,
+                        AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(confirm::SelectOk {})),
+                    );
+                }
+                Ok(())
+            }
+            AMQPClass::Tx(m) => self.tx_method(id, m),
+            AMQPClass::Access(_) => Err(AmqpError::connection(
+                errors::COMMAND_INVALID,
+                "access class is not supported",
+            )),
+            _ => Err(AmqpError::connection(
+                errors::COMMAND_INVALID,
+                "unexpected method",
+            )),
+        }
+    }
+
+    fn exchange_method(&mut self, id: u16, m: exchange::AMQPMethod) -> Result<(), AmqpError> {
+        let vhost = self.vhost_arc()?;
+        let (reply, nowait) = match m {
+            exchange::AMQPMethod::Declare(d) => {
+                let kind = if d.passive {
+                    d.kind.as_str().parse().unwrap_or(ExchangeKind::Direct)
+                } else {
+                    d.kind.as_str().parse::<ExchangeKind>()?
+                };
+                let def = ExchangeDef {
+                    name: d.exchange.as_str().to_owned(),
+                    kind,
+                    durable: d.durable,
+                    auto_delete: d.auto_delete,
+                    internal: d.internal,
+                    arguments: table_from_wire(&d.arguments),
+                };
+                vhost.declare_exchange(def, d.passive)?;
+                (
+                    exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}),
+                    d.nowait,
+                )
+            }
+            exchange::AMQPMethod::Delete(d) => {
+                vhost.delete_exchange(d.exchange.as_str(), d.if_unused)?;
+                (
+                    exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}),
+                    d.nowait,
+                )
+            }
+            exchange::AMQPMethod::Bind(b) => {
+                vhost.bind_exchange(
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                    &table_from_wire(&b.arguments),
+                )?;
+                (exchange::AMQPMethod::BindOk(exchange::BindOk {}), b.nowait)
+            }
+            exchange::AMQPMethod::Unbind(b) => {
+                vhost.unbind_exchange(
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                    &table_from_wire(&b.arguments),
+                )?;
+                (
+                    exchange::AMQPMethod::UnbindOk(exchange::UnbindOk {}),
+                    b.nowait,
+                )
+            }
+            _ => {
+                return Err(AmqpError::connection(
+                    errors::COMMAND_INVALID,
+                    "unexpected exchange method",
+                ))
+            }
+        };
+        if !nowait {
+            self.send(id, AMQPClass::Exchange(reply));
+        }
+        Ok(())
+    }
+
+    fn queue_name(&mut self, id: u16, given: &str) -> Result<String, AmqpError> {
+        if !given.is_empty() {
+            return Ok(given.to_owned());
+        }
+        let last = self.chan(id)?.last_queue.clone();
+        if last.is_empty() {
+            return Err(chan_err(errors::NOT_FOUND, "no previously declared queue"));
+        }
+        Ok(last)
+    }
+
+    fn queue_method(&mut self, id: u16, m: queue::AMQPMethod) -> Result<(), AmqpError> {
+        let vhost = self.vhost_arc()?;
+        let conn = self.conn;
+        let (reply, nowait) = match m {
+            queue::AMQPMethod::Declare(d) => {
+                let name = if d.passive && d.queue.as_str().is_empty() {
+                    self.queue_name(id, "")?
+                } else {
+                    d.queue.as_str().to_owned()
+                };
+                let ok = vhost.declare_queue(QueueDeclare {
+                    name,
+                    passive: d.passive,
+                    durable: d.durable,
+                    exclusive: d.exclusive,
+                    auto_delete: d.auto_delete,
+                    arguments: table_from_wire(&d.arguments),
+                    conn,
+                })?;
+                self.chan(id)?.last_queue = ok.name.clone();
+                (
+                    queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                        queue: short(&ok.name),
+                        message_count: ok.message_count,
+                        consumer_count: ok.consumer_count,
+                    }),
+                    d.nowait,
+                )
+            }
+            queue::AMQPMethod::Bind(b) => {
+                let q = self.queue_name(id, b.queue.as_str())?;
+                vhost.bind_queue(
+                    &q,
+                    b.exchange.as_str(),
+                    b.routing_key.as_str(),
+                    &table_from_wire(&b.arguments),
+                    conn,
+                )?;
+                (queue::AMQPMethod::BindOk(queue::BindOk {}), b.nowait)
+            }
+            queue::AMQPMethod::Unbind(b) => {
+                let q = self.queue_name(id, b.queue.as_str())?;
+                vhost.unbind_queue(
+                    &q,
+                    b.exchange.as_str(),
+                    b.routing_key.as_str(),
+                    &table_from_wire(&b.arguments),
+                    conn,
+                )?;
+                (queue::AMQPMethod::UnbindOk(queue::UnbindOk {}), false)
+            }
+            queue::AMQPMethod::Purge(p) => {
+                let q = self.queue_name(id, p.queue.as_str())?;
+                let n = vhost.purge_queue(&q, conn)?;
+                (
+                    queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n }),
+                    p.nowait,
+                )
+            }
+            queue::AMQPMethod::Delete(d) => {
+                let q = self.queue_name(id, d.queue.as_str())?;
+                let n = vhost.delete_queue(&q, d.if_unused, d.if_empty, conn)?;
+                (
+                    queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n }),
+                    d.nowait,
+                )
+            }
+            _ => {
+                return Err(AmqpError::connection(
+                    errors::COMMAND_INVALID,
+                    "unexpected queue method",
+                ))
+            }
+        };
+        if !nowait {
+            self.send(id, AMQPClass::Queue(reply));
+        }
+        Ok(())
+    }
+
+    fn basic_method(&mut self, id: u16, m: basic::AMQPMethod) -> Result<(), AmqpError> {
+        match m {
+            basic::AMQPMethod::Qos(q) => {
+                let ch = self.chan(id)?;
+                let n = u32::from(q.prefetch_count);
+                if q.global {
+                    match &ch.gate {
+                        Some(g) => g.set_limit(n),
+                        None => ch.gate = Some(CreditGate::new(n)),
+                    }
+                } else {
+                    ch.prefetch = n;
+                }
+                self.send(
+                    id,
+                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+                );
+                Ok(())
+            }
+            basic::AMQPMethod::Consume(c) => self.consume(id, c),
+            basic::AMQPMethod::Cancel(c) => {
+                let tag: Arc<str> = Arc::from(c.consumer_tag.as_str());
+                let ch = self.chan(id)?;
+                if let Some(h) = ch.consumers.remove(&tag) {
+                    h.cancel();
+                    self.consumer_channels.remove(&tag);
+                }
+                if !c.nowait {
+                    self.send(
+                        id,
+                        AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                            consumer_tag: c.consumer_tag,
+                        })),
+                    );
+                }
+                Ok(())
+            }
+            basic::AMQPMethod::Publish(p) => {
+                let ch = self.chan(id)?;
+                ch.content = Some(Content {
+                    exchange: p.exchange.as_str().to_owned(),
+                    routing_key: p.routing_key.as_str().to_owned(),
+                    mandatory: p.mandatory,
+                    properties: None,
+                    size: 0,
+                    body: BytesMut::new(),
+                    first: None,
+                });
+                Ok(())
+            }
+            basic::AMQPMethod::Get(g) => {
+                let vhost = self.vhost_arc()?;
+                let q = self.queue_name(id, g.queue.as_str())?;
+                match vhost.get(&q, g.no_ack, self.conn)? {
+                    None => self.send(
+                        id,
+                        AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+                    ),
+                    Some(d) => {
+                        let ch = self.chan(id)?;
+                        let tag = ch.next_tag;
+                        ch.next_tag += 1;
+                        if d.needs_ack {
+                            ch.unacked.insert(
+                                tag,
+                                Unacked {
+                                    queue: d.queue.clone(),
+                                    offset: d.offset,
+                                },
+                            );
+                        }
+                        let m = basic::AMQPMethod::GetOk(basic::GetOk {
+                            delivery_tag: tag,
+                            redelivered: d.redelivered,
+                            exchange: short(&d.exchange),
+                            routing_key: short(&d.routing_key),
+                            message_count: d.message_count,
+                        });
+                        self.send_content(id, m, &d.properties, &d.body);
+                    }
+                }
+                Ok(())
+            }
+            basic::AMQPMethod::Ack(a) => {
+                self.settle_tags(id, a.delivery_tag, a.multiple, true, false)
+            }
+            basic::AMQPMethod::Nack(n) => {
+                self.settle_tags(id, n.delivery_tag, n.multiple, false, n.requeue)
+            }
+            basic::AMQPMethod::Reject(r) => {
+                self.settle_tags(id, r.delivery_tag, false, false, r.requeue)
+            }
+            basic::AMQPMethod::Recover(_) | basic::AMQPMethod::RecoverAsync(_) => {
+                let sync = matches!(m, basic::AMQPMethod::Recover(_));
+                let ch = self.chan(id)?;
+                let all: Vec<_> = std::mem::take(&mut ch.unacked).into_iter().collect();
+                settle(&all, false, true);
+                if sync {
+                    self.send(
+                        id,
+                        AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+                    );
+                }
+                Ok(())
+            }
+            _ => Err(AmqpError::connection(
+                errors::COMMAND_INVALID,
+                "unexpected basic method",
+            )),
+        }
+    }
+
+    fn consume(&mut self, id: u16, c: basic::Consume) -> Result<(), AmqpError> {
+        let vhost = self.vhost_arc()?;
+        let q = self.queue_name(id, c.queue.as_str())?;
+        let tag = if c.consumer_tag.as_str().is_empty() {
+            self.ctag_seq += 1;
+            format!("amq.ctag-{}-{}", self.conn, self.ctag_seq)
+        } else {
+            c.consumer_tag.as_str().to_owned()
+        };
+        if self.consumer_channels.contains_key(tag.as_str()) {
+            return Err(AmqpError::connection(
+                errors::NOT_ALLOWED,
+                format!("attempt to reuse consumer tag '{tag}'"),
+            ));
+        }
+        let args = table_from_wire(&c.arguments);
+        let priority = args
+            .get("x-priority")
+            .and_then(FieldValue::as_i64)
+            .map(|p| p.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32)
+            .unwrap_or(0);
+        let (prefetch, gate) = {
+            let ch = self.chan(id)?;
+            (ch.prefetch, ch.gate.clone())
+        };
+        let req = ConsumeRequest {
+            tag: tag.clone(),
+            no_ack: c.no_ack,
+            exclusive: c.exclusive,
+            prefetch,
+            priority,
+            conn: self.conn,
+            outbox: self.outbox.clone(),
+            gate,
+        };
+        // Send consume-ok before the core can hand us a delivery for this consumer:
+        // deliveries only reach the wire after this frame is handled.
+        if !c.nowait {
+            self.send(
+                id,
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: short(&tag),
+                })),
+            );
+        }
+        let handle = match vhost.consume(&q, req) {
+            Ok(h) => h,
+            Err(e) => {
+                if !c.nowait {
+                    self.out.pop();
+                }
+                return Err(e.into());
+            }
+        };
+        let key: Arc<str> = handle.tag().clone();
+        self.consumer_channels.insert(key.clone(), id);
+        self.chan(id)?.consumers.insert(key, handle);
+        Ok(())
+    }
+
+    fn settle_tags(
+        &mut self,
+        id: u16,
+        tag: u64,
+        multiple: bool,
+        ack: bool,
+        requeue: bool,
+    ) -> Result<(), AmqpError> {
+        let ch = self.chan(id)?;
+        let entries: Vec<(u64, Unacked)> = if multiple {
+            let upto = if tag == 0 { u64::MAX } else { tag };
+            if tag != 0 && !ch.unacked.contains_key(&tag) {
+                return Err(chan_err(
+                    errors::PRECONDITION_FAILED,
+                    format!("unknown delivery tag {tag}"),
+                ));
+            }
+            let keys: Vec<u64> = ch.unacked.range(..=upto).map(|(k, _)| *k).collect();
+            keys.into_iter()
+                .filter_map(|k| ch.unacked.remove(&k).map(|u| (k, u)))
+                .collect()
+        } else {
+            match ch.unacked.remove(&tag) {
+                Some(u) => vec![(tag, u)],
+                None => {
+                    return Err(chan_err(
+                        errors::PRECONDITION_FAILED,
+                        format!("unknown delivery tag {tag}"),
+                    ))
+                }
+            }
+        };
+        if let Mode::Tx { ops } = &mut ch.mode {
+            ops.push(TxOp::Settle {
+                entries,
+                ack,
+                requeue,
+            });
+        } else {
+            settle(&entries, ack, requeue);
+        }
+        Ok(())
+    }
+
+    fn tx_method(&mut self, id: u16, m: tx::AMQPMethod) -> Result<(), AmqpError> {
+        let ch = self.chan(id)?;
+        let not_tx = || chan_err(errors::PRECONDITION_FAILED, "channel is not transactional");
+        match m {
+            tx::AMQPMethod::Select(_) => {
+                match ch.mode {
+                    Mode::Confirm { .. } => {
+                        return Err(chan_err(
+                            errors::PRECONDITION_FAILED,
+                            "cannot switch from confirm to tx mode",
+                        ))
+                    }
+                    Mode::Normal => ch.mode = Mode::Tx { ops: Vec::new() },
+                    Mode::Tx { .. } => {}
+                }
+                self.send(id, AMQPClass::Tx(tx::AMQPMethod::SelectOk(tx::SelectOk {})));
+            }
+            tx::AMQPMethod::Commit(_) => {
+                let Mode::Tx { ops } = &mut ch.mode else {
+                    return Err(not_tx());
+                };
+                let ops = std::mem::take(ops);
+                let vhost = self.vhost_arc()?;
+                for op in ops {
+                    match op {
+                        TxOp::Publish(p) => {
+                            let (mandatory, props, body) =
+                                (p.mandatory, p.properties.clone(), p.body.clone());
+                            let (ex, rk) = (p.exchange.clone(), p.routing_key.clone());
+                            let res = vhost.publish(*p)?;
+                            if !res.routed && mandatory {
+                                self.send_return(id, &ex, &rk, &props, &body);
+                            }
+                        }
+                        TxOp::Settle {
+                            entries,
+                            ack,
+                            requeue,
+                        } => settle(&entries, ack, requeue),
+                    }
+                }
+                self.send(id, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
+            }
+            tx::AMQPMethod::Rollback(_) => {
+                let Mode::Tx { ops } = &mut ch.mode else {
+                    return Err(not_tx());
+                };
+                for op in std::mem::take(ops) {
+                    if let TxOp::Settle { entries, .. } = op {
+                        ch.unacked.extend(entries);
+                    }
+                }
+                self.send(
+                    id,
+                    AMQPClass::Tx(tx::AMQPMethod::RollbackOk(tx::RollbackOk {})),
+                );
+            }
+            _ => {
+                return Err(AmqpError::connection(
+                    errors::COMMAND_INVALID,
+                    "unexpected tx method",
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// A content header frame on channel `id`.
+    pub(crate) fn content_header(
+        &mut self,
+        id: u16,
+        h: AMQPContentHeader,
+    ) -> Result<(), AmqpError> {
+        let max = self.cfg.max_message_size;
+        let ch = self.chan(id)?;
+        if ch.closing {
+            return Ok(());
+        }
+        let Some(c) = ch.content.as_mut() else {
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "content header without basic.publish",
+            ));
+        };
+        if c.properties.is_some() {
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "second content header",
+            ));
+        }
+        if h.class_id != 60 {
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "content header of a class other than basic",
+            ));
+        }
+        if h.body_size > max {
+            ch.content = None;
+            let e = chan_err(
+                errors::PRECONDITION_FAILED,
+                format!(
+                    "message size {} is larger than configured max size {max}",
+                    h.body_size
+                ),
+            )
+            .on(60, 40);
+            self.close_channel(id, e);
+            // Its body frames will be dropped: the channel is closing.
+            return Ok(());
+        }
+        c.properties = Some(properties_from_wire(&h.properties));
+        c.size = h.body_size;
+        if h.body_size == 0 {
+            self.finish_publish(id);
+        }
+        Ok(())
+    }
+
+    /// A content body frame on channel `id`.
+    pub(crate) fn content_body(&mut self, id: u16, body: Bytes) -> Result<(), AmqpError> {
+        let ch = self.chan(id)?;
+        if ch.closing {
+            return Ok(());
+        }
+        let Some(c) = ch.content.as_mut().filter(|c| c.properties.is_some()) else {
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "content body without content header",
+            ));
+        };
+        let have = c.first.as_ref().map_or(0, |b| b.len()) + c.body.len();
+        let total = have as u64 + body.len() as u64;
+        if total > c.size {
+            return Err(AmqpError::connection(
+                errors::UNEXPECTED_FRAME,
+                "content body exceeds the declared size",
+            ));
+        }
+        if have == 0 && total == c.size {
+            c.first = Some(body);
+        } else {
+            if let Some(first) = c.first.take() {
+                c.body
+                    .reserve(usize::try_from(c.size).unwrap_or(0).min(1 << 20));
+                c.body.extend_from_slice(&first);
+            }
+            if c.body.capacity() == 0 {
+                c.body
+                    .reserve(usize::try_from(c.size).unwrap_or(0).min(1 << 20));
+            }
+            c.body.extend_from_slice(&body);
+        }
+        if total == c.size {
+            self.finish_publish(id);
+        }
+        Ok(())
+    }
+
+    fn finish_publish(&mut self, id: u16) {
+        if let Err(e) = self.publish(id) {
+            let e = e.on(60, 40);
+            match e.scope {
+                Scope::Channel => self.close_channel(id, e),
+                Scope::Connection => self.close_connection(e),
+            }
+        }
+    }
+
+    fn publish(&mut self, id: u16) -> Result<(), AmqpError> {
+        let vhost = self.vhost_arc()?;
+        let user = self
+            .user
+            .as_ref()
+            .map(|u| u.name.clone())
+            .unwrap_or_default();
+        let conn = self.conn;
+        let ch = self.chan(id)?;
+        let Some(c) = ch.content.take() else {
+            return Ok(());
+        };
+        let properties = c.properties.unwrap_or_default();
+        if let Some(uid) = &properties.user_id {
+            if *uid != user {
+                return Err(chan_err(
+                    errors::PRECONDITION_FAILED,
+                    format!("user_id property set to '{uid}' but authenticated user was '{user}'"),
+                ));
+            }
+        }
+        let body = match c.first {
+            Some(b) => b,
+            None => c.body.freeze(),
+        };
+        let p = Publish {
+            exchange: c.exchange,
+            routing_key: c.routing_key,
+            mandatory: c.mandatory,
+            properties,
+            body,
+            conn,
+        };
+        let seq = match &mut ch.mode {
+            Mode::Tx { .. } => None,
+            Mode::Confirm { next_seq } => {
+                let seq = *next_seq;
+                *next_seq += 1;
+                Some(seq)
+            }
+            Mode::Normal => None,
+        };
+        if matches!(ch.mode, Mode::Tx { .. }) {
+            if !vhost.has_exchange(&p.exchange) {
+                return Err(triad_core::CoreError::exchange_not_found(&p.exchange).into());
+            }
+            if let Mode::Tx { ops } = &mut ch.mode {
+                ops.push(TxOp::Publish(Box::new(p)));
+            }
+            return Ok(());
+        }
+        let ret = p.mandatory.then(|| {
+            (
+                p.exchange.clone(),
+                p.routing_key.clone(),
+                p.properties.clone(),
+                p.body.clone(),
+            )
+        });
+        let res = vhost.publish(p)?;
+        if let (false, Some((ex, rk, props, body))) = (res.routed, ret) {
+            self.send_return(id, &ex, &rk, &props, &body);
+        }
+        if let Some(seq) = seq {
+            let durable = res
+                .durable
+                .map(|d| -> crate::confirms::Durable { Box::pin(async move { d.await.is_ok() }) });
+            self.confirms.push(id, seq, !res.rejected, durable);
+        }
+        Ok(())
+    }
+
+    fn send_return(&mut self, id: u16, ex: &str, rk: &str, props: &Properties, body: &Bytes) {
+        let m = basic::AMQPMethod::Return(basic::Return {
+            reply_code: errors::NO_ROUTE,
+            reply_text: short("NO_ROUTE"),
+            exchange: short(ex),
+            routing_key: short(rk),
+        });
+        self.send_content(id, m, props, body);
+    }
+
+    /// Sends a content-bearing method, its header and its body split to frame_max.
+    fn send_content(&mut self, id: u16, m: basic::AMQPMethod, props: &Properties, body: &Bytes) {
+        self.send(id, AMQPClass::Basic(m));
+        self.out.push(Frame::Header(
+            id,
+            Box::new(AMQPContentHeader {
+                class_id: 60,
+                body_size: body.len() as u64,
+                properties: properties_to_wire(props),
+            }),
+        ));
+        let chunk = (self.frame_max as usize)
+            .saturating_sub(FRAME_OVERHEAD)
+            .max(1);
+        let mut rest = body.clone();
+        while !rest.is_empty() {
+            let part = rest.split_to(chunk.min(rest.len()));
+            self.out.push(Frame::Body(id, part));
+        }
+    }
+
+    /// A delivery from the core to one of our consumers.
+    pub(crate) fn deliver(&mut self, d: Delivery) {
+        let id = self.consumer_channels.get(&d.tag).copied();
+        let ch = id.and_then(|id| self.channels.get_mut(&id).map(|c| (id, c)));
+        let Some((id, ch)) = ch.filter(|(_, c)| c.is_open() && c.consumers.contains_key(&d.tag))
+        else {
+            // Consumer gone (cancelled, channel closed): give the message back.
+            if d.needs_ack {
+                d.queue.nack(&[d.offset], true);
+            }
+            return;
+        };
+        let tag = ch.next_tag;
+        ch.next_tag += 1;
+        if d.needs_ack {
+            ch.unacked.insert(
+                tag,
+                Unacked {
+                    queue: d.queue.clone(),
+                    offset: d.offset,
+                },
+            );
+        }
+        let m = basic::AMQPMethod::Deliver(basic::Deliver {
+            consumer_tag: short(&d.tag),
+            delivery_tag: tag,
+            redelivered: d.redelivered,
+            exchange: short(&d.exchange),
+            routing_key: short(&d.routing_key),
+        });
+        self.send_content(id, m, &d.properties, &d.body);
+    }
+
+    /// The core cancelled a consumer (its queue was deleted): basic.cancel to the client.
+    pub(crate) fn server_cancel(&mut self, tag: &Arc<str>) {
+        let Some(id) = self.consumer_channels.remove(tag) else {
+            return;
+        };
+        if let Some(ch) = self.channels.get_mut(&id) {
+            ch.consumers.remove(tag);
+            if ch.is_open() {
+                self.send(
+                    id,
+                    AMQPClass::Basic(basic::AMQPMethod::Cancel(basic::Cancel {
+                        consumer_tag: short(tag),
+                        nowait: true,
+                    })),
+                );
+            }
+        }
+    }
+}

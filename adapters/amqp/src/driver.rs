@@ -1,0 +1,216 @@
+//! The connection task: socket I/O around a [`Session`].
+//!
+//! One `select!` over: the shutdown token, `read_buf` into the connection's buffer,
+//! the core's outbox, settled publisher confirms, and one timer (handshake deadline,
+//! heartbeats, close-ok wait). Every branch is cancel-safe. Output is encoded as a
+//! batch and written with one `write_all`; while it is being written nothing is read,
+//! so a peer that does not read stops being read from.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use triad_core::Broker;
+
+use crate::codec::{self, HeaderCheck, PROTOCOL_HEADER};
+use crate::session::{Session, State};
+use crate::AmqpConfig;
+
+/// What a connection task needs.
+#[derive(Clone, Debug)]
+pub struct AmqpContext {
+    /// The broker.
+    pub broker: Arc<Broker>,
+    /// Limits and timeouts.
+    pub config: AmqpConfig,
+    /// Cancelled at broker shutdown: connections get 320 CONNECTION_FORCED.
+    pub shutdown: CancellationToken,
+}
+
+/// Why a connection task ended abnormally. Peers causing errors is normal and is
+/// reported to the peer, not here.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// Socket error.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A frame could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] codec::EncodeError),
+}
+
+/// Serves one AMQP connection until it closes.
+pub async fn serve<S>(stream: S, peer: SocketAddr, ctx: AmqpContext) -> Result<(), ServeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let span = tracing::debug_span!("conn", %peer, proto = "amqp");
+    run(stream, peer, ctx).instrument(span).await
+}
+
+async fn run<S>(mut stream: S, peer: SocketAddr, ctx: AmqpContext) -> Result<(), ServeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let cfg = ctx.config.clone();
+    let handshake_deadline = Instant::now() + cfg.handshake_timeout;
+    let mut rbuf = BytesMut::with_capacity(8192);
+
+    // Protocol header, under the handshake deadline.
+    loop {
+        match codec::decode_protocol_header(&mut rbuf) {
+            HeaderCheck::Accepted => break,
+            HeaderCheck::Rejected => {
+                tracing::debug!("bad protocol header");
+                stream.write_all(PROTOCOL_HEADER).await?;
+                let _ = stream.shutdown().await;
+                return Ok(());
+            }
+            HeaderCheck::Incomplete => {}
+        }
+        match timeout_at(handshake_deadline, stream.read_buf(&mut rbuf)).await {
+            Ok(Ok(0)) | Err(_) => return Ok(()),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e.into()),
+        }
+    }
+
+    let mut session = Session::new(ctx.broker.clone(), cfg.clone(), peer.ip());
+    let result = connection_loop(
+        &mut stream,
+        &mut rbuf,
+        &mut session,
+        &ctx,
+        handshake_deadline,
+    )
+    .await;
+    session.teardown();
+    let _ = stream.shutdown().await;
+    result
+}
+
+async fn connection_loop<S>(
+    stream: &mut S,
+    rbuf: &mut BytesMut,
+    session: &mut Session,
+    ctx: &AmqpContext,
+    handshake_deadline: Instant,
+) -> Result<(), ServeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let cfg = &ctx.config;
+    let outbox = session.outbox().clone();
+    let mut wbuf = BytesMut::with_capacity(8192);
+    let mut events = Vec::new();
+    let mut last_read = Instant::now();
+    let mut last_write = Instant::now();
+    let mut closing_since: Option<Instant> = None;
+    let mut fatal = false;
+    let mut shutdown_seen = false;
+    session.start();
+
+    loop {
+        // Frames already buffered (a read may carry many).
+        if !fatal {
+            loop {
+                if matches!(session.state(), State::Closed) {
+                    break;
+                }
+                match codec::decode(rbuf, &session.limits()) {
+                    Ok(Some(frame)) => session.handle(frame),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "frame error");
+                        session.frame_error(&e);
+                        rbuf.clear();
+                        fatal = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if session.has_output() {
+            session.write_to(&mut wbuf)?;
+            stream.write_all(&wbuf).await?;
+            wbuf.clear();
+            last_write = Instant::now();
+        }
+        if matches!(session.state(), State::Closed) || fatal {
+            return Ok(());
+        }
+        if matches!(session.state(), State::Closing) && closing_since.is_none() {
+            closing_since = Some(Instant::now());
+        }
+
+        // The one timer.
+        let hb = Duration::from_secs(u64::from(session.heartbeat()));
+        let mut next = Instant::now() + Duration::from_secs(3600);
+        if !session.is_open() && closing_since.is_none() {
+            next = next.min(handshake_deadline);
+        }
+        if !hb.is_zero() && session.is_open() {
+            next = next.min(last_read + hb * 2).min(last_write + hb / 2);
+        }
+        if let Some(t) = closing_since {
+            next = next.min(t + cfg.close_timeout);
+        }
+        let open = session.is_open();
+
+        tokio::select! {
+            _ = ctx.shutdown.cancelled(), if !shutdown_seen => {
+                shutdown_seen = true;
+                session.shutdown();
+            }
+            r = stream.read_buf(rbuf) => {
+                if r? == 0 {
+                    return Ok(());
+                }
+                last_read = Instant::now();
+            }
+            _ = async {
+                if outbox.is_empty() {
+                    outbox.notified().await;
+                }
+            }, if open => {
+                outbox.drain(&mut events, 256);
+                session.on_events(std::mem::take(&mut events));
+            }
+            settled = session.confirms().ready(), if !session.confirms().is_empty() => {
+                session.on_confirms(settled);
+            }
+            _ = sleep_until(next) => {
+                let now = Instant::now();
+                if let Some(t) = closing_since {
+                    if now >= t + cfg.close_timeout {
+                        return Ok(());
+                    }
+                }
+                if !session.is_open() && closing_since.is_none() && now >= handshake_deadline {
+                    tracing::debug!("handshake timeout");
+                    session.abort();
+                    return Ok(());
+                }
+                if !hb.is_zero() && session.is_open() {
+                    if now >= last_read + hb * 2 {
+                        tracing::debug!("missed heartbeats");
+                        session.abort();
+                        return Ok(());
+                    }
+                    if now >= last_write + hb / 2 {
+                        codec::encode(&codec::Frame::Heartbeat(0), &mut wbuf)?;
+                        stream.write_all(&wbuf).await?;
+                        wbuf.clear();
+                        last_write = now;
+                    }
+                }
+            }
+        }
+    }
+}

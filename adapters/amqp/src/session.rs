@@ -1,0 +1,566 @@
+//! The connection state machine (sans-IO): decoded frames and core events in, frames
+//! to send out. The handshake and connection class live here; channel, exchange,
+//! queue, basic, tx and confirm methods in [`crate::channel`].
+//!
+//! Errors: a handler returns [`AmqpError`]; channel-scoped ones close that channel
+//! (channel.close, further frames on it are dropped until channel.close-ok),
+//! connection-scoped ones send connection.close and then only wait for close-ok.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use amq_protocol::protocol::{connection, AMQPClass};
+use amq_protocol::types::{AMQPValue, FieldTable as WireTable, LongString};
+use bytes::BytesMut;
+use triad_core::{Broker, ConnectionId, OutEvent, Outbox, User, Vhost};
+
+use crate::channel::Channel;
+use crate::codec::{self, EncodeError, Frame, FrameError, Limits};
+use crate::confirms::{ConfirmQueue, Settled};
+use crate::convert::short;
+use crate::errors::{self, AmqpError, Scope};
+use crate::AmqpConfig;
+
+/// Smallest frame-max a client may ask for (the spec's FRAME-MIN-SIZE).
+pub const FRAME_MIN_SIZE: u32 = 4096;
+
+/// Where the connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// connection.start sent; waiting for start-ok.
+    AwaitStartOk,
+    /// connection.tune sent; waiting for tune-ok.
+    AwaitTuneOk,
+    /// Waiting for connection.open.
+    AwaitOpen,
+    /// Open.
+    Open,
+    /// connection.close sent; waiting for close-ok (everything else is dropped).
+    Closing,
+    /// Done: flush output and close the socket.
+    Closed,
+}
+
+/// One AMQP connection's protocol state.
+pub struct Session {
+    pub(crate) cfg: AmqpConfig,
+    pub(crate) broker: Arc<Broker>,
+    peer: IpAddr,
+    pub(crate) conn: ConnectionId,
+    state: State,
+    limits: Limits,
+    pub(crate) channel_max: u16,
+    pub(crate) frame_max: u32,
+    heartbeat: u16,
+    pub(crate) user: Option<User>,
+    pub(crate) vhost: Option<Arc<Vhost>>,
+    pub(crate) channels: HashMap<u16, Channel>,
+    /// Consumer tag → channel (tags are unique per connection here).
+    pub(crate) consumer_channels: HashMap<Arc<str>, u16>,
+    pub(crate) outbox: Arc<Outbox>,
+    pub(crate) confirms: ConfirmQueue,
+    pub(crate) out: Vec<Frame>,
+    pub(crate) ctag_seq: u64,
+    blocked_capable: bool,
+    torn_down: bool,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("conn", &self.conn)
+            .field("state", &self.state)
+            .field("channels", &self.channels.len())
+            .finish()
+    }
+}
+
+fn method(channel: u16, class: AMQPClass) -> Frame {
+    Frame::Method(channel, Box::new(class))
+}
+
+fn server_properties() -> WireTable {
+    let s = |v: &str| AMQPValue::LongString(LongString::from(v));
+    let mut caps = WireTable::default();
+    for (cap, on) in [
+        ("publisher_confirms", true),
+        ("basic.nack", true),
+        ("consumer_cancel_notify", true),
+        ("exchange_exchange_bindings", true),
+        ("connection.blocked", true),
+        ("authentication_failure_close", true),
+        ("per_consumer_qos", true),
+        ("consumer_priorities", true),
+        ("direct_reply_to", false),
+    ] {
+        caps.insert(cap.into(), AMQPValue::Boolean(on));
+    }
+    let mut t = WireTable::default();
+    t.insert("product".into(), s("Triad"));
+    t.insert("version".into(), s(env!("CARGO_PKG_VERSION")));
+    t.insert("platform".into(), s("Rust"));
+    t.insert("information".into(), s("Triad: AMQP 0-9-1, STOMP, MQTT"));
+    t.insert("capabilities".into(), AMQPValue::FieldTable(caps));
+    t
+}
+
+/// Parses a SASL PLAIN response `authzid \0 authcid \0 password`.
+pub fn parse_plain(response: &[u8]) -> Option<(String, String)> {
+    let mut parts = response.split(|b| *b == 0);
+    let _authzid = parts.next()?;
+    let user = std::str::from_utf8(parts.next()?).ok()?;
+    let pass = std::str::from_utf8(parts.next()?).ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((user.to_owned(), pass.to_owned()))
+}
+
+/// Parses an AMQPLAIN response: a field table without its length prefix, holding
+/// `LOGIN` and `PASSWORD`.
+pub fn parse_amqplain(response: &[u8]) -> Option<(String, String)> {
+    let table = codec::parse_table_body(response)?;
+    let get = |k: &str| match table.inner().get(k)? {
+        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    };
+    Some((get("LOGIN")?, get("PASSWORD")?))
+}
+
+impl Session {
+    /// A new connection from `peer`. Call [`Session::start`] once the protocol header
+    /// has been accepted.
+    pub fn new(broker: Arc<Broker>, cfg: AmqpConfig, peer: IpAddr) -> Session {
+        let conn = broker.next_connection_id();
+        let outbox = Outbox::new(cfg.outbox_capacity);
+        Session {
+            channel_max: cfg.channel_max,
+            frame_max: Limits::PRE_TUNE.frame_max,
+            heartbeat: 0,
+            cfg,
+            broker,
+            peer,
+            conn,
+            state: State::AwaitStartOk,
+            limits: Limits::PRE_TUNE,
+            user: None,
+            vhost: None,
+            channels: HashMap::new(),
+            consumer_channels: HashMap::new(),
+            outbox,
+            confirms: ConfirmQueue::default(),
+            out: Vec::new(),
+            ctag_seq: 0,
+            blocked_capable: false,
+            torn_down: false,
+        }
+    }
+
+    /// The core's id for this connection.
+    pub fn connection_id(&self) -> ConnectionId {
+        self.conn
+    }
+
+    /// Current state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Decode limits in force (8 KiB until tune-ok).
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Negotiated heartbeat in seconds (0 = none).
+    pub fn heartbeat(&self) -> u16 {
+        self.heartbeat
+    }
+
+    /// Whether the handshake has completed.
+    pub fn is_open(&self) -> bool {
+        self.state == State::Open
+    }
+
+    /// The outbox the connection's consumers deliver into.
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
+    /// Pending publisher confirms (the driver awaits [`ConfirmQueue::ready`]).
+    pub fn confirms(&mut self) -> &mut ConfirmQueue {
+        &mut self.confirms
+    }
+
+    /// Frames produced so far, taken.
+    pub fn take_frames(&mut self) -> Vec<Frame> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// Encodes every pending frame into `buf`.
+    pub fn write_to(&mut self, buf: &mut BytesMut) -> Result<(), EncodeError> {
+        for f in self.out.drain(..) {
+            codec::encode(&f, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Whether frames are waiting to be written.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    pub(crate) fn send(&mut self, channel: u16, class: AMQPClass) {
+        self.out.push(method(channel, class));
+    }
+
+    /// Sends connection.start.
+    pub fn start(&mut self) {
+        self.send(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Start(connection::Start {
+                version_major: 0,
+                version_minor: 9,
+                server_properties: server_properties(),
+                mechanisms: LongString::from("PLAIN AMQPLAIN"),
+                locales: LongString::from("en_US"),
+            })),
+        );
+    }
+
+    /// A framing violation: connection.close with its code.
+    pub fn frame_error(&mut self, e: &FrameError) {
+        self.close_connection(AmqpError::connection(e.reply_code(), e));
+    }
+
+    /// The handshake deadline passed or the peer went silent: just close.
+    pub fn abort(&mut self) {
+        self.state = State::Closed;
+    }
+
+    /// Sends connection.blocked (`Some(reason)`) or connection.unblocked (`None`) if
+    /// the client said it understands them. The hook for memory and disk alarms.
+    pub fn set_blocked(&mut self, reason: Option<&str>) {
+        if !self.blocked_capable || self.state != State::Open {
+            return;
+        }
+        let m = match reason {
+            Some(r) => connection::AMQPMethod::Blocked(connection::Blocked { reason: short(r) }),
+            None => connection::AMQPMethod::Unblocked(connection::Unblocked {}),
+        };
+        self.send(0, AMQPClass::Connection(m));
+    }
+
+    /// Handles one decoded frame.
+    pub fn handle(&mut self, frame: Frame) {
+        if matches!(self.state, State::Closed) {
+            return;
+        }
+        if let Err(e) = self.dispatch(frame) {
+            self.fail(e);
+        }
+    }
+
+    pub(crate) fn fail(&mut self, e: AmqpError) {
+        match e.scope {
+            Scope::Connection => self.close_connection(e),
+            Scope::Channel => {
+                // Channel errors before the connection is open cannot happen; be safe.
+                self.close_connection(AmqpError {
+                    scope: Scope::Connection,
+                    ..e
+                })
+            }
+        }
+    }
+
+    /// Sends connection.close and tears down every channel.
+    pub fn close_connection(&mut self, e: AmqpError) {
+        if matches!(self.state, State::Closing | State::Closed) {
+            return;
+        }
+        tracing::debug!(conn = self.conn, code = e.code, text = %e.text, "closing connection");
+        self.teardown_channels();
+        self.send(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
+                reply_code: e.code,
+                reply_text: short(&e.text),
+                class_id: e.class_id,
+                method_id: e.method_id,
+            })),
+        );
+        self.state = State::Closing;
+    }
+
+    /// Server shutdown: connection.close 320 CONNECTION_FORCED.
+    pub fn shutdown(&mut self) {
+        if self.state == State::Open {
+            self.close_connection(AmqpError::connection(
+                errors::CONNECTION_FORCED,
+                "broker shutdown",
+            ));
+        } else {
+            self.state = State::Closed;
+        }
+    }
+
+    fn dispatch(&mut self, frame: Frame) -> Result<(), AmqpError> {
+        let channel = frame.channel();
+        if self.state == State::Closing {
+            // Only close-ok (or a crossing close) matters now.
+            if let Frame::Method(0, class) = &frame {
+                match class.as_ref() {
+                    AMQPClass::Connection(connection::AMQPMethod::CloseOk(_)) => {
+                        self.state = State::Closed
+                    }
+                    AMQPClass::Connection(connection::AMQPMethod::Close(_)) => {
+                        self.send(
+                            0,
+                            AMQPClass::Connection(connection::AMQPMethod::CloseOk(
+                                connection::CloseOk {},
+                            )),
+                        );
+                        self.state = State::Closed;
+                    }
+                    _ => {}
+                }
+            }
+            return Ok(());
+        }
+        match frame {
+            Frame::Heartbeat(0) => Ok(()),
+            Frame::Heartbeat(_) => Err(AmqpError::connection(
+                errors::COMMAND_INVALID,
+                "heartbeat frame on a non-zero channel",
+            )),
+            Frame::Method(0, class) => self.connection_method(*class),
+            _ if self.state != State::Open => Err(AmqpError::connection(
+                errors::CHANNEL_ERROR,
+                "channel frame before the connection is open",
+            )),
+            Frame::Method(_, class) => self.channel_method(channel, *class),
+            Frame::Header(_, header) => self.content_header(channel, *header),
+            Frame::Body(_, body) => self.content_body(channel, body),
+        }
+    }
+
+    fn connection_method(&mut self, class: AMQPClass) -> Result<(), AmqpError> {
+        let (cid, mid) = (class.get_amqp_class_id(), class.get_amqp_method_id());
+        let AMQPClass::Connection(m) = class else {
+            return Err(AmqpError::connection(
+                errors::COMMAND_INVALID,
+                "non-connection method on channel 0",
+            )
+            .on(cid, mid));
+        };
+        let unexpected = || {
+            AmqpError::connection(errors::COMMAND_INVALID, "unexpected connection method")
+                .on(cid, mid)
+        };
+        match (self.state, m) {
+            (State::AwaitStartOk, connection::AMQPMethod::StartOk(ok)) => {
+                self.start_ok(ok).map_err(|e| e.on(cid, mid))
+            }
+            (State::AwaitTuneOk, connection::AMQPMethod::TuneOk(ok)) => {
+                self.tune_ok(ok).map_err(|e| e.on(cid, mid))
+            }
+            (State::AwaitOpen, connection::AMQPMethod::Open(open)) => {
+                let name = open.virtual_host.as_str();
+                let vhost = self.broker.vhost(name).map_err(|_| {
+                    AmqpError::connection(errors::NOT_ALLOWED, format!("vhost '{name}' not found"))
+                        .on(cid, mid)
+                })?;
+                tracing::debug!(conn = self.conn, vhost = name, "connection open");
+                self.vhost = Some(vhost);
+                self.state = State::Open;
+                self.send(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+                );
+                Ok(())
+            }
+            (_, connection::AMQPMethod::Close(_)) => {
+                self.teardown_channels();
+                self.send(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+                );
+                self.state = State::Closed;
+                Ok(())
+            }
+            (State::Open, connection::AMQPMethod::UpdateSecret(_)) => {
+                self.send(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::UpdateSecretOk(
+                        connection::UpdateSecretOk {},
+                    )),
+                );
+                Ok(())
+            }
+            (
+                State::Open,
+                connection::AMQPMethod::Blocked(_) | connection::AMQPMethod::Unblocked(_),
+            ) => Ok(()),
+            _ => Err(unexpected()),
+        }
+    }
+
+    fn start_ok(&mut self, ok: connection::StartOk) -> Result<(), AmqpError> {
+        if let Some(AMQPValue::FieldTable(caps)) = ok.client_properties.inner().get("capabilities")
+        {
+            self.blocked_capable = matches!(
+                caps.inner().get("connection.blocked"),
+                Some(AMQPValue::Boolean(true))
+            );
+        }
+        let creds = match ok.mechanism.as_str() {
+            "PLAIN" => parse_plain(ok.response.as_bytes()),
+            "AMQPLAIN" => parse_amqplain(ok.response.as_bytes()),
+            other => {
+                return Err(AmqpError::connection(
+                    errors::COMMAND_INVALID,
+                    format!("unknown authentication mechanism '{other}'"),
+                ))
+            }
+        };
+        let Some((user, pass)) = creds else {
+            return Err(AmqpError::connection(
+                errors::ACCESS_REFUSED,
+                "malformed authentication response",
+            ));
+        };
+        let user = self
+            .broker
+            .authenticate(&user, &pass, self.peer)
+            .map_err(|e| AmqpError::connection(errors::ACCESS_REFUSED, e))?;
+        tracing::debug!(conn = self.conn, user = %user.name, "authenticated");
+        self.user = Some(user);
+        self.state = State::AwaitTuneOk;
+        self.send(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Tune(connection::Tune {
+                channel_max: self.cfg.channel_max,
+                frame_max: self.cfg.frame_max,
+                heartbeat: u16::try_from(self.cfg.heartbeat.as_secs()).unwrap_or(u16::MAX),
+            })),
+        );
+        Ok(())
+    }
+
+    fn tune_ok(&mut self, ok: connection::TuneOk) -> Result<(), AmqpError> {
+        let ours = self.cfg.frame_max;
+        let frame_max = if ok.frame_max == 0 {
+            ours
+        } else {
+            ok.frame_max
+        };
+        if frame_max < FRAME_MIN_SIZE || frame_max > ours {
+            return Err(AmqpError::connection(
+                errors::NOT_ALLOWED,
+                format!("frame_max={frame_max} outside {FRAME_MIN_SIZE}..={ours}"),
+            ));
+        }
+        let ours_ch = self.cfg.channel_max;
+        self.channel_max = match (ok.channel_max, ours_ch) {
+            (0, o) => o,
+            (c, 0) => c,
+            (c, o) => c.min(o),
+        };
+        let ours_hb = u16::try_from(self.cfg.heartbeat.as_secs()).unwrap_or(u16::MAX);
+        self.heartbeat = match (ok.heartbeat, ours_hb) {
+            (0, o) => o,
+            (c, 0) => c,
+            (c, o) => c.min(o),
+        };
+        self.frame_max = frame_max;
+        self.limits = Limits { frame_max };
+        self.state = State::AwaitOpen;
+        Ok(())
+    }
+
+    /// Core events: deliveries and server-side consumer cancels.
+    pub fn on_events(&mut self, events: Vec<OutEvent>) {
+        for ev in events {
+            match ev {
+                OutEvent::Deliver(d) => self.deliver(d),
+                OutEvent::Cancelled { tag } => self.server_cancel(&tag),
+            }
+        }
+    }
+
+    /// Publisher confirms that settled.
+    pub fn on_confirms(&mut self, settled: Vec<Settled>) {
+        let mut i = 0;
+        while let Some(s) = settled.get(i).copied() {
+            // Coalesce a run of acks on one channel into one ack multiple=true.
+            let mut last = s.seq;
+            let mut j = i + 1;
+            if s.ack {
+                while let Some(n) = settled.get(j) {
+                    if n.channel != s.channel || !n.ack {
+                        break;
+                    }
+                    last = n.seq;
+                    j += 1;
+                }
+            }
+            if self.channels.get(&s.channel).is_some_and(|c| c.is_open()) {
+                let multiple = last != s.seq;
+                let m = if s.ack {
+                    amq_protocol::protocol::basic::AMQPMethod::Ack(
+                        amq_protocol::protocol::basic::Ack {
+                            delivery_tag: last,
+                            multiple,
+                        },
+                    )
+                } else {
+                    amq_protocol::protocol::basic::AMQPMethod::Nack(
+                        amq_protocol::protocol::basic::Nack {
+                            delivery_tag: last,
+                            multiple: false,
+                            requeue: false,
+                        },
+                    )
+                };
+                self.send(s.channel, AMQPClass::Basic(m));
+            }
+            i = j;
+        }
+    }
+
+    fn teardown_channels(&mut self) {
+        let ids: Vec<u16> = self.channels.keys().copied().collect();
+        for id in ids {
+            self.release_channel(id);
+        }
+        self.channels.clear();
+    }
+
+    /// Releases everything the connection holds in the core: requeues unacked and
+    /// queued deliveries, cancels consumers, deletes exclusive queues. Idempotent; the
+    /// driver calls it when the connection ends for any reason.
+    pub fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        self.teardown_channels();
+        for ev in self.outbox.close() {
+            if let OutEvent::Deliver(d) = ev {
+                if d.needs_ack {
+                    d.queue.nack(&[d.offset], true);
+                }
+            }
+        }
+        self.broker.connection_closed(self.conn);
+        self.state = State::Closed;
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
