@@ -10,6 +10,7 @@
 //!   a protocol adapter plugs in as.
 //! - [`http`]: a minimal HTTP/1.1 server for `GET /health`.
 
+pub mod adapters;
 pub mod cli;
 pub mod config;
 pub mod http;

@@ -177,7 +177,17 @@ async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::
                 );
                 tracker.spawn(l.run());
             }
-            Proto::Amqp | Proto::Stomp | Proto::Mqtt => {
+            Proto::Amqp => {
+                let l = Listener::new(
+                    socket,
+                    triad::adapters::amqp,
+                    ctx,
+                    conn_limit.clone(),
+                    tracker.clone(),
+                );
+                tracker.spawn(l.run());
+            }
+            Proto::Stomp | Proto::Mqtt => {
                 let l = Listener::new(
                     socket,
                     listener::not_implemented,
