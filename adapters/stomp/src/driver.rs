@@ -169,6 +169,11 @@ where
         for a in actions.drain(..) {
             match a {
                 Action::Send(f) => codec::encode_with(&f, &mut wbuf, dialect),
+                // keep order with what is already written unless a durable wait is ahead
+                Action::Receipt {
+                    durable: None,
+                    frame,
+                } if receipts.is_empty() => codec::encode_with(&frame, &mut wbuf, dialect),
                 Action::Receipt { durable, frame } => {
                     receipts.push_back(Pending { durable, frame })
                 }
@@ -184,9 +189,14 @@ where
             }
         }
         if !wbuf.is_empty() {
-            tokio::select! {
-                r = stream.write_all(&wbuf) => r?,
-                _ = ctx.shutdown.cancelled() => return Ok(()),
+            if ctx.shutdown.is_cancelled() {
+                // last words (the shutdown ERROR): bounded, best effort
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&wbuf)).await;
+            } else {
+                tokio::select! {
+                    r = stream.write_all(&wbuf) => r?,
+                    _ = ctx.shutdown.cancelled() => return Ok(()),
+                }
             }
             wbuf.clear();
             last_write = Instant::now();
