@@ -286,8 +286,8 @@ impl Session {
     pub fn dialect(&self) -> Dialect {
         // before CONNECT, only CONNECT/STOMP (never escaped) are valid anyway
         match self.phase {
-            Phase::Connected => self.version.dialect(),
-            _ => Dialect::V12,
+            Phase::AwaitingConnect => Dialect::V12,
+            _ => self.version.dialect(),
         }
     }
 
@@ -701,10 +701,13 @@ impl Session {
                 durable_queue,
             },
         );
-        self.ledgers.entry(id).or_insert(Ledger {
-            mode,
-            pending: BTreeMap::new(),
-        });
+        self.ledgers
+            .entry(id)
+            .and_modify(|l| l.mode = mode)
+            .or_insert(Ledger {
+                mode,
+                pending: BTreeMap::new(),
+            });
         Ok(())
     }
 
