@@ -1,0 +1,271 @@
+//! The connection task: one `select!` over the socket, the core's outbox, pending
+//! durability waits, heart-beat timers and shutdown. All protocol decisions are the
+//! [`Session`]'s; this file only moves bytes and keeps time.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use triad_core::Broker;
+
+use crate::codec::{self, Limits, HEARTBEAT};
+use crate::frame::Frame;
+use crate::session::{Action, DurableWait, Session, SessionConfig};
+
+/// Everything a STOMP connection needs from the process.
+#[derive(Debug, Clone)]
+pub struct StompContext {
+    /// The broker core.
+    pub broker: Arc<Broker>,
+    /// Login for CONNECT frames without `login` (loopback peers only).
+    pub default_user: String,
+    /// Its password.
+    pub default_pass: String,
+    /// Frame limits after login.
+    pub limits: Limits,
+    /// Frame limits before login.
+    pub unauthenticated_limits: Limits,
+    /// Smallest interval at which the server sends heart-beats (0 = never).
+    pub heartbeat_send: Duration,
+    /// Smallest interval at which the server wants heart-beats (0 = never). A peer
+    /// silent for twice the negotiated interval is disconnected.
+    pub heartbeat_recv: Duration,
+    /// CONNECT must be accepted within this long.
+    pub handshake_timeout: Duration,
+    /// Deliveries buffered per connection before queues wait.
+    pub outbox_capacity: usize,
+    /// Cancelled at broker shutdown.
+    pub shutdown: CancellationToken,
+}
+
+impl StompContext {
+    /// Defaults: guest/guest, RabbitMQ's frame limits, 10 s heart-beats, 10 s handshake.
+    pub fn new(broker: Arc<Broker>, shutdown: CancellationToken) -> StompContext {
+        StompContext {
+            broker,
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
+            limits: Limits::AUTHENTICATED,
+            unauthenticated_limits: Limits::UNAUTHENTICATED,
+            heartbeat_send: Duration::from_secs(10),
+            heartbeat_recv: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            outbox_capacity: 1024,
+            shutdown,
+        }
+    }
+
+    fn session_config(&self) -> SessionConfig {
+        let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
+        SessionConfig {
+            default_user: self.default_user.clone(),
+            default_pass: self.default_pass.clone(),
+            heartbeat_send_ms: ms(self.heartbeat_send),
+            heartbeat_recv_ms: ms(self.heartbeat_recv),
+            limits: self.limits,
+            unauthenticated_limits: self.unauthenticated_limits,
+            outbox_capacity: self.outbox_capacity,
+        }
+    }
+}
+
+/// Why a connection ended abnormally.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// The socket failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Deliveries turned into frames per wake-up.
+const BATCH: usize = 256;
+/// Receipts waiting on durability before the socket stops being read.
+const MAX_PENDING_RECEIPTS: usize = 4096;
+
+/// Serves one STOMP connection until the peer leaves, an error closes it, or shutdown.
+pub async fn serve<S>(mut stream: S, peer: SocketAddr, ctx: StompContext) -> Result<(), ServeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let span = tracing::info_span!(
+        "conn",
+        proto = "stomp",
+        %peer,
+        user = tracing::field::Empty,
+        vhost = tracing::field::Empty
+    );
+    async move {
+        let mut session = Session::new(ctx.broker.clone(), peer, ctx.session_config());
+        let res = run(&mut stream, &mut session, &ctx).await;
+        session.close();
+        let _ = stream.shutdown().await;
+        match &res {
+            Ok(()) => tracing::debug!("connection closed"),
+            Err(e) => tracing::debug!(error = %e, "connection failed"),
+        }
+        res
+    }
+    .instrument(span)
+    .await
+}
+
+struct Pending {
+    durable: Option<DurableWait>,
+    frame: Frame,
+}
+
+/// Waits for the durability of the oldest pending receipt (forever if it has none:
+/// the loop pops those before waiting). Cancel-safe: the future is polled in place.
+async fn wait_head(q: &mut VecDeque<Pending>) -> Result<(), String> {
+    match q.front_mut().and_then(|p| p.durable.as_mut()) {
+        Some(f) => f.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn run<S>(stream: &mut S, session: &mut Session, ctx: &StompContext) -> Result<(), ServeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let outbox = session.outbox().clone();
+    let mut rbuf = BytesMut::with_capacity(8 << 10);
+    let mut wbuf = BytesMut::with_capacity(8 << 10);
+    let mut actions: Vec<Action> = Vec::new();
+    let mut events = Vec::new();
+    let mut receipts: VecDeque<Pending> = VecDeque::new();
+    let mut disconnecting = false;
+    let mut closing = false;
+    let handshake_deadline = Instant::now() + ctx.handshake_timeout;
+    let mut last_read = Instant::now();
+    let mut last_write = Instant::now();
+    let mut was_connected = false;
+
+    loop {
+        let more_events = if !closing && session.is_connected() {
+            if !was_connected {
+                was_connected = true;
+                let span = tracing::Span::current();
+                span.record("user", session.user());
+                span.record("vhost", session.vhost_name().unwrap_or(""));
+                tracing::debug!(version = session.version().as_str(), "connected");
+            }
+            events.clear();
+            outbox.drain(&mut events, BATCH);
+            for ev in events.drain(..) {
+                session.deliver(ev, &mut actions);
+            }
+            !outbox.is_empty()
+        } else {
+            false
+        };
+        let dialect = session.dialect();
+        for a in actions.drain(..) {
+            match a {
+                Action::Send(f) => codec::encode_with(&f, &mut wbuf, dialect),
+                // keep order with what is already written unless a durable wait is ahead
+                Action::Receipt {
+                    durable: None,
+                    frame,
+                } if receipts.is_empty() => codec::encode_with(&frame, &mut wbuf, dialect),
+                Action::Receipt { durable, frame } => {
+                    receipts.push_back(Pending { durable, frame })
+                }
+                Action::Disconnect => disconnecting = true,
+                Action::Close => closing = true,
+            }
+        }
+        if !closing {
+            while receipts.front().is_some_and(|p| p.durable.is_none()) {
+                if let Some(p) = receipts.pop_front() {
+                    codec::encode_with(&p.frame, &mut wbuf, dialect);
+                }
+            }
+        }
+        if !wbuf.is_empty() {
+            if ctx.shutdown.is_cancelled() {
+                // last words (the shutdown ERROR): bounded, best effort
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&wbuf)).await;
+            } else {
+                tokio::select! {
+                    r = stream.write_all(&wbuf) => r?,
+                    _ = ctx.shutdown.cancelled() => return Ok(()),
+                }
+            }
+            wbuf.clear();
+            last_write = Instant::now();
+        }
+        if closing || (disconnecting && receipts.is_empty()) {
+            let _ = stream.flush().await;
+            return Ok(());
+        }
+
+        let (send_iv, recv_iv) = session.heartbeat();
+        let far = Instant::now() + Duration::from_secs(86_400);
+        let send_at = send_iv.map(|d| last_write + d).unwrap_or(far);
+        let silent_at = recv_iv.map(|d| last_read + d * 2).unwrap_or(far);
+        let reading = !disconnecting && receipts.len() < MAX_PENDING_RECEIPTS;
+        let connected = session.is_connected();
+
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => {
+                session.error_and_close("Server shutdown", "the broker is shutting down", &mut actions);
+            }
+            r = stream.read_buf(&mut rbuf), if reading => {
+                if r? == 0 {
+                    return Ok(());
+                }
+                last_read = Instant::now();
+                loop {
+                    let limits = session.limits();
+                    match codec::decode_with(&mut rbuf, &limits, session.dialect()) {
+                        Ok(Some(frame)) => {
+                            tracing::trace!(command = %frame.command, "frame");
+                            session.handle(frame, &mut actions);
+                            if actions.iter().any(|a| matches!(a, Action::Close | Action::Disconnect)) {
+                                break;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            session.decode_error(&e, &mut actions);
+                            break;
+                        }
+                    }
+                }
+            }
+            _ = outbox.notified(), if connected && !more_events => {}
+            _ = std::future::ready(()), if connected && more_events => {}
+            r = wait_head(&mut receipts) => {
+                match r {
+                    Ok(()) => {
+                        if let Some(p) = receipts.front_mut() {
+                            p.durable = None;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "store failed to make a message durable");
+                        session.error_and_close("internal error", &format!("the message could not be stored: {e}"), &mut actions);
+                    }
+                }
+            }
+            _ = sleep_until(send_at), if send_iv.is_some() => {
+                wbuf.put_slice(HEARTBEAT);
+            }
+            _ = sleep_until(silent_at), if recv_iv.is_some() => {
+                tracing::debug!("no heart-beat from the peer within twice the interval; closing");
+                return Ok(());
+            }
+            _ = sleep_until(handshake_deadline), if !connected => {
+                tracing::debug!("no CONNECT within the handshake timeout; closing");
+                return Ok(());
+            }
+        }
+    }
+}

@@ -1,0 +1,1063 @@
+//! The STOMP session, sans-IO: frames and core deliveries in, [`Action`]s out.
+//!
+//! It owns the connection's protocol state (version, user, vhost, subscriptions,
+//! unacked deliveries, transactions, temp queues) and talks to the core directly (the
+//! core's calls are short and never block on I/O). The driver does the socket, the
+//! timers and the waiting on durability.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use triad_core::{
+    Broker, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Delivery, FieldTable,
+    FieldValue, OutEvent, Outbox, Publish, Queue, QueueDeclare, Vhost,
+};
+
+use crate::codec::{DecodeError, Dialect, Limits};
+use crate::destination::Destination;
+use crate::frame::{Command, Frame};
+use crate::mapping::{self, MessageMeta};
+
+/// Completes once a published message is durable (`Err`: the store failed).
+pub type DurableWait = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// What the driver must do.
+pub enum Action {
+    /// Write this frame now.
+    Send(Frame),
+    /// Write this RECEIPT once `durable` (if any) completes and every earlier receipt
+    /// has been written: receipts keep the order of the frames they answer.
+    Receipt {
+        /// What to wait for first.
+        durable: Option<DurableWait>,
+        /// The RECEIPT frame.
+        frame: Frame,
+    },
+    /// DISCONNECT: close once the pending receipts are written.
+    Disconnect,
+    /// Close now, after writing what is already queued (follows an ERROR).
+    Close,
+}
+
+impl std::fmt::Debug for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Send(fr) => write!(f, "Send({})", fr.command),
+            Action::Receipt { durable, frame } => write!(
+                f,
+                "Receipt({:?}, waits: {})",
+                frame.header("receipt-id"),
+                durable.is_some()
+            ),
+            Action::Disconnect => f.write_str("Disconnect"),
+            Action::Close => f.write_str("Close"),
+        }
+    }
+}
+
+/// The negotiated protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Version {
+    /// STOMP 1.0.
+    V10,
+    /// STOMP 1.1.
+    V11,
+    /// STOMP 1.2.
+    V12,
+}
+
+impl Version {
+    /// As in `accept-version` / `version`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Version::V10 => "1.0",
+            Version::V11 => "1.1",
+            Version::V12 => "1.2",
+        }
+    }
+    fn dialect(self) -> Dialect {
+        match self {
+            Version::V10 => Dialect::V10,
+            Version::V11 => Dialect::V11,
+            Version::V12 => Dialect::V12,
+        }
+    }
+}
+
+/// Per-connection settings.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Login used when CONNECT has no `login` (loopback peers only).
+    pub default_user: String,
+    /// Its password.
+    pub default_pass: String,
+    /// Smallest interval at which the server offers to send heart-beats, ms (0 = never).
+    pub heartbeat_send_ms: u32,
+    /// Smallest interval at which the server wants heart-beats, ms (0 = never).
+    pub heartbeat_recv_ms: u32,
+    /// Frame limits after CONNECT is accepted.
+    pub limits: Limits,
+    /// Frame limits before.
+    pub unauthenticated_limits: Limits,
+    /// Deliveries buffered for the socket before queues are told to wait.
+    pub outbox_capacity: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            default_user: "guest".into(),
+            default_pass: "guest".into(),
+            heartbeat_send_ms: 10_000,
+            heartbeat_recv_ms: 10_000,
+            limits: Limits::AUTHENTICATED,
+            unauthenticated_limits: Limits::UNAUTHENTICATED,
+            outbox_capacity: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckMode {
+    Auto,
+    /// Cumulative.
+    Client,
+    ClientIndividual,
+}
+
+struct Subscription {
+    consumer: ConsumerHandle,
+    /// Shown as the MESSAGE `destination` instead of the reconstructed one.
+    destination_override: Option<String>,
+    /// A durable topic subscription: UNSUBSCRIBE with `durable:true` deletes its queue.
+    durable_queue: Option<String>,
+}
+
+struct Pending {
+    queue: Arc<Queue>,
+    offset: u64,
+    message_id: String,
+}
+
+struct Ledger {
+    mode: AckMode,
+    pending: BTreeMap<u64, Pending>,
+}
+
+enum TxOp {
+    Send(Frame),
+    Ack(Frame),
+    Nack(Frame),
+}
+
+/// A refusal: becomes an ERROR frame, then the connection closes.
+#[derive(Debug)]
+struct Fail {
+    message: String,
+    detail: String,
+}
+
+impl Fail {
+    fn new(message: impl Into<String>, detail: impl Into<String>) -> Fail {
+        Fail {
+            message: message.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+impl From<CoreError> for Fail {
+    fn from(e: CoreError) -> Self {
+        let (m, d) = mapping::core_error_text(&e);
+        Fail::new(m, d)
+    }
+}
+
+impl From<mapping::BadHeader> for Fail {
+    fn from(e: mapping::BadHeader) -> Self {
+        Fail::new(format!("invalid {} header", e.name), e.reason)
+    }
+}
+
+#[derive(PartialEq, Eq)]
+enum Phase {
+    AwaitingConnect,
+    Connected,
+    Closed,
+}
+
+/// One STOMP connection's state.
+pub struct Session {
+    broker: Arc<Broker>,
+    peer: SocketAddr,
+    cfg: SessionConfig,
+    conn: ConnectionId,
+    outbox: Arc<Outbox>,
+    phase: Phase,
+    version: Version,
+    vhost: Option<Arc<Vhost>>,
+    user: String,
+    heartbeat: (u64, u64),
+    subs: HashMap<String, Subscription>,
+    ledgers: HashMap<String, Ledger>,
+    ids: HashMap<String, (String, u64)>,
+    next_seq: u64,
+    txs: HashMap<String, Vec<TxOp>>,
+    temp_queues: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("conn", &self.conn)
+            .field("peer", &self.peer)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+type Res<T = ()> = Result<T, Fail>;
+
+impl Session {
+    /// A session for a new connection from `peer`.
+    pub fn new(broker: Arc<Broker>, peer: SocketAddr, cfg: SessionConfig) -> Session {
+        let conn = broker.next_connection_id();
+        let outbox = Outbox::new(cfg.outbox_capacity);
+        Session {
+            broker,
+            peer,
+            cfg,
+            conn,
+            outbox,
+            phase: Phase::AwaitingConnect,
+            version: Version::V10,
+            vhost: None,
+            user: String::new(),
+            heartbeat: (0, 0),
+            subs: HashMap::new(),
+            ledgers: HashMap::new(),
+            ids: HashMap::new(),
+            next_seq: 1,
+            txs: HashMap::new(),
+            temp_queues: HashMap::new(),
+        }
+    }
+
+    /// The core connection id.
+    pub fn connection_id(&self) -> ConnectionId {
+        self.conn
+    }
+
+    /// Where the core puts this connection's deliveries.
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
+    /// Whether CONNECT has been accepted.
+    pub fn is_connected(&self) -> bool {
+        self.phase == Phase::Connected
+    }
+
+    /// The logged-in user ("" before CONNECT).
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The vhost's name, once connected.
+    pub fn vhost_name(&self) -> Option<&str> {
+        self.vhost.as_ref().map(|v| v.name())
+    }
+
+    /// Frame limits in force now.
+    pub fn limits(&self) -> Limits {
+        if self.phase == Phase::Connected {
+            self.cfg.limits
+        } else {
+            self.cfg.unauthenticated_limits
+        }
+    }
+
+    /// Escaping rules in force now.
+    pub fn dialect(&self) -> Dialect {
+        // before CONNECT, only CONNECT/STOMP (never escaped) are valid anyway
+        match self.phase {
+            Phase::AwaitingConnect => Dialect::V12,
+            _ => self.version.dialect(),
+        }
+    }
+
+    /// The negotiated version (1.0 before CONNECT).
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Negotiated heart-beat intervals: (server sends every, server expects within).
+    pub fn heartbeat(&self) -> (Option<Duration>, Option<Duration>) {
+        let d = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        (d(self.heartbeat.0), d(self.heartbeat.1))
+    }
+
+    /// A frame violation: ERROR, then close.
+    pub fn decode_error(&mut self, e: &DecodeError, out: &mut Vec<Action>) {
+        self.fail(
+            Fail::new("malformed frame received", e.to_string()),
+            None,
+            out,
+        );
+    }
+
+    /// An ERROR the driver decides on (shutdown, idle peer, ...), then close.
+    pub fn error_and_close(&mut self, message: &str, detail: &str, out: &mut Vec<Action>) {
+        self.fail(Fail::new(message, detail), None, out);
+    }
+
+    fn fail(&mut self, f: Fail, receipt: Option<&str>, out: &mut Vec<Action>) {
+        tracing::debug!(conn = self.conn, message = %f.message, detail = %f.detail, "stomp error");
+        out.push(Action::Send(mapping::error_frame(
+            &f.message, &f.detail, receipt,
+        )));
+        out.push(Action::Close);
+        self.phase = Phase::Closed;
+    }
+
+    /// Handles one client frame.
+    pub fn handle(&mut self, frame: Frame, out: &mut Vec<Action>) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        let receipt = frame.header("receipt").map(str::to_string);
+        let command = frame.command;
+        let res = match (&self.phase, frame.command) {
+            (Phase::AwaitingConnect, Command::Connect | Command::Stomp) => {
+                self.connect(&frame, out)
+            }
+            (Phase::AwaitingConnect, c) => Err(Fail::new(
+                "not connected",
+                format!("the first frame must be CONNECT or STOMP, got {c}"),
+            )),
+            (_, Command::Connect | Command::Stomp) => Err(Fail::new(
+                "already connected",
+                "CONNECT received on a connected session",
+            )),
+            (_, Command::Send) => self.send(frame, out),
+            (_, Command::Subscribe) => self.subscribe(&frame),
+            (_, Command::Unsubscribe) => self.unsubscribe(&frame),
+            (_, Command::Ack) => self.ack_frame(frame, true),
+            (_, Command::Nack) => self.ack_frame(frame, false),
+            (_, Command::Begin) => self.begin(&frame),
+            (_, Command::Commit) => self.commit(&frame, out),
+            (_, Command::Abort) => self.abort(&frame),
+            (_, Command::Disconnect) => {
+                if let Some(r) = &receipt {
+                    out.push(Action::Receipt {
+                        durable: None,
+                        frame: receipt_frame(r),
+                    });
+                }
+                out.push(Action::Disconnect);
+                self.phase = Phase::Closed;
+                return;
+            }
+            (_, c) => Err(Fail::new(
+                "invalid command",
+                format!("{c} is a server frame; clients may not send it"),
+            )),
+        };
+        match res {
+            Err(f) => self.fail(f, receipt.as_deref(), out),
+            Ok(()) => {
+                // CONNECT, SEND and COMMIT queue their own (possibly deferred) receipts
+                if let (Some(r), false) = (
+                    receipt,
+                    matches!(
+                        command,
+                        Command::Connect | Command::Stomp | Command::Send | Command::Commit
+                    ),
+                ) {
+                    out.push(Action::Receipt {
+                        durable: None,
+                        frame: receipt_frame(&r),
+                    });
+                }
+            }
+        }
+    }
+
+    fn connect(&mut self, f: &Frame, out: &mut Vec<Action>) -> Res {
+        let version = match f.header("accept-version") {
+            None => Version::V10,
+            Some(list) => {
+                let offered: Vec<&str> = list.split(',').map(str::trim).collect();
+                [Version::V12, Version::V11, Version::V10]
+                    .into_iter()
+                    .find(|v| offered.contains(&v.as_str()))
+                    .ok_or_else(|| {
+                        Fail::new(
+                            "Supported protocol versions are 1.0,1.1,1.2",
+                            format!("none of the offered versions '{list}' is supported"),
+                        )
+                    })?
+            }
+        };
+        let peer_ip = self.peer.ip();
+        let user = match f.header("login") {
+            Some(login) => {
+                self.broker
+                    .authenticate(login, f.header("passcode").unwrap_or(""), peer_ip)
+            }
+            None if peer_ip.is_loopback() => {
+                self.broker
+                    .authenticate(&self.cfg.default_user, &self.cfg.default_pass, peer_ip)
+            }
+            None => Err(CoreError::AccessRefused(
+                "CONNECT without login is only accepted from loopback peers".into(),
+            )),
+        }
+        .map_err(|e| Fail::new("Bad CONNECT", format!("Access refused: {e}")))?;
+        let vhost_name = match f.header("host") {
+            Some(h) if self.broker.has_vhost(h) => h.to_string(),
+            _ => self.broker.default_vhost().to_string(),
+        };
+        let vhost = self.broker.vhost(&vhost_name)?;
+        if version >= Version::V11 {
+            if let Some(hb) = f.header("heart-beat") {
+                let (cx, cy) = parse_heartbeat(hb).ok_or_else(|| {
+                    Fail::new("invalid heart-beat header", format!("'{hb}' is not 'x,y'"))
+                })?;
+                let (sx, sy) = (
+                    u64::from(self.cfg.heartbeat_send_ms),
+                    u64::from(self.cfg.heartbeat_recv_ms),
+                );
+                let send = if sx == 0 || cy == 0 { 0 } else { sx.max(cy) };
+                let recv = if sy == 0 || cx == 0 { 0 } else { sy.max(cx) };
+                self.heartbeat = (send, recv);
+            }
+        }
+        self.version = version;
+        self.user = user.name;
+        self.vhost = Some(vhost);
+        self.phase = Phase::Connected;
+        let mut c = Frame::new(Command::Connected)
+            .with("version", version.as_str())
+            .with("server", concat!("Triad/", env!("CARGO_PKG_VERSION")))
+            .with("session", format!("session-{}", self.conn));
+        if version >= Version::V11 {
+            c.push(
+                "heart-beat",
+                format!("{},{}", self.heartbeat.0, self.heartbeat.1),
+            );
+        }
+        out.push(Action::Send(c));
+        if let Some(r) = f.header("receipt") {
+            out.push(Action::Receipt {
+                durable: None,
+                frame: receipt_frame(r),
+            });
+        }
+        Ok(())
+    }
+
+    fn vhost(&self) -> Res<Arc<Vhost>> {
+        self.vhost
+            .clone()
+            .ok_or_else(|| Fail::new("not connected", "no vhost"))
+    }
+
+    fn send(&mut self, f: Frame, out: &mut Vec<Action>) -> Res {
+        let receipt = f.header("receipt").map(str::to_string);
+        // validate now, even inside a transaction
+        let dest = Destination::parse(required(&f, "destination")?)
+            .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
+        mapping::properties_from_send(&f, &self.user)?;
+        if let Some(tx) = f.header("transaction") {
+            let tx = tx.to_string();
+            self.txs
+                .get_mut(&tx)
+                .ok_or_else(|| unknown_tx(&tx))?
+                .push(TxOp::Send(f));
+            if let Some(r) = receipt {
+                out.push(Action::Receipt {
+                    durable: None,
+                    frame: receipt_frame(&r),
+                });
+            }
+            return Ok(());
+        }
+        let durable = self.publish(&f, dest)?;
+        if let Some(r) = receipt {
+            out.push(Action::Receipt {
+                durable,
+                frame: receipt_frame(&r),
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes a SEND; `Some` = wait on it before confirming.
+    fn publish(&mut self, f: &Frame, dest: Destination) -> Res<Option<DurableWait>> {
+        let vh = self.vhost()?;
+        let mut props = mapping::properties_from_send(f, &self.user)?;
+        if let Some(rt) = props.reply_to.as_deref() {
+            if let Some(t) = rt.strip_prefix("/temp-queue/") {
+                let t = t.to_string();
+                let q = self.temp_queue(&t)?;
+                props.reply_to = Some(format!("/reply-queue/{q}"));
+            }
+        }
+        let (exchange, key) = match dest {
+            Destination::Queue(q) => {
+                self.ensure_queue(&vh, &q, FieldTable::new())?;
+                (String::new(), q)
+            }
+            Destination::Topic(k) => ("amq.topic".to_string(), k),
+            Destination::Exchange { exchange, key } => (exchange, key),
+            Destination::AmqQueue(q) | Destination::ReplyQueue(q) => (String::new(), q),
+            Destination::TempQueue(t) => (String::new(), self.temp_queue(&t)?),
+        };
+        let published = vh.publish(Publish {
+            exchange,
+            routing_key: key,
+            mandatory: false,
+            properties: props,
+            body: f.body.clone(),
+            conn: self.conn,
+        })?;
+        Ok(published.durable.map(|d| -> DurableWait {
+            Box::pin(async move { d.await.map_err(|e| e.to_string()) })
+        }))
+    }
+
+    /// Declares durable queue `q` unless it exists already.
+    fn ensure_queue(&self, vh: &Vhost, q: &str, arguments: FieldTable) -> Res {
+        if vh.queue(q).is_none() {
+            vh.declare_queue(QueueDeclare {
+                name: q.to_string(),
+                durable: true,
+                arguments,
+                conn: self.conn,
+                ..Default::default()
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The connection's private queue for `/temp-queue/<t>`, created on first use
+    /// together with an auto-ack subscription whose id is the temp-queue destination.
+    fn temp_queue(&mut self, t: &str) -> Res<String> {
+        if let Some(q) = self.temp_queues.get(t) {
+            return Ok(q.clone());
+        }
+        let vh = self.vhost()?;
+        let ok = vh.declare_queue(QueueDeclare {
+            exclusive: true,
+            auto_delete: true,
+            conn: self.conn,
+            ..Default::default()
+        })?;
+        let id = format!("/temp-queue/{t}");
+        let consumer = vh.consume(
+            &ok.name,
+            self.consume_request(&id, AckMode::Auto, 0, false, 0),
+        )?;
+        self.subs.insert(
+            id.clone(),
+            Subscription {
+                consumer,
+                destination_override: Some(id.clone()),
+                durable_queue: None,
+            },
+        );
+        self.ledgers.insert(
+            id,
+            Ledger {
+                mode: AckMode::Auto,
+                pending: BTreeMap::new(),
+            },
+        );
+        self.temp_queues.insert(t.to_string(), ok.name.clone());
+        Ok(ok.name)
+    }
+
+    fn consume_request(
+        &self,
+        id: &str,
+        mode: AckMode,
+        prefetch: u32,
+        exclusive: bool,
+        priority: i32,
+    ) -> ConsumeRequest {
+        ConsumeRequest {
+            tag: id.to_string(),
+            no_ack: mode == AckMode::Auto,
+            exclusive,
+            prefetch,
+            priority,
+            conn: self.conn,
+            outbox: self.outbox.clone(),
+            gate: None,
+        }
+    }
+
+    fn subscribe(&mut self, f: &Frame) -> Res {
+        let dest_s = required(f, "destination")?;
+        let dest = Destination::parse(dest_s)
+            .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
+        let id = match (f.header("id"), self.version) {
+            (Some(id), _) => id.to_string(),
+            (None, Version::V10) => dest_s.to_string(),
+            (None, _) => {
+                return Err(Fail::new(
+                    "Missing header",
+                    "SUBSCRIBE needs an 'id' header",
+                ))
+            }
+        };
+        if self.subs.contains_key(&id) {
+            return Err(Fail::new(
+                "Duplicated subscription identifier",
+                format!("a subscription with id '{id}' already exists on this connection"),
+            ));
+        }
+        if f.has("selector") {
+            return Err(Fail::new(
+                "selectors are not supported yet",
+                "the 'selector' header of SUBSCRIBE is not supported by this broker",
+            ));
+        }
+        let mode = match f.header("ack").unwrap_or("auto") {
+            "auto" => AckMode::Auto,
+            "client" => AckMode::Client,
+            "client-individual" => AckMode::ClientIndividual,
+            other => {
+                return Err(Fail::new(
+                    "invalid ack header",
+                    format!("ack mode '{other}' is not auto, client or client-individual"),
+                ))
+            }
+        };
+        let prefetch = opt_number::<u32>(f, "prefetch-count")?.unwrap_or(0);
+        let priority = opt_number::<i32>(f, "x-priority")?.unwrap_or(0);
+        let exclusive = f.header("exclusive") == Some("true");
+        let args = queue_arguments(f)?;
+        let vh = self.vhost()?;
+        let mut durable_queue = None;
+        let mut destination_override = None;
+        let queue = match dest {
+            Destination::Queue(q) => {
+                self.ensure_queue(&vh, &q, args)?;
+                q
+            }
+            Destination::AmqQueue(q) | Destination::ReplyQueue(q) => {
+                if vh.queue(&q).is_none() {
+                    return Err(CoreError::queue_not_found(&q).into());
+                }
+                q
+            }
+            Destination::TempQueue(t) => {
+                if self.temp_queues.contains_key(&t) {
+                    return Err(Fail::new(
+                        "Duplicated subscription identifier",
+                        format!("/temp-queue/{t} is already subscribed"),
+                    ));
+                }
+                let ok = vh.declare_queue(QueueDeclare {
+                    exclusive: true,
+                    auto_delete: true,
+                    conn: self.conn,
+                    ..Default::default()
+                })?;
+                self.temp_queues.insert(t.clone(), ok.name.clone());
+                destination_override = Some(format!("/temp-queue/{t}"));
+                ok.name
+            }
+            Destination::Topic(key) => {
+                let (q, d) = self.binding_queue(&vh, f, &id, "amq.topic", &key, args)?;
+                durable_queue = d;
+                q
+            }
+            Destination::Exchange { exchange, key } => {
+                if !vh.has_exchange(&exchange) {
+                    return Err(CoreError::exchange_not_found(&exchange).into());
+                }
+                let (q, d) = self.binding_queue(&vh, f, &id, &exchange, &key, args)?;
+                durable_queue = d;
+                q
+            }
+        };
+        let consumer = vh.consume(
+            &queue,
+            self.consume_request(&id, mode, prefetch, exclusive, priority),
+        )?;
+        self.subs.insert(
+            id.clone(),
+            Subscription {
+                consumer,
+                destination_override,
+                durable_queue,
+            },
+        );
+        self.ledgers
+            .entry(id)
+            .and_modify(|l| l.mode = mode)
+            .or_insert(Ledger {
+                mode,
+                pending: BTreeMap::new(),
+            });
+        Ok(())
+    }
+
+    /// The queue behind a topic or exchange subscription: a durable named one for
+    /// `durable:true` + `auto-delete:false`, else a private server-named one.
+    fn binding_queue(
+        &self,
+        vh: &Vhost,
+        f: &Frame,
+        id: &str,
+        exchange: &str,
+        key: &str,
+        arguments: FieldTable,
+    ) -> Res<(String, Option<String>)> {
+        let durable = f.header("durable") == Some("true") || f.header("persistent") == Some("true");
+        let auto_delete = f.header("auto-delete") != Some("false");
+        let (decl, durable_name) = if durable && !auto_delete {
+            let name = f
+                .header("x-queue-name")
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("stomp-subscription-{id}"));
+            (
+                QueueDeclare {
+                    name: name.clone(),
+                    durable: true,
+                    arguments,
+                    conn: self.conn,
+                    ..Default::default()
+                },
+                Some(name),
+            )
+        } else {
+            (
+                QueueDeclare {
+                    name: f.header("x-queue-name").unwrap_or("").to_string(),
+                    exclusive: true,
+                    auto_delete: true,
+                    arguments,
+                    conn: self.conn,
+                    ..Default::default()
+                },
+                None,
+            )
+        };
+        let name = vh.declare_queue(decl)?.name;
+        vh.bind_queue(&name, exchange, key, &FieldTable::new(), self.conn)?;
+        Ok((name, durable_name))
+    }
+
+    fn unsubscribe(&mut self, f: &Frame) -> Res {
+        let id = match (f.header("id"), f.header("destination")) {
+            (Some(id), _) => id,
+            (None, Some(d)) if self.version == Version::V10 => d,
+            _ => {
+                return Err(Fail::new(
+                    "Missing header",
+                    "UNSUBSCRIBE needs an 'id' header",
+                ))
+            }
+        };
+        let sub = self.subs.remove(id).ok_or_else(|| {
+            Fail::new(
+                "Subscription not found",
+                format!("no subscription with id '{id}' on this connection"),
+            )
+        })?;
+        sub.consumer.cancel();
+        let delete = f.header("durable") == Some("true") || f.header("persistent") == Some("true");
+        if let (true, Some(q)) = (delete, sub.durable_queue) {
+            self.vhost()?.delete_queue(&q, false, false, self.conn)?;
+        }
+        Ok(())
+    }
+
+    fn ack_frame(&mut self, f: Frame, ack: bool) -> Res {
+        let id = f
+            .header("id")
+            .or_else(|| f.header("message-id"))
+            .ok_or_else(|| {
+                Fail::new(
+                    "Missing header",
+                    "ACK/NACK needs an 'id' (1.2) or 'message-id' header",
+                )
+            })?;
+        if !self.ids.contains_key(id) {
+            return Err(Fail::new(
+                "Unknown message id",
+                format!("no unacknowledged message with id '{id}' on this connection"),
+            ));
+        }
+        if let Some(tx) = f.header("transaction") {
+            let tx = tx.to_string();
+            let ops = self.txs.get_mut(&tx).ok_or_else(|| unknown_tx(&tx))?;
+            ops.push(if ack { TxOp::Ack(f) } else { TxOp::Nack(f) });
+            return Ok(());
+        }
+        self.settle(&f, ack);
+        Ok(())
+    }
+
+    /// Applies an ACK or NACK (cumulative for `client` subscriptions).
+    fn settle(&mut self, f: &Frame, ack: bool) {
+        let Some(id) = f.header("id").or_else(|| f.header("message-id")) else {
+            return;
+        };
+        let Some((sub, seq)) = self.ids.get(id).cloned() else {
+            return;
+        };
+        let Some(ledger) = self.ledgers.get_mut(&sub) else {
+            return;
+        };
+        let taken: Vec<Pending> = if ledger.mode == AckMode::Client {
+            let rest = ledger.pending.split_off(&(seq + 1));
+            std::mem::replace(&mut ledger.pending, rest)
+                .into_values()
+                .collect()
+        } else {
+            ledger.pending.remove(&seq).into_iter().collect()
+        };
+        for p in &taken {
+            self.ids.remove(&p.message_id);
+        }
+        let requeue = f.header("requeue") != Some("false");
+        settle_grouped(taken, |q, offs| {
+            if ack {
+                q.ack(offs)
+            } else {
+                q.nack(offs, requeue)
+            }
+        });
+    }
+
+    fn begin(&mut self, f: &Frame) -> Res {
+        let tx = required(f, "transaction")?;
+        if self.txs.contains_key(tx) {
+            return Err(Fail::new(
+                "Transaction already active",
+                format!("transaction '{tx}' was already begun"),
+            ));
+        }
+        self.txs.insert(tx.to_string(), Vec::new());
+        Ok(())
+    }
+
+    fn commit(&mut self, f: &Frame, out: &mut Vec<Action>) -> Res {
+        let tx = required(f, "transaction")?;
+        let ops = self.txs.remove(tx).ok_or_else(|| unknown_tx(tx))?;
+        let mut waits = Vec::new();
+        for op in ops {
+            match op {
+                TxOp::Send(s) => {
+                    let dest = Destination::parse(s.header("destination").unwrap_or(""))
+                        .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
+                    if let Some(w) = self.publish(&s, dest)? {
+                        waits.push(w);
+                    }
+                }
+                TxOp::Ack(a) => self.settle(&a, true),
+                TxOp::Nack(n) => self.settle(&n, false),
+            }
+        }
+        if let Some(r) = f.header("receipt") {
+            let durable: Option<DurableWait> = if waits.is_empty() {
+                None
+            } else {
+                Some(Box::pin(async move {
+                    for w in waits {
+                        w.await?;
+                    }
+                    Ok(())
+                }))
+            };
+            out.push(Action::Receipt {
+                durable,
+                frame: receipt_frame(r),
+            });
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self, f: &Frame) -> Res {
+        let tx = required(f, "transaction")?;
+        self.txs.remove(tx).ok_or_else(|| unknown_tx(tx))?;
+        Ok(())
+    }
+
+    /// Turns a core event into frames.
+    pub fn deliver(&mut self, ev: OutEvent, out: &mut Vec<Action>) {
+        match ev {
+            OutEvent::Deliver(d) => self.deliver_one(d, out),
+            OutEvent::Cancelled { tag } => {
+                if self.subs.remove(&*tag).is_some() && self.phase == Phase::Connected {
+                    self.fail(
+                        Fail::new(
+                            "Subscription cancelled",
+                            format!("the queue of subscription '{tag}' was deleted"),
+                        ),
+                        None,
+                        out,
+                    );
+                }
+            }
+        }
+    }
+
+    fn deliver_one(&mut self, d: Delivery, out: &mut Vec<Action>) {
+        let sub_id: &str = &d.tag;
+        let (Some(sub), Some(ledger), true) = (
+            self.subs.get(sub_id),
+            self.ledgers.get_mut(sub_id),
+            self.phase == Phase::Connected,
+        ) else {
+            // its subscription is gone: give it back
+            if d.needs_ack {
+                d.queue.nack(&[d.offset], true);
+            }
+            return;
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let message_id = format!("T_{sub_id}@@session-{}@@{seq}", self.conn);
+        let frame = mapping::message_frame(
+            &d,
+            &MessageMeta {
+                subscription: sub_id,
+                message_id: &message_id,
+                ack_header: self.version == Version::V12 && ledger.mode != AckMode::Auto,
+                destination: sub.destination_override.as_deref(),
+            },
+        );
+        if d.needs_ack {
+            self.ids
+                .insert(message_id.clone(), (sub_id.to_string(), seq));
+            ledger.pending.insert(
+                seq,
+                Pending {
+                    queue: d.queue.clone(),
+                    offset: d.offset,
+                    message_id,
+                },
+            );
+        }
+        out.push(Action::Send(frame));
+    }
+
+    /// The connection is gone: cancel consumers, requeue every unacked delivery (also
+    /// those still in the outbox), drop exclusive queues. Idempotent.
+    pub fn close(&mut self) {
+        self.phase = Phase::Closed;
+        for (_, s) in self.subs.drain() {
+            s.consumer.cancel();
+        }
+        let mut back = Vec::new();
+        for ev in self.outbox.close() {
+            if let OutEvent::Deliver(d) = ev {
+                if d.needs_ack {
+                    back.push(Pending {
+                        queue: d.queue,
+                        offset: d.offset,
+                        message_id: String::new(),
+                    });
+                }
+            }
+        }
+        for (_, l) in self.ledgers.drain() {
+            back.extend(l.pending.into_values());
+        }
+        self.ids.clear();
+        self.txs.clear();
+        settle_grouped(back, |q, offs| q.nack(offs, true));
+        self.broker.connection_closed(self.conn);
+    }
+}
+
+/// Groups deliveries by queue and settles each group with one call.
+fn settle_grouped(items: Vec<Pending>, mut f: impl FnMut(&Queue, &[u64])) {
+    let mut groups: Vec<(Arc<Queue>, Vec<u64>)> = Vec::new();
+    for p in items {
+        match groups.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &p.queue)) {
+            Some((_, offs)) => offs.push(p.offset),
+            None => groups.push((p.queue, vec![p.offset])),
+        }
+    }
+    for (q, offs) in groups {
+        f(&q, &offs);
+    }
+}
+
+fn receipt_frame(r: &str) -> Frame {
+    Frame::new(Command::Receipt).with("receipt-id", r)
+}
+
+fn required<'a>(f: &'a Frame, name: &str) -> Res<&'a str> {
+    f.header(name).ok_or_else(|| {
+        Fail::new(
+            "Missing header",
+            format!("{} needs a '{name}' header", f.command),
+        )
+    })
+}
+
+fn unknown_tx(tx: &str) -> Fail {
+    Fail::new(
+        "Bad transaction",
+        format!("transaction '{tx}' was not begun (or is already committed or aborted)"),
+    )
+}
+
+fn opt_number<T: std::str::FromStr>(f: &Frame, name: &str) -> Res<Option<T>> {
+    match f.header(name) {
+        None => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| {
+            Fail::new(
+                format!("invalid {name} header"),
+                format!("'{v}' is not a valid {name}"),
+            )
+        }),
+    }
+}
+
+fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
+    let (a, b) = v.split_once(',')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+/// `x-` queue arguments given on SUBSCRIBE, typed as RabbitMQ's plugin types them.
+fn queue_arguments(f: &Frame) -> Res<FieldTable> {
+    const INTS: &[&str] = &[
+        "x-message-ttl",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-priority",
+    ];
+    const STRINGS: &[&str] = &[
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-overflow",
+        "x-queue-type",
+    ];
+    let mut t = FieldTable::new();
+    for name in INTS {
+        if let Some(n) = opt_number::<i64>(f, name)? {
+            t.insert(*name, FieldValue::I64(n));
+        }
+    }
+    for name in STRINGS {
+        if let Some(v) = f.header(name) {
+            t.insert(*name, FieldValue::LongString(Bytes::from(v.to_string())));
+        }
+    }
+    Ok(t)
+}

@@ -1,0 +1,628 @@
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+//! The whole adapter over real loopback sockets: `serve` on a TcpListener, a broker on
+//! a temp-dir store, and a raw STOMP client.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{body, start, start_with, Client};
+use triad_stomp::{Command, Frame};
+
+#[tokio::test]
+async fn connect_negotiates_the_highest_common_version() {
+    let s = start().await;
+    for (offer, want) in [
+        (Some("1.0,1.1,1.2"), "1.2"),
+        (Some("1.1,1.0"), "1.1"),
+        (Some("1.0"), "1.0"),
+        (None, "1.0"),
+    ] {
+        let mut c = Client::open(s.addr).await;
+        let mut f = Frame::new(Command::Connect).with("host", "localhost");
+        if let Some(o) = offer {
+            f.push("accept-version", o);
+        }
+        c.send(f).await;
+        let r = c.expect(Command::Connected).await;
+        assert_eq!(r.header("version"), Some(want));
+        assert!(r.header("server").unwrap().starts_with("Triad/"));
+        assert!(r.header("session").is_some());
+        c.disconnect().await;
+    }
+    // STOMP command works as CONNECT
+    let mut c = Client::open(s.addr).await;
+    c.send(
+        Frame::new(Command::Stomp)
+            .with("accept-version", "1.2")
+            .with("host", "/"),
+    )
+    .await;
+    c.expect(Command::Connected).await;
+    // no common version
+    let mut c = Client::open(s.addr).await;
+    c.send(Frame::new(Command::Connect).with("accept-version", "2.0"))
+        .await;
+    let e = c.expect_error().await;
+    assert!(e.header("message").unwrap().contains("1.0,1.1,1.2"));
+}
+
+#[tokio::test]
+async fn bad_login_gets_an_error_then_close() {
+    let s = start().await;
+    let mut c = Client::open(s.addr).await;
+    c.send(
+        Frame::new(Command::Connect)
+            .with("accept-version", "1.2")
+            .with("login", "guest")
+            .with("passcode", "wrong"),
+    )
+    .await;
+    let e = c.expect_error().await;
+    assert!(body(&e).contains("Access refused"), "{e:?}");
+    // explicit good login works
+    let c = Client::connect_with(
+        s.addr,
+        &[
+            ("accept-version", "1.2"),
+            ("login", "guest"),
+            ("passcode", "guest"),
+        ],
+    )
+    .await;
+    c.disconnect().await;
+    // frames before CONNECT are refused
+    let mut c = Client::open(s.addr).await;
+    c.send(Frame::new(Command::Send).with("destination", "/queue/x"))
+        .await;
+    c.expect_error().await;
+}
+
+#[tokio::test]
+async fn send_and_subscribe_on_a_queue_carry_headers() {
+    let s = start().await;
+    let mut sub = Client::connect(s.addr).await;
+    sub.subscribe("s1", "/queue/orders", &[]).await;
+    let mut publ = Client::connect(s.addr).await;
+    publ.publish(
+        "/queue/orders",
+        "hello",
+        &[
+            ("content-type", "text/plain"),
+            ("x-colour", "blue:green"),
+            ("correlation-id", "c-1"),
+            ("persistent", "true"),
+            ("message-id", "app-1"),
+        ],
+    )
+    .await;
+    let m = sub.expect(Command::Message).await;
+    assert_eq!(body(&m), "hello");
+    assert_eq!(m.header("subscription"), Some("s1"));
+    assert_eq!(m.header("destination"), Some("/queue/orders"));
+    assert_eq!(m.header("content-type"), Some("text/plain"));
+    assert_eq!(m.header("x-colour"), Some("blue:green"));
+    assert_eq!(m.header("correlation-id"), Some("c-1"));
+    assert_eq!(m.header("persistent"), Some("true"));
+    assert_eq!(m.header("amqp-message-id"), Some("app-1"));
+    assert_eq!(m.header("redelivered"), Some("false"));
+    assert_eq!(m.header("content-length"), Some("5"));
+    assert!(m.header("message-id").is_some());
+    // auto ack: no ack header
+    assert_eq!(m.header("ack"), None);
+    // the queue was declared durable
+    let q = s.broker.vhost("/").unwrap().queue("orders").unwrap();
+    assert!(q.durable());
+    // a body with NULs survives
+    publ.send(
+        Frame::new(Command::Send)
+            .with("destination", "/queue/orders")
+            .with_body(&b"a\0b"[..]),
+    )
+    .await;
+    let m = sub.expect(Command::Message).await;
+    assert_eq!(&m.body[..], b"a\0b");
+}
+
+#[tokio::test]
+async fn topics_fan_out_by_pattern() {
+    let s = start().await;
+    let mut a = Client::connect(s.addr).await;
+    a.subscribe("a", "/topic/stocks.*", &[]).await;
+    let mut b = Client::connect(s.addr).await;
+    b.subscribe("b", "/topic/stocks.#", &[]).await;
+    let mut p = Client::connect(s.addr).await;
+    p.publish("/topic/stocks.nyse", "one", &[]).await;
+    p.publish("/topic/stocks.nyse.ibm", "two", &[]).await;
+    p.publish("/topic/bonds", "three", &[]).await;
+    let m = a.expect(Command::Message).await;
+    assert_eq!(body(&m), "one");
+    assert_eq!(m.header("destination"), Some("/topic/stocks.nyse"));
+    a.expect_nothing(200).await;
+    assert_eq!(body(&b.expect(Command::Message).await), "one");
+    assert_eq!(body(&b.expect(Command::Message).await), "two");
+    b.expect_nothing(100).await;
+    // exchange destinations
+    let mut f = Client::connect(s.addr).await;
+    f.subscribe("f", "/exchange/amq.fanout", &[]).await;
+    p.publish("/exchange/amq.fanout/any", "fan", &[]).await;
+    let m = f.expect(Command::Message).await;
+    assert_eq!(body(&m), "fan");
+    assert_eq!(m.header("destination"), Some("/exchange/amq.fanout/any"));
+    // the private topic queue goes with its connection
+    let before = s.broker.vhost("/").unwrap().queue_names().len();
+    a.disconnect().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.broker.vhost("/").unwrap().queue_names().len(), before - 1);
+}
+
+#[tokio::test]
+async fn durable_topic_subscription_survives_reconnect() {
+    let s = start().await;
+    let durable = [("durable", "true"), ("auto-delete", "false")];
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("news", "/topic/news.#", &durable).await;
+    c.disconnect().await;
+    let mut p = Client::connect(s.addr).await;
+    p.publish("/topic/news.world", "while away", &[("persistent", "true")])
+        .await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("news", "/topic/news.#", &durable).await;
+    let m = c.expect(Command::Message).await;
+    assert_eq!(body(&m), "while away");
+    // UNSUBSCRIBE with durable:true deletes it
+    c.send(
+        Frame::new(Command::Unsubscribe)
+            .with("id", "news")
+            .with("durable", "true")
+            .with("receipt", "u"),
+    )
+    .await;
+    c.expect(Command::Receipt).await;
+    assert!(s
+        .broker
+        .vhost("/")
+        .unwrap()
+        .queue("stomp-subscription-news")
+        .is_none());
+}
+
+async fn three_messages(s: &common::Server, q: &str) {
+    let mut p = Client::connect(s.addr).await;
+    for b in ["m1", "m2", "m3"] {
+        p.publish(q, b, &[]).await;
+    }
+}
+
+#[tokio::test]
+async fn client_ack_is_cumulative() {
+    let s = start().await;
+    three_messages(&s, "/queue/cum").await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("0", "/queue/cum", &[("ack", "client")]).await;
+    let ms: Vec<Frame> = [
+        c.expect(Command::Message).await,
+        c.expect(Command::Message).await,
+        c.expect(Command::Message).await,
+    ]
+    .into();
+    assert!(ms.iter().all(|m| m.header("ack").is_some()));
+    // acking m2 acks m1 too
+    c.send(
+        Frame::new(Command::Ack)
+            .with("id", ms[1].header("ack").unwrap())
+            .with("receipt", "a"),
+    )
+    .await;
+    c.expect(Command::Receipt).await;
+    c.disconnect().await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("0", "/queue/cum", &[("ack", "client")]).await;
+    let m = c.expect(Command::Message).await;
+    assert_eq!(body(&m), "m3");
+    assert_eq!(m.header("redelivered"), Some("true"));
+    c.expect_nothing(200).await;
+}
+
+#[tokio::test]
+async fn client_individual_ack_acks_one() {
+    let s = start().await;
+    three_messages(&s, "/queue/ind").await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("0", "/queue/ind", &[("ack", "client-individual")])
+        .await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            c.expect(Command::Message)
+                .await
+                .header("ack")
+                .unwrap()
+                .to_string(),
+        );
+    }
+    c.send(
+        Frame::new(Command::Ack)
+            .with("id", ids[1].as_str())
+            .with("receipt", "a"),
+    )
+    .await;
+    c.expect(Command::Receipt).await;
+    // an unknown id is an error
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("0", "/queue/ind", &[("ack", "client-individual")])
+        .await;
+    let got: Vec<String> = vec![
+        body(&c.expect(Command::Message).await),
+        body(&c.expect(Command::Message).await),
+    ];
+    assert_eq!(got, vec!["m1", "m3"]);
+    c.send(Frame::new(Command::Ack).with("id", "nope")).await;
+    c.expect_error().await;
+}
+
+#[tokio::test]
+async fn stomp_1_1_acks_by_message_id() {
+    let s = start().await;
+    three_messages(&s, "/queue/v11").await;
+    let mut c = Client::connect_with(s.addr, &[("accept-version", "1.1")]).await;
+    c.subscribe("0", "/queue/v11", &[("ack", "client-individual")])
+        .await;
+    for _ in 0..3 {
+        let m = c.expect(Command::Message).await;
+        assert_eq!(m.header("ack"), None);
+        c.send(
+            Frame::new(Command::Ack)
+                .with("message-id", m.header("message-id").unwrap())
+                .with("subscription", "0"),
+        )
+        .await;
+    }
+    c.disconnect().await;
+    assert_eq!(
+        s.broker
+            .vhost("/")
+            .unwrap()
+            .queue("v11")
+            .unwrap()
+            .message_count(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn nack_requeues_and_redelivers() {
+    let s = start().await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("0", "/queue/nk", &[("ack", "client-individual")])
+        .await;
+    c.publish("/queue/nk", "again", &[]).await;
+    let m = c.expect(Command::Message).await;
+    assert_eq!(m.header("redelivered"), Some("false"));
+    c.send(Frame::new(Command::Nack).with("id", m.header("ack").unwrap()))
+        .await;
+    let m2 = c.expect(Command::Message).await;
+    assert_eq!(body(&m2), "again");
+    assert_eq!(m2.header("redelivered"), Some("true"));
+    // requeue:false drops it
+    c.send(
+        Frame::new(Command::Nack)
+            .with("id", m2.header("ack").unwrap())
+            .with("requeue", "false"),
+    )
+    .await;
+    c.expect_nothing(200).await;
+}
+
+#[tokio::test]
+async fn transactions_apply_at_commit_only() {
+    let s = start().await;
+    let mut sub = Client::connect(s.addr).await;
+    sub.subscribe("0", "/queue/tx", &[("ack", "client-individual")])
+        .await;
+    let mut p = Client::connect(s.addr).await;
+    p.send(Frame::new(Command::Begin).with("transaction", "t1"))
+        .await;
+    for b in ["a", "b"] {
+        p.send(
+            Frame::new(Command::Send)
+                .with("destination", "/queue/tx")
+                .with("transaction", "t1")
+                .with_body(b),
+        )
+        .await;
+    }
+    sub.expect_nothing(200).await;
+    p.send(
+        Frame::new(Command::Commit)
+            .with("transaction", "t1")
+            .with("receipt", "c"),
+    )
+    .await;
+    p.expect(Command::Receipt).await;
+    let a = sub.expect(Command::Message).await;
+    let b = sub.expect(Command::Message).await;
+    assert_eq!((body(&a), body(&b)), ("a".into(), "b".into()));
+    // aborted sends never arrive
+    p.send(Frame::new(Command::Begin).with("transaction", "t2"))
+        .await;
+    p.send(
+        Frame::new(Command::Send)
+            .with("destination", "/queue/tx")
+            .with("transaction", "t2")
+            .with_body("never"),
+    )
+    .await;
+    p.send(
+        Frame::new(Command::Abort)
+            .with("transaction", "t2")
+            .with("receipt", "ab"),
+    )
+    .await;
+    p.expect(Command::Receipt).await;
+    sub.expect_nothing(200).await;
+    // a transactional ACK takes effect at COMMIT; uncommitted at disconnect: none
+    sub.send(Frame::new(Command::Begin).with("transaction", "ta"))
+        .await;
+    sub.send(
+        Frame::new(Command::Ack)
+            .with("id", a.header("ack").unwrap())
+            .with("transaction", "ta"),
+    )
+    .await;
+    sub.send(Frame::new(Command::Begin).with("transaction", "tb"))
+        .await;
+    sub.send(
+        Frame::new(Command::Ack)
+            .with("id", b.header("ack").unwrap())
+            .with("transaction", "tb"),
+    )
+    .await;
+    sub.send(
+        Frame::new(Command::Commit)
+            .with("transaction", "ta")
+            .with("receipt", "x"),
+    )
+    .await;
+    sub.expect(Command::Receipt).await;
+    sub.disconnect().await;
+    let mut sub = Client::connect(s.addr).await;
+    sub.subscribe("0", "/queue/tx", &[]).await;
+    assert_eq!(body(&sub.expect(Command::Message).await), "b");
+    sub.expect_nothing(200).await;
+    // unknown transaction
+    p.send(Frame::new(Command::Commit).with("transaction", "zzz"))
+        .await;
+    p.expect_error().await;
+}
+
+#[tokio::test]
+async fn persistent_send_receipt_means_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = common::open_broker(dir.path());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let ctx = triad_stomp::StompContext::new(broker.clone(), shutdown.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (sock, peer) = listener.accept().await.unwrap();
+        triad_stomp::serve(sock, peer, ctx).await
+    });
+    let mut c = Client::connect(addr).await;
+    c.publish("/queue/dur", "kept", &[("persistent", "true")])
+        .await;
+    c.disconnect().await;
+    server.await.unwrap().unwrap();
+    drop(broker);
+    // reopen from the same directory: the message that got its RECEIPT is there
+    let broker = common::open_broker(dir.path());
+    let q = broker.vhost("/").unwrap().queue("dur").unwrap();
+    assert_eq!(q.message_count(), 1);
+}
+
+#[tokio::test]
+async fn heartbeats_are_sent_and_silent_peers_closed() {
+    let s = start_with(|c| {
+        c.heartbeat_send = Duration::from_millis(100);
+        c.heartbeat_recv = Duration::from_millis(100);
+    })
+    .await;
+    let mut c = Client::open(s.addr).await;
+    c.send(
+        Frame::new(Command::Connect)
+            .with("accept-version", "1.2")
+            .with("heart-beat", "100,100"),
+    )
+    .await;
+    let r = c.expect(Command::Connected).await;
+    assert_eq!(r.header("heart-beat"), Some("100,100"));
+    // a client that sends heart-beats stays connected
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        c.send_raw(b"\n").await;
+    }
+    c.expect_nothing(50).await;
+    assert!(c.heartbeats >= 2, "got {} heart-beats", c.heartbeats);
+    // then falls silent: closed within a few intervals
+    let t = std::time::Instant::now();
+    c.expect_closed().await;
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // no heart-beat asked for: none sent, never closed for silence
+    let mut c =
+        Client::connect_with(s.addr, &[("accept-version", "1.2"), ("heart-beat", "0,0")]).await;
+    c.expect_nothing(400).await;
+    assert_eq!(c.heartbeats, 0);
+}
+
+#[tokio::test]
+async fn malformed_frame_errors_and_closes_only_that_connection() {
+    let s = start().await;
+    let mut good = Client::connect(s.addr).await;
+    good.subscribe("0", "/queue/ok", &[]).await;
+    let mut bad = Client::connect(s.addr).await;
+    bad.send_raw(b"SEND\ndestination:/queue/ok\nbad\\qescape:1\n\nx\0")
+        .await;
+    let e = bad.expect_error().await;
+    assert_eq!(e.header("message"), Some("malformed frame received"));
+    let mut bad = Client::connect(s.addr).await;
+    bad.send_raw(b"FROB\n\n\0").await;
+    bad.expect_error().await;
+    let mut p = Client::connect(s.addr).await;
+    p.publish("/queue/ok", "still fine", &[]).await;
+    assert_eq!(body(&good.expect(Command::Message).await), "still fine");
+}
+
+#[tokio::test]
+async fn oversized_frames_are_refused() {
+    let s = start().await;
+    let mut c = Client::connect(s.addr).await;
+    c.send_raw(b"SEND\ndestination:/queue/big\ncontent-length:5000000\n\n")
+        .await;
+    let e = c.expect_error().await;
+    assert!(body(&e).contains("too large"), "{e:?}");
+    // before login the limit is 64 KiB
+    let mut c = Client::open(s.addr).await;
+    let mut f = b"CONNECT\nx:".to_vec();
+    f.extend(vec![b'a'; 70 << 10]);
+    c.send_raw(&f).await;
+    c.expect_error().await;
+}
+
+#[tokio::test]
+async fn selectors_are_refused() {
+    let s = start().await;
+    let mut c = Client::connect(s.addr).await;
+    c.send(
+        Frame::new(Command::Subscribe)
+            .with("id", "0")
+            .with("destination", "/queue/s")
+            .with("selector", "colour = 'red'"),
+    )
+    .await;
+    let e = c.expect_error().await;
+    assert_eq!(e.header("message"), Some("selectors are not supported yet"));
+}
+
+#[tokio::test]
+async fn prefetch_count_limits_unacked_deliveries() {
+    let s = start().await;
+    let mut p = Client::connect(s.addr).await;
+    for i in 0..5 {
+        p.publish("/queue/pf", &format!("m{i}"), &[]).await;
+    }
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe(
+        "0",
+        "/queue/pf",
+        &[("ack", "client-individual"), ("prefetch-count", "2")],
+    )
+    .await;
+    let m0 = c.expect(Command::Message).await;
+    c.expect(Command::Message).await;
+    c.expect_nothing(300).await;
+    c.send(Frame::new(Command::Ack).with("id", m0.header("ack").unwrap()))
+        .await;
+    assert_eq!(body(&c.expect(Command::Message).await), "m2");
+    c.expect_nothing(200).await;
+}
+
+#[tokio::test]
+async fn amq_queue_needs_an_existing_queue() {
+    let s = start().await;
+    let mut c = Client::connect(s.addr).await;
+    c.send(
+        Frame::new(Command::Subscribe)
+            .with("id", "0")
+            .with("destination", "/amq/queue/missing")
+            .with("receipt", "r"),
+    )
+    .await;
+    let e = c.expect_error().await;
+    assert_eq!(e.header("message"), Some("not_found"));
+    assert_eq!(e.header("receipt-id"), Some("r"));
+    let mut c = Client::connect(s.addr).await;
+    c.publish("/queue/exists", "x", &[]).await;
+    c.subscribe("0", "/amq/queue/exists", &[]).await;
+    assert_eq!(body(&c.expect(Command::Message).await), "x");
+}
+
+#[tokio::test]
+async fn temp_queue_replies_route_back() {
+    let s = start().await;
+    let mut server = Client::connect(s.addr).await;
+    server.subscribe("rpc", "/queue/rpc", &[]).await;
+    let mut client = Client::connect(s.addr).await;
+    client
+        .publish("/queue/rpc", "ping", &[("reply-to", "/temp-queue/r1")])
+        .await;
+    let req = server.expect(Command::Message).await;
+    let reply_to = req.header("reply-to").unwrap().to_string();
+    assert!(reply_to.starts_with("/reply-queue/"), "{reply_to}");
+    server.publish(&reply_to, "pong", &[]).await;
+    let rep = client.expect(Command::Message).await;
+    assert_eq!(body(&rep), "pong");
+    assert_eq!(rep.header("subscription"), Some("/temp-queue/r1"));
+}
+
+#[tokio::test]
+async fn receipts_answer_every_client_frame_and_disconnect_closes() {
+    let s = start().await;
+    let mut c = Client::connect(s.addr).await;
+    c.send(
+        Frame::new(Command::Begin)
+            .with("transaction", "t")
+            .with("receipt", "1"),
+    )
+    .await;
+    c.send(
+        Frame::new(Command::Abort)
+            .with("transaction", "t")
+            .with("receipt", "2"),
+    )
+    .await;
+    c.send(
+        Frame::new(Command::Subscribe)
+            .with("id", "s")
+            .with("destination", "/queue/r")
+            .with("receipt", "3"),
+    )
+    .await;
+    c.send(
+        Frame::new(Command::Unsubscribe)
+            .with("id", "s")
+            .with("receipt", "4"),
+    )
+    .await;
+    for want in ["1", "2", "3", "4"] {
+        let r = c.expect(Command::Receipt).await;
+        assert_eq!(r.header("receipt-id"), Some(want));
+    }
+    c.disconnect().await;
+}
+
+#[tokio::test]
+async fn unacked_messages_return_when_the_connection_drops() {
+    let s = start().await;
+    three_messages(&s, "/queue/drop").await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("0", "/queue/drop", &[("ack", "client")]).await;
+    for _ in 0..3 {
+        c.expect(Command::Message).await;
+    }
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let q = s.broker.vhost("/").unwrap().queue("drop").unwrap();
+    assert_eq!(q.message_count(), 3);
+    assert_eq!(q.unacked_count(), 0);
+}
+
+#[tokio::test]
+async fn shutdown_closes_connections_with_an_error() {
+    let s = start().await;
+    let mut c = Client::connect(s.addr).await;
+    s.shutdown.cancel();
+    let e = c.expect_error().await;
+    assert_eq!(e.header("message"), Some("Server shutdown"));
+}
