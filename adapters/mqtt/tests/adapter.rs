@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use triad_core::{Broker, CoreConfig};
-use triad_mqtt::codec::{self, Connect, Packet, Publish, Subscribe};
+use triad_mqtt::codec::{self, Connect, Packet, Publish, Subscribe, Will};
 use triad_mqtt::{serve, MqttContext, MqttLimits, MqttState};
 use triad_store::store::{Store, StoreConfig};
 
@@ -335,7 +335,7 @@ async fn retained_set_delivered_cleared_and_durable() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut a = connect(s.addr, "a", true).await;
     a.sub("r/+", QoS::AtLeastOnce).await;
-    let mut got = vec![a.publish().await, a.publish().await];
+    let mut got = [a.publish().await, a.publish().await];
     got.sort_by(|x, y| x.topic.cmp(&y.topic));
     assert!(got.iter().all(|m| m.retain));
     assert_eq!(body(&got[0]), "kept");
@@ -638,6 +638,50 @@ async fn sys_topics_are_retained() {
     assert!(m.retain);
     assert_eq!(body(&m), "1");
     s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalive_lapse_closes_and_publishes_the_will() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = context(open_broker(dir.path()));
+    let (a, b) = tokio::io::duplex(4096);
+    let h = tokio::spawn(serve(a, "127.0.0.1:1".parse().unwrap(), ctx.clone()));
+    let mut raw = Raw {
+        s: Box::new(b),
+        buf: BytesMut::new(),
+    };
+    raw.send(&Packet::Connect(Connect {
+        keep_alive: 2,
+        will: Some(Will {
+            topic: "ka/will".into(),
+            payload: Bytes::from_static(b"late"),
+            qos: 0,
+            retain: true,
+        }),
+        ..connect_packet("ka", true)
+    }))
+    .await;
+    assert_eq!(raw.connack().await, (false, 0));
+    let t0 = tokio::time::Instant::now();
+    // pings every 2 s keep it alive past the 3 s limit
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        raw.send(&Packet::PingReq).await;
+        assert_eq!(raw.recv().await, Some(Packet::PingResp));
+    }
+    assert!(raw.eof().await);
+    let lived = t0.elapsed();
+    assert!(
+        lived >= Duration::from_secs(9) && lived < Duration::from_secs(10),
+        "{lived:?}"
+    );
+    assert!(matches!(
+        h.await.unwrap(),
+        Err(triad_mqtt::MqttError::Timeout(_))
+    ));
+    let vs = ctx.state.vhost_state("/").unwrap();
+    let will = vs.retained.matching("ka/#");
+    assert_eq!(will.len(), 1, "the will was published (and retained)");
 }
 
 fn connect_packet(id: &str, clean: bool) -> Connect {
