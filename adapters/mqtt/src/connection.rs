@@ -35,6 +35,9 @@ pub(crate) const QOS_HEADER: &str = "x-mqtt-publish-qos";
 
 type Target = (Arc<Queue>, u64);
 
+/// Responses waiting for the store before the socket is no longer read.
+const MAX_PENDING: usize = 1024;
+
 /// CONNACK return codes.
 const ACCEPTED: u8 = 0;
 const BAD_PROTOCOL: u8 = 1;
@@ -503,7 +506,8 @@ impl Conn {
             tokio::select! {
                 _ = shutdown.cancelled() => break End::Shutdown,
                 _ = kick.cancelled() => break End::Takeover,
-                r = stream.read_buf(rbuf) => match r {
+                // stop reading while too many acks wait for the disk (back-pressure)
+                r = stream.read_buf(rbuf), if self.pending.len() < MAX_PENDING => match r {
                     Ok(0) => break End::PeerClosed,
                     Ok(_) => {}
                     Err(e) => break End::Error(e.into()),

@@ -684,6 +684,35 @@ async fn keepalive_lapse_closes_and_publishes_the_will() {
     assert_eq!(will.len(), 1, "the will was published (and retained)");
 }
 
+#[test]
+fn many_retained_messages_are_rebuilt_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let ctx = context(open_broker(dir.path()));
+        let vs = ctx.state.vhost_state("/").unwrap();
+        for i in 0..6000 {
+            let d = vs
+                .retained
+                .set(&format!("dev/{i}/t"), Bytes::from(i.to_string()), 1, true)
+                .unwrap();
+            if i == 5999 {
+                d.unwrap().wait().unwrap();
+            }
+        }
+        // replaced and cleared ones do not come back
+        vs.retained
+            .set("dev/0/t", Bytes::from_static(b"new"), 1, true)
+            .unwrap();
+        vs.retained.set("dev/1/t", Bytes::new(), 1, true).unwrap();
+    }
+    let ctx = context(open_broker(dir.path()));
+    let vs = ctx.state.vhost_state("/").unwrap();
+    assert_eq!(vs.retained.len(), 5999);
+    assert_eq!(vs.retained.matching("dev/0/+")[0].payload.as_ref(), b"new");
+    assert!(vs.retained.matching("dev/1/#").is_empty());
+    assert_eq!(vs.retained.matching("dev/5999/t")[0].qos, 1);
+}
+
 fn connect_packet(id: &str, clean: bool) -> Connect {
     Connect {
         protocol_name: "MQTT".into(),
