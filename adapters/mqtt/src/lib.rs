@@ -1,4 +1,120 @@
-//! MQTT 3.1.1 adapter.
+//! MQTT 3.1.1 adapter: unmodified MQTT clients (paho, mosquitto_pub/sub, rumqttc,
+//! devices) talk to the Triad core, with RabbitMQ's MQTT-plugin mapping and
+//! Mosquitto's behaviour.
 //!
-//! Not built yet: this crate is a placeholder in the workspace layout of
-//! ARCHITECTURE.md and exports nothing.
+//! Modules:
+//! - [`codec`]: packets and the pure codec, `decode(&mut BytesMut, &Limits)` /
+//!   `encode(&Packet, &mut BytesMut)` (its doc says why it replaces `mqttbytes`).
+//! - [`topic`]: topic and filter rules, and the MQTT topic ⇄ AMQP routing-key mapping.
+//! - [`session`]: one session's protocol state without I/O (subscriptions, packet ids,
+//!   in-flight QoS 1/2 both ways).
+//! - [`retained`]: the retained-message trie and its durable store.
+//! - [`durable`]: a durable key/value map over a core queue (retained messages and
+//!   persistent sessions live in it).
+//! - [`state`]: [`MqttState`], shared by all connections: takeover registry, per-vhost
+//!   stores, `$SYS`.
+//! - `connection` (private): the driver, one task per connection: [`serve`].
+//!
+//! # Mapping into the core
+//! PUBLISH goes to `amq.topic` with the routing key of [`topic`]'s mapping; QoS ≥ 1 is
+//! persistent (delivery mode 2) and the QoS travels in header `x-mqtt-publish-qos`.
+//! Each client's subscriptions are one queue, `mqtt-subscription-<client id>`, bound to
+//! `amq.topic` once per filter: exclusive and transient for clean session 1, durable
+//! for clean session 0 (it then queues messages while the client is away and survives
+//! restarts). Outbound QoS = min(message QoS, highest QoS granted by a matching
+//! filter); an AMQP message without the header counts as QoS 1 when persistent, else
+//! 0. Deliveries carry the body only.
+
+#![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)
+)]
+#![warn(missing_docs)]
+
+pub mod codec;
+mod connection;
+pub mod durable;
+pub mod retained;
+pub mod session;
+pub mod state;
+pub mod topic;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use codec::{DecodeError, Limits, Packet};
+pub use connection::serve;
+pub use state::MqttState;
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+/// Adapter limits and settings.
+#[derive(Debug, Clone)]
+pub struct MqttLimits {
+    /// Largest packet (remaining length) once connected.
+    pub max_packet_size: usize,
+    /// Largest packet before CONNECT is accepted.
+    pub max_packet_size_pre_connect: usize,
+    /// Most topic filters in one SUBSCRIBE / UNSUBSCRIBE.
+    pub max_filters: usize,
+    /// Outbound QoS 1/2 messages in flight per client (the core consumer's prefetch).
+    pub max_inflight: u32,
+    /// Time allowed from TCP accept to CONNECT.
+    pub connect_timeout: Duration,
+    /// Longest client id accepted (it becomes part of a queue name).
+    pub max_client_id_len: usize,
+}
+
+impl Default for MqttLimits {
+    fn default() -> Self {
+        MqttLimits {
+            max_packet_size: 16 << 20,
+            max_packet_size_pre_connect: 64 << 10,
+            max_filters: 1024,
+            max_inflight: 32,
+            connect_timeout: Duration::from_secs(10),
+            max_client_id_len: 200,
+        }
+    }
+}
+
+/// What a connection needs.
+#[derive(Debug, Clone)]
+pub struct MqttContext {
+    /// The core.
+    pub broker: Arc<triad_core::Broker>,
+    /// Shared MQTT state (made with [`MqttState::new`] over the same broker).
+    pub state: Arc<MqttState>,
+    /// User for CONNECTs without a user name from loopback peers.
+    pub default_user: String,
+    /// Its password.
+    pub default_pass: String,
+    /// Limits.
+    pub limits: MqttLimits,
+    /// Cancelled at broker shutdown.
+    pub shutdown: CancellationToken,
+}
+
+/// Why a connection ended other than by DISCONNECT or the peer closing.
+#[derive(Debug, Error)]
+pub enum MqttError {
+    /// Socket error.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A malformed packet.
+    #[error("decode: {0}")]
+    Decode(#[from] DecodeError),
+    /// A well-formed packet in the wrong place.
+    #[error("protocol violation: {0}")]
+    Protocol(&'static str),
+    /// No CONNECT in time, or the keep-alive lapsed.
+    #[error("timeout: {0}")]
+    Timeout(&'static str),
+    /// The core refused something the connection cannot go on without.
+    #[error("core: {0}")]
+    Core(#[from] triad_core::CoreError),
+    /// The store failed to make a message durable.
+    #[error("store: {0}")]
+    Store(String),
+}

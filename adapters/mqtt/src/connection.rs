@@ -1,0 +1,790 @@
+//! The connection driver: one task per client. It reads and decodes packets, turns them
+//! into core calls through the [`Session`] state, drains the core's [`Outbox`] into
+//! PUBLISH packets, and writes each batch with one `write_all`.
+//!
+//! Acks that promise durability (PUBACK, PUBREC for a persistent message; SUBACK and
+//! UNSUBACK of a persistent session) wait for the store's [`Durable`]; every response
+//! goes through one ordered queue, so they leave in the order the requests came
+//! [MQTT-4.6.0-2].
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use triad_core::queue::Queue;
+use triad_core::{
+    ConnectionId, ConsumeRequest, FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish,
+    QueueDeclare, Vhost,
+};
+use triad_store::flush::Durable;
+
+use crate::codec::{self, Connect, Limits, Packet, SubAck};
+use crate::session::{PubRec, Session};
+use crate::state::{LiveClient, MqttState, VhostState};
+use crate::topic::{routing_key_to_topic, topic_to_routing_key, valid_filter};
+use crate::{MqttContext, MqttError};
+
+/// Header carrying the MQTT QoS of a message through the core (RabbitMQ's name).
+pub(crate) const QOS_HEADER: &str = "x-mqtt-publish-qos";
+
+type Target = (Arc<Queue>, u64);
+
+/// Responses waiting for the store before the socket is no longer read.
+const MAX_PENDING: usize = 1024;
+
+/// CONNACK return codes.
+const ACCEPTED: u8 = 0;
+const BAD_PROTOCOL: u8 = 1;
+const BAD_CLIENT_ID: u8 = 2;
+const UNAVAILABLE: u8 = 3;
+const BAD_LOGIN: u8 = 4;
+const NOT_AUTHORIZED: u8 = 5;
+
+/// How a connected session ended.
+enum End {
+    Disconnect,
+    PeerClosed,
+    Takeover,
+    Shutdown,
+    Error(MqttError),
+}
+
+/// Serves one MQTT connection until it closes. Errors are what the peer did wrong or
+/// I/O failures; log them at `debug`.
+pub async fn serve<S>(stream: S, peer: SocketAddr, ctx: MqttContext) -> Result<(), MqttError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let span = tracing::info_span!(
+        "conn",
+        proto = "mqtt",
+        %peer,
+        client = tracing::field::Empty,
+        user = tracing::field::Empty
+    );
+    run(stream, peer, ctx).instrument(span).await
+}
+
+async fn write_now<S: AsyncWrite + Unpin>(stream: &mut S, p: &Packet) -> Result<(), MqttError> {
+    let mut b = BytesMut::new();
+    codec::encode(p, &mut b);
+    stream.write_all(&b).await?;
+    stream.flush().await?;
+    Ok(())
+}
+
+async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, code: u8) -> Result<(), MqttError> {
+    write_now(
+        stream,
+        &Packet::ConnAck {
+            session_present: false,
+            code,
+        },
+    )
+    .await
+}
+
+/// Reads the first packet, which must be CONNECT; `Ok(None)` when the peer left.
+async fn read_connect<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    rbuf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Option<Connect>, MqttError> {
+    loop {
+        match codec::decode(rbuf, limits)? {
+            Some(Packet::Connect(c)) => return Ok(Some(c)),
+            Some(_) => return Err(MqttError::Protocol("first packet is not CONNECT")),
+            None => {}
+        }
+        rbuf.reserve(1024);
+        if stream.read_buf(rbuf).await? == 0 {
+            return Ok(None);
+        }
+    }
+}
+
+/// Unregisters the client id and signals a waiting takeover, however the task ends.
+struct Registration {
+    state: Arc<MqttState>,
+    vhost: String,
+    client: String,
+    conn: ConnectionId,
+    done: CancellationToken,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.state.unregister(&self.vhost, &self.client, self.conn);
+        self.done.cancel();
+    }
+}
+
+async fn run<S>(mut stream: S, peer: SocketAddr, ctx: MqttContext) -> Result<(), MqttError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let mut rbuf = BytesMut::with_capacity(4096);
+    let pre = Limits {
+        max_packet_size: ctx.limits.max_packet_size_pre_connect,
+        max_filters: ctx.limits.max_filters,
+    };
+    let first = tokio::select! {
+        _ = ctx.shutdown.cancelled() => return Ok(()),
+        r = tokio::time::timeout(ctx.limits.connect_timeout, read_connect(&mut stream, &mut rbuf, &pre)) => r,
+    };
+    let connect = match first {
+        Err(_) => return Err(MqttError::Timeout("no CONNECT")),
+        Ok(Ok(Some(c))) => c,
+        Ok(Ok(None)) => return Ok(()),
+        Ok(Err(MqttError::Decode(codec::DecodeError::UnacceptableProtocol { name, level }))) => {
+            tracing::debug!(name, level, "unacceptable protocol");
+            refuse(&mut stream, BAD_PROTOCOL).await?;
+            return Ok(());
+        }
+        Ok(Err(e)) => return Err(e),
+    };
+
+    // authentication
+    let ip = peer.ip();
+    let broker = ctx.broker.clone();
+    let login = match &connect.username {
+        None if ip.is_loopback() => broker
+            .authenticate(&ctx.default_user, &ctx.default_pass, ip)
+            .map_err(|_| NOT_AUTHORIZED),
+        None => Err(NOT_AUTHORIZED),
+        Some(u) => {
+            let pass = connect
+                .password
+                .as_ref()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .unwrap_or_default();
+            broker.authenticate(u, &pass, ip).map_err(|_| {
+                let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+                if !ip.is_loopback() && broker.authenticate(u, &pass, loopback).is_ok() {
+                    NOT_AUTHORIZED
+                } else {
+                    BAD_LOGIN
+                }
+            })
+        }
+    };
+    let user = match login {
+        Ok(u) => u,
+        Err(code) => {
+            tracing::info!(%peer, user = connect.username.as_deref().unwrap_or(""), code, "MQTT login refused");
+            refuse(&mut stream, code).await?;
+            return Ok(());
+        }
+    };
+    tracing::Span::current().record("user", user.name.as_str());
+
+    // client id [MQTT-3.1.3-6], [MQTT-3.1.3-8]
+    let conn = broker.next_connection_id();
+    let mut client_id = connect.client_id.clone();
+    if client_id.is_empty() {
+        if !connect.clean_session {
+            refuse(&mut stream, BAD_CLIENT_ID).await?;
+            return Ok(());
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        client_id = format!("triad-{conn:x}-{nanos:x}");
+    }
+    if client_id.len() > ctx.limits.max_client_id_len {
+        refuse(&mut stream, BAD_CLIENT_ID).await?;
+        return Ok(());
+    }
+    tracing::Span::current().record("client", client_id.as_str());
+
+    let vhost_name = broker.default_vhost().to_string();
+    let vs = match ctx.state.vhost_state(&vhost_name) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(error = %e, "MQTT state unavailable");
+            refuse(&mut stream, UNAVAILABLE).await?;
+            return Ok(());
+        }
+    };
+
+    // takeover [MQTT-3.1.4-2]
+    let kick = CancellationToken::new();
+    let done = CancellationToken::new();
+    let prev = ctx.state.register(
+        &vhost_name,
+        &client_id,
+        LiveClient {
+            conn,
+            kick: kick.clone(),
+            done: done.clone(),
+        },
+    );
+    let _registration = Registration {
+        state: ctx.state.clone(),
+        vhost: vhost_name.clone(),
+        client: client_id.clone(),
+        conn,
+        done,
+    };
+    if let Some(p) = prev {
+        tracing::debug!("taking over a connected session");
+        p.kick.cancel();
+        if tokio::time::timeout(Duration::from_secs(5), p.done.cancelled())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the session taken over did not close in time");
+        }
+    }
+
+    let qname = format!("mqtt-subscription-{client_id}");
+    let setup = open_session(
+        &ctx.state,
+        &vs,
+        &vhost_name,
+        &client_id,
+        &qname,
+        &connect,
+        conn,
+    );
+    let (session_present, session) = match setup {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot open the MQTT session");
+            refuse(&mut stream, UNAVAILABLE).await?;
+            return Ok(());
+        }
+    };
+
+    let mut c = Conn {
+        state: ctx.state.clone(),
+        vs: vs.clone(),
+        vhost: vs.vhost.clone(),
+        conn,
+        client_id: client_id.clone(),
+        qname,
+        clean: connect.clean_session,
+        session,
+        pending: VecDeque::new(),
+        wbuf: BytesMut::with_capacity(4096),
+        limits: Limits {
+            max_packet_size: ctx.limits.max_packet_size,
+            max_filters: ctx.limits.max_filters,
+        },
+    };
+    // [MQTT-3.2.2-1]..[MQTT-3.2.2-3]
+    codec::encode(
+        &Packet::ConnAck {
+            session_present,
+            code: ACCEPTED,
+        },
+        &mut c.wbuf,
+    );
+    let resend: Vec<u16> = c.session.pending_pubrel().collect();
+    for id in resend {
+        codec::encode(&Packet::PubRel(id), &mut c.wbuf);
+    }
+    let outbox = Outbox::new((ctx.limits.max_inflight as usize).max(64));
+    let consumer = match c.vhost.consume(
+        &c.qname,
+        ConsumeRequest {
+            tag: client_id.clone(),
+            no_ack: false,
+            exclusive: true,
+            prefetch: ctx.limits.max_inflight,
+            priority: 0,
+            conn,
+            outbox: outbox.clone(),
+            gate: None,
+        },
+    ) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot consume the MQTT subscription queue");
+            refuse(&mut stream, UNAVAILABLE).await?;
+            broker.connection_closed(conn);
+            return Ok(());
+        }
+    };
+    ctx.state.stats.connected.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        clean = connect.clean_session,
+        session_present,
+        "MQTT client connected"
+    );
+
+    let will = connect.will.clone();
+    let end = c
+        .run(
+            &mut stream,
+            &mut rbuf,
+            &outbox,
+            connect.keep_alive,
+            &kick,
+            &ctx.shutdown,
+        )
+        .await;
+
+    // give back what the client did not ack: it comes back redelivered (DUP)
+    consumer.cancel();
+    for ev in outbox.close() {
+        if let OutEvent::Deliver(d) = ev {
+            d.queue.nack(&[d.offset], true);
+        }
+    }
+    let clean = c.clean;
+    let (targets, carry) = std::mem::take(&mut c.session).finish();
+    for (q, off) in targets {
+        q.nack(&[off], true);
+    }
+    if !clean {
+        ctx.state.put_carry(&vhost_name, &client_id, carry);
+    }
+    broker.connection_closed(conn);
+    ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
+    // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
+    let abnormal = matches!(end, End::PeerClosed | End::Takeover | End::Error(_));
+    if let (true, Some(w)) = (abnormal, will) {
+        tracing::debug!(topic = w.topic, "publishing the will");
+        if let Err(e) = c.publish_in(&w.topic, w.payload, w.qos, w.retain) {
+            tracing::debug!(error = %e, "will not published");
+        }
+    }
+    match end {
+        End::Error(e) => {
+            tracing::debug!(error = %e, "MQTT connection closed");
+            Err(e)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Declares the session's queue; returns (session present, session state).
+fn open_session(
+    state: &MqttState,
+    vs: &VhostState,
+    vhost_name: &str,
+    client_id: &str,
+    qname: &str,
+    connect: &Connect,
+    conn: ConnectionId,
+) -> Result<(bool, Session<Target>), MqttError> {
+    let vhost = &vs.vhost;
+    let existing = vhost.queue(qname);
+    if connect.clean_session {
+        // discard any previous session [MQTT-3.1.2-6]
+        if existing.is_some() {
+            vhost.delete_queue(qname, false, false, conn)?;
+        }
+        vs.sessions.remove(client_id);
+        state.take_carry(vhost_name, client_id);
+        vhost.declare_queue(QueueDeclare {
+            name: qname.to_string(),
+            exclusive: true,
+            conn,
+            ..Default::default()
+        })?;
+        Ok((false, Session::default()))
+    } else {
+        if existing.as_ref().is_some_and(|q| !q.durable()) {
+            vhost.delete_queue(qname, false, false, conn)?;
+        }
+        let stored = vs.sessions.get(client_id);
+        let present = existing.is_some_and(|q| q.durable()) || stored.is_some();
+        vhost.declare_queue(QueueDeclare {
+            name: qname.to_string(),
+            durable: true,
+            conn,
+            ..Default::default()
+        })?;
+        let carry = state.take_carry(vhost_name, client_id);
+        Ok((present, Session::resume(stored.unwrap_or_default(), carry)))
+    }
+}
+
+/// Responses waiting for the store.
+struct Pending {
+    durables: Vec<Durable>,
+    packets: Vec<Packet>,
+}
+
+struct Conn {
+    state: Arc<MqttState>,
+    vs: Arc<VhostState>,
+    vhost: Arc<Vhost>,
+    conn: ConnectionId,
+    client_id: String,
+    qname: String,
+    clean: bool,
+    session: Session<Target>,
+    pending: VecDeque<Pending>,
+    wbuf: BytesMut,
+    limits: Limits,
+}
+
+/// Completes when the oldest pending response's messages are on disk.
+async fn front_durable(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
+    if let Some(p) = pending.front_mut() {
+        for d in p.durables.iter_mut() {
+            d.await.map_err(|e| MqttError::Store(e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+impl Conn {
+    #[allow(clippy::too_many_arguments)]
+    async fn run<S>(
+        &mut self,
+        stream: &mut S,
+        rbuf: &mut BytesMut,
+        outbox: &Outbox,
+        keep_alive: u16,
+        kick: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) -> End
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        // [MQTT-3.1.2-24]: one and a half times the keep alive
+        let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+        let far = Duration::from_secs(365 * 24 * 3600);
+        let sleep = tokio::time::sleep(ka.unwrap_or(far));
+        tokio::pin!(sleep);
+        let mut evs = Vec::new();
+        'outer: loop {
+            loop {
+                match codec::decode(rbuf, &self.limits) {
+                    Ok(Some(p)) => {
+                        if let Some(ka) = ka {
+                            sleep.as_mut().reset(tokio::time::Instant::now() + ka);
+                        }
+                        match self.handle(p) {
+                            Ok(false) => {}
+                            Ok(true) => break 'outer End::Disconnect,
+                            Err(e) => break 'outer End::Error(e),
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => break 'outer End::Error(e.into()),
+                }
+            }
+            self.flush_pending();
+            outbox.drain(&mut evs, usize::MAX);
+            if !evs.is_empty() {
+                if let Err(e) = self.deliver(&mut evs) {
+                    break End::Error(e);
+                }
+            }
+            if !self.wbuf.is_empty() {
+                let r = tokio::select! {
+                    r = stream.write_all(&self.wbuf) => r,
+                    _ = kick.cancelled() => break End::Takeover,
+                    _ = shutdown.cancelled() => break End::Shutdown,
+                };
+                if let Err(e) = r {
+                    break End::Error(e.into());
+                }
+                self.wbuf.clear();
+                if self.wbuf.capacity() > 1 << 20 {
+                    self.wbuf = BytesMut::with_capacity(4096);
+                }
+            }
+            if !outbox.is_empty() {
+                continue;
+            }
+            if rbuf.capacity() - rbuf.len() < 1024 {
+                rbuf.reserve(4096);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break End::Shutdown,
+                _ = kick.cancelled() => break End::Takeover,
+                // stop reading while too many acks wait for the disk (back-pressure)
+                r = stream.read_buf(rbuf), if self.pending.len() < MAX_PENDING => match r {
+                    Ok(0) => break End::PeerClosed,
+                    Ok(_) => {}
+                    Err(e) => break End::Error(e.into()),
+                },
+                _ = outbox.notified() => {}
+                r = front_durable(&mut self.pending), if !self.pending.is_empty() => {
+                    if let Err(e) = r {
+                        break End::Error(e);
+                    }
+                }
+                _ = &mut sleep, if ka.is_some() => break End::Error(MqttError::Timeout("keep alive")),
+            }
+        }
+    }
+
+    /// Queues responses behind any that wait for the store.
+    fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durable>) {
+        let durables: Vec<Durable> = durables.into_iter().filter(|d| !d.is_durable()).collect();
+        if self.pending.is_empty() && durables.is_empty() {
+            for p in &packets {
+                codec::encode(p, &mut self.wbuf);
+            }
+        } else {
+            self.pending.push_back(Pending { durables, packets });
+        }
+    }
+
+    /// Encodes the responses whose messages are now on disk, in order.
+    fn flush_pending(&mut self) {
+        while let Some(front) = self.pending.front() {
+            if !front.durables.iter().all(|d| d.is_durable()) {
+                return;
+            }
+            if let Some(p) = self.pending.pop_front() {
+                for pk in &p.packets {
+                    codec::encode(pk, &mut self.wbuf);
+                }
+            }
+        }
+    }
+
+    /// Handles one packet; `true` on DISCONNECT.
+    fn handle(&mut self, p: Packet) -> Result<bool, MqttError> {
+        match p {
+            Packet::Publish(p) => {
+                if p.qos == 2 && !self.session.inbound_qos2(p.pkid) {
+                    // a resend of a message already taken: exactly once [MQTT-4.3.3-2]
+                    self.respond(vec![Packet::PubRec(p.pkid)], Vec::new());
+                    return Ok(false);
+                }
+                let durables = self.publish_in(&p.topic, p.payload, p.qos, p.retain)?;
+                match p.qos {
+                    1 => self.respond(vec![Packet::PubAck(p.pkid)], durables),
+                    2 => self.respond(vec![Packet::PubRec(p.pkid)], durables),
+                    _ => {}
+                }
+            }
+            Packet::PubAck(id) => {
+                if let Some(Some((q, off))) = self.session.on_puback(id) {
+                    q.ack(&[off]);
+                }
+            }
+            Packet::PubRec(id) => match self.session.on_pubrec(id) {
+                PubRec::Released(t) => {
+                    if let Some((q, off)) = t {
+                        q.ack(&[off]);
+                    }
+                    self.respond(vec![Packet::PubRel(id)], Vec::new());
+                }
+                PubRec::Again => self.respond(vec![Packet::PubRel(id)], Vec::new()),
+                PubRec::Unknown => {}
+            },
+            Packet::PubRel(id) => {
+                self.session.on_pubrel(id);
+                self.respond(vec![Packet::PubComp(id)], Vec::new());
+            }
+            Packet::PubComp(id) => {
+                self.session.on_pubcomp(id);
+            }
+            Packet::Subscribe(s) => self.subscribe(s)?,
+            Packet::Unsubscribe(u) => {
+                for f in &u.filters {
+                    if self.session.subs.remove(f).is_some() {
+                        let key = topic_to_routing_key(f);
+                        // another filter may map to the same binding key
+                        let shared = self
+                            .session
+                            .subs
+                            .keys()
+                            .any(|k| topic_to_routing_key(k) == key);
+                        if !shared {
+                            self.vhost.unbind_queue(
+                                &self.qname,
+                                "amq.topic",
+                                &key,
+                                &FieldTable::default(),
+                                self.conn,
+                            )?;
+                        }
+                    }
+                }
+                let durables = self.save_session()?;
+                self.respond(vec![Packet::UnsubAck(u.pkid)], durables);
+            }
+            Packet::PingReq => self.respond(vec![Packet::PingResp], Vec::new()),
+            Packet::Disconnect => return Ok(true),
+            Packet::Connect(_) => return Err(MqttError::Protocol("second CONNECT")),
+            Packet::ConnAck { .. } | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
+                return Err(MqttError::Protocol("server-to-client packet from a client"))
+            }
+        }
+        Ok(false)
+    }
+
+    fn save_session(&mut self) -> Result<Vec<Durable>, MqttError> {
+        if self.clean {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .vs
+            .sessions
+            .save(&self.client_id, &self.session.subs)?
+            .into_iter()
+            .collect())
+    }
+
+    fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), MqttError> {
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut retained = Vec::new();
+        for (filter, requested) in s.filters {
+            if !valid_filter(&filter) {
+                codes.push(0x80);
+                continue;
+            }
+            let key = topic_to_routing_key(&filter);
+            if let Err(e) = self.vhost.bind_queue(
+                &self.qname,
+                "amq.topic",
+                &key,
+                &FieldTable::default(),
+                self.conn,
+            ) {
+                tracing::debug!(filter, error = %e, "subscription refused");
+                codes.push(0x80);
+                continue;
+            }
+            let granted = requested.min(2);
+            self.session.subs.insert(filter.clone(), granted);
+            codes.push(granted);
+            // retained messages on every subscribe [MQTT-3.3.1-6]
+            for r in self.vs.retained.matching(&filter) {
+                let qos = r.qos.min(granted);
+                let pkid = if qos > 0 {
+                    let Some(id) = self.session.alloc_id() else {
+                        continue;
+                    };
+                    self.session.sent(id, qos, None);
+                    id
+                } else {
+                    0
+                };
+                retained.push(Packet::Publish(codec::Publish {
+                    dup: false,
+                    qos,
+                    retain: true,
+                    topic: r.topic.to_string(),
+                    pkid,
+                    payload: r.payload,
+                }));
+                self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let durables = self.save_session()?;
+        let mut packets = vec![Packet::SubAck(SubAck {
+            pkid: s.pkid,
+            codes,
+        })];
+        packets.extend(retained);
+        self.respond(packets, durables);
+        Ok(())
+    }
+
+    /// Publishes into the core (client PUBLISH and wills).
+    fn publish_in(
+        &mut self,
+        topic: &str,
+        payload: Bytes,
+        qos: u8,
+        retain: bool,
+    ) -> Result<Vec<Durable>, MqttError> {
+        let mut durables = Vec::new();
+        if retain {
+            // [MQTT-3.3.1-5], an empty payload clears [MQTT-3.3.1-10]
+            if let Some(d) = self.vs.retained.set(topic, payload.clone(), qos, true)? {
+                durables.push(d);
+            }
+        }
+        let mut headers = FieldTable::default();
+        headers.insert(QOS_HEADER, FieldValue::U8(qos));
+        let published = self.vhost.publish(Publish {
+            exchange: "amq.topic".into(),
+            routing_key: topic_to_routing_key(topic),
+            mandatory: false,
+            properties: Properties {
+                delivery_mode: Some(if qos > 0 { 2 } else { 1 }),
+                headers: Some(headers),
+                ..Default::default()
+            },
+            body: payload,
+            conn: self.conn,
+        })?;
+        durables.extend(published.durable);
+        self.state.stats.received.fetch_add(1, Ordering::Relaxed);
+        Ok(durables)
+    }
+
+    /// Turns deliveries from the subscription queue into PUBLISH packets.
+    fn deliver(&mut self, evs: &mut Vec<OutEvent>) -> Result<(), MqttError> {
+        let mut acks: Vec<u64> = Vec::new();
+        let mut ack_queue: Option<Arc<Queue>> = None;
+        let mut result = Ok(());
+        for ev in evs.drain(..) {
+            let d = match ev {
+                OutEvent::Deliver(d) => d,
+                OutEvent::Cancelled { .. } => {
+                    result = Err(MqttError::Protocol("subscription queue deleted"));
+                    continue;
+                }
+            };
+            let topic = routing_key_to_topic(&d.routing_key);
+            let Some(granted) = self.session.granted_for(&topic) else {
+                // routed by the topic exchange but not matched by MQTT rules
+                acks.push(d.offset);
+                ack_queue.get_or_insert_with(|| d.queue.clone());
+                continue;
+            };
+            let msg_qos = d
+                .properties
+                .headers
+                .as_ref()
+                .and_then(|h| h.get_i64(QOS_HEADER))
+                .map(|q| q.clamp(0, 2) as u8)
+                .unwrap_or(if d.properties.is_persistent() { 1 } else { 0 });
+            let qos = msg_qos.min(granted);
+            let pkid = if qos == 0 {
+                acks.push(d.offset);
+                ack_queue.get_or_insert_with(|| d.queue.clone());
+                0
+            } else {
+                match self.session.alloc_id() {
+                    Some(id) => {
+                        self.session
+                            .sent(id, qos, Some((d.queue.clone(), d.offset)));
+                        id
+                    }
+                    None => {
+                        d.queue.nack(&[d.offset], true);
+                        continue;
+                    }
+                }
+            };
+            codec::encode(
+                &Packet::Publish(codec::Publish {
+                    dup: qos > 0 && d.redelivered,
+                    qos,
+                    retain: false,
+                    topic,
+                    pkid,
+                    payload: d.body,
+                }),
+                &mut self.wbuf,
+            );
+            self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(q) = ack_queue {
+            q.ack(&acks);
+        }
+        result
+    }
+}

@@ -1,0 +1,159 @@
+//! MQTT topic names and filters, and their mapping onto AMQP routing keys (RabbitMQ's
+//! MQTT plugin convention, so a topic published over MQTT reaches AMQP and STOMP
+//! subscribers of `amq.topic` and back).
+//!
+//! # The mapping
+//!
+//! | MQTT | routing key on `amq.topic` |
+//! |---|---|
+//! | level separator `/` | `.` |
+//! | `.` inside a level | `/` |
+//! | `+` (one level) | `*` |
+//! | `#` (any number of levels) | `#` |
+//!
+//! So `sensors/room.1/temp` ⇄ `sensors.room/1.temp`. The map swaps `/` and `.`, which
+//! makes it reversible for every topic name: [`routing_key_to_topic`] of
+//! [`topic_to_routing_key`] is the identity. Empty levels are kept (`/a` ⇄ `.a`).
+//!
+//! One ambiguity remains, as in RabbitMQ: an MQTT level that is literally `*` becomes
+//! the AMQP single-word wildcard in a binding. The adapter re-checks every delivery
+//! against the client's MQTT filters with the MQTT rules ([`filter_matches`]), so such
+//! a binding never delivers a message the MQTT filter does not match; likewise a filter
+//! starting with a wildcard never receives `$`-topics [MQTT-4.7.2-1], although the
+//! topic exchange would route them.
+
+/// Whether `f` is a valid topic filter [MQTT-4.7.1-2], [MQTT-4.7.1-3].
+pub fn valid_filter(f: &str) -> bool {
+    if f.is_empty() || f.len() > u16::MAX as usize {
+        return false;
+    }
+    let levels: Vec<&str> = f.split('/').collect();
+    let n = levels.len();
+    levels.iter().enumerate().all(|(i, l)| match *l {
+        "#" => i + 1 == n,
+        "+" => true,
+        l => !l.contains(['+', '#']),
+    })
+}
+
+/// Whether topic name `topic` matches filter `filter` (both assumed valid), with the
+/// `$` rule: a filter starting with a wildcard does not match a topic starting
+/// with `$`.
+pub fn filter_matches(filter: &str, topic: &str) -> bool {
+    if topic.starts_with('$') && filter.starts_with(['+', '#']) {
+        return false;
+    }
+    let mut t = topic.split('/');
+    for f in filter.split('/') {
+        match f {
+            "#" => return true,
+            "+" => {
+                if t.next().is_none() {
+                    return false;
+                }
+            }
+            lit => {
+                if t.next() != Some(lit) {
+                    return false;
+                }
+            }
+        }
+    }
+    t.next().is_none()
+}
+
+fn map_level(level: &str, from: char, to: char) -> String {
+    level.replace(from, &to.to_string())
+}
+
+/// MQTT topic name (or filter) → AMQP routing key (or binding key).
+pub fn topic_to_routing_key(topic: &str) -> String {
+    let mut out = String::with_capacity(topic.len());
+    for (i, level) in topic.split('/').enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        match level {
+            "+" => out.push('*'),
+            l => out.push_str(&map_level(l, '.', '/')),
+        }
+    }
+    out
+}
+
+/// AMQP routing key → MQTT topic name.
+pub fn routing_key_to_topic(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for (i, word) in key.split('.').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(&map_level(word, '/', '.'));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn filters_are_validated() {
+        for ok in [
+            "a", "a/b", "+", "#", "a/+/c", "a/#", "+/+", "/", "/a", "$SYS/#",
+        ] {
+            assert!(valid_filter(ok), "{ok}");
+        }
+        for bad in ["", "a/#/b", "a+", "a/b#", "#/a", "++", "a/+b"] {
+            assert!(!valid_filter(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn matching_follows_the_spec() {
+        let yes = [
+            ("a/b/c", "a/b/c"),
+            ("a/+/c", "a/b/c"),
+            ("a/#", "a/b/c"),
+            ("a/#", "a"), // [MQTT-4.7.1-2]: # includes the parent level
+            ("#", "a/b"),
+            ("+/+", "/a"),
+            ("+", ""),
+            ("$SYS/#", "$SYS/broker/uptime"),
+            ("$SYS/+/uptime", "$SYS/broker/uptime"),
+        ];
+        for (f, t) in yes {
+            assert!(filter_matches(f, t), "{f} ~ {t}");
+        }
+        let no = [
+            ("a/b", "a/b/c"),
+            ("a/+", "a/b/c"),
+            ("a/+", "a"),
+            ("+", "/a"),
+            ("#", "$SYS/broker"),
+            ("+/broker", "$SYS/broker"),
+            ("a/b/c", "a/b"),
+        ];
+        for (f, t) in no {
+            assert!(!filter_matches(f, t), "{f} !~ {t}");
+        }
+    }
+
+    #[test]
+    fn mapping_examples() {
+        assert_eq!(topic_to_routing_key("a/b/c"), "a.b.c");
+        assert_eq!(topic_to_routing_key("a/+/#"), "a.*.#");
+        assert_eq!(topic_to_routing_key("room.1/t"), "room/1.t");
+        assert_eq!(topic_to_routing_key("/a"), ".a");
+        assert_eq!(routing_key_to_topic("room/1.t"), "room.1/t");
+        assert_eq!(routing_key_to_topic("a.b.c"), "a/b/c");
+    }
+
+    proptest! {
+        #[test]
+        fn mapping_is_reversible(t in "[a-z./$ ]{0,24}") {
+            prop_assert_eq!(routing_key_to_topic(&topic_to_routing_key(&t)), t);
+        }
+    }
+}

@@ -1,0 +1,863 @@
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+//! The whole adapter over loopback: rumqttc (and raw sockets for what a well-behaved
+//! client never sends) against `serve` on a TcpListener, with a Broker on a temp-dir
+//! store.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use rumqttc::{AsyncClient, Event, Incoming, LastWill, MqttOptions, QoS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use triad_core::{Broker, CoreConfig};
+use triad_mqtt::codec::{self, Connect, Packet, Publish, Subscribe, Will};
+use triad_mqtt::{serve, MqttContext, MqttLimits, MqttState};
+use triad_store::store::{Store, StoreConfig};
+
+struct Server {
+    addr: SocketAddr,
+    ctx: MqttContext,
+    accept: JoinHandle<()>,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+fn open_broker(dir: &Path) -> Arc<Broker> {
+    let mut c = StoreConfig::new(dir);
+    c.segment_size = 1 << 20;
+    c.cq_entries_per_file = 1024;
+    let store = Arc::new(Store::open(c).unwrap());
+    Broker::open(store, CoreConfig::default()).unwrap()
+}
+
+fn context(broker: Arc<Broker>) -> MqttContext {
+    let state = MqttState::new(broker.clone()).unwrap();
+    MqttContext {
+        broker,
+        state,
+        default_user: "guest".into(),
+        default_pass: "guest".into(),
+        limits: MqttLimits {
+            connect_timeout: Duration::from_secs(2),
+            ..MqttLimits::default()
+        },
+        shutdown: CancellationToken::new(),
+    }
+}
+
+async fn start(dir: &Path) -> Server {
+    let ctx = context(open_broker(dir));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+    let (c2, conns2) = (ctx.clone(), conns.clone());
+    let accept = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = c2.shutdown.cancelled() => return,
+                r = listener.accept() => {
+                    let (s, peer) = r.unwrap();
+                    let ctx = c2.clone();
+                    let h = tokio::spawn(async move { let _ = serve(s, peer, ctx).await; });
+                    conns2.lock().unwrap().push(h);
+                }
+            }
+        }
+    });
+    Server {
+        addr,
+        ctx,
+        accept,
+        conns,
+    }
+}
+
+impl Server {
+    /// Stops like `kill -9`: no clean store close (the abort marker stays, the last
+    /// checkpoint is older than the data).
+    async fn crash(self) {
+        let store = self.ctx.broker.store().clone();
+        self.stop_inner().await;
+        Arc::try_unwrap(store)
+            .ok()
+            .expect("store still referenced")
+            .abandon();
+    }
+
+    /// Stops everything and drops the broker, so the store closes and can be reopened.
+    async fn stop(self) {
+        self.stop_inner().await;
+    }
+
+    async fn stop_inner(self) {
+        self.ctx.shutdown.cancel();
+        self.accept.await.unwrap();
+        let hs: Vec<_> = std::mem::take(&mut *self.conns.lock().unwrap());
+        for h in hs {
+            h.await.unwrap();
+        }
+        let weak = Arc::downgrade(self.ctx.broker.store());
+        drop(self.ctx);
+        assert!(weak.strong_count() <= 1, "store still referenced");
+    }
+}
+
+#[derive(Debug)]
+enum Ev {
+    In(Incoming),
+    Closed(#[allow(dead_code)] String),
+}
+
+struct Client {
+    c: AsyncClient,
+    rx: mpsc::UnboundedReceiver<Ev>,
+    task: JoinHandle<()>,
+}
+
+fn opts(addr: SocketAddr, id: &str, clean: bool) -> MqttOptions {
+    let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+    o.set_clean_session(clean);
+    o.set_keep_alive(Duration::from_secs(30));
+    o
+}
+
+async fn connect_with(o: MqttOptions) -> (Client, rumqttc::ConnAck) {
+    let (c, mut el) = AsyncClient::new(o, 100);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(i)) => {
+                    let _ = tx.send(Ev::In(i));
+                }
+                Ok(Event::Outgoing(_)) => {}
+                Err(e) => {
+                    let _ = tx.send(Ev::Closed(e.to_string()));
+                    return;
+                }
+            }
+        }
+    });
+    let ack = loop {
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("CONNACK in time")
+        {
+            Some(Ev::In(Incoming::ConnAck(a))) => break a,
+            Some(Ev::In(_)) => {}
+            other => panic!("connect failed: {other:?}"),
+        }
+    };
+    (Client { c, rx, task }, ack)
+}
+
+async fn connect(addr: SocketAddr, id: &str, clean: bool) -> Client {
+    connect_with(opts(addr, id, clean)).await.0
+}
+
+impl Client {
+    async fn sub(&mut self, filter: &str, qos: QoS) -> Vec<u8> {
+        self.c.subscribe(filter, qos).await.unwrap();
+        loop {
+            match self.next().await {
+                Some(Ev::In(Incoming::SubAck(s))) => {
+                    return s
+                        .return_codes
+                        .iter()
+                        .map(|c| match c {
+                            rumqttc::SubscribeReasonCode::Success(q) => *q as u8,
+                            rumqttc::SubscribeReasonCode::Failure => 0x80,
+                        })
+                        .collect()
+                }
+                Some(_) => {}
+                None => panic!("no SUBACK"),
+            }
+        }
+    }
+
+    async fn next(&mut self) -> Option<Ev> {
+        tokio::time::timeout(Duration::from_secs(5), self.rx.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The next PUBLISH within `wait`.
+    async fn publish_within(&mut self, wait: Duration) -> Option<rumqttc::Publish> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(Ev::In(Incoming::Publish(p)))) => return Some(p),
+                Ok(Some(Ev::In(_))) => {}
+                Ok(Some(Ev::Closed(_))) | Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
+    async fn publish(&mut self) -> rumqttc::Publish {
+        self.publish_within(Duration::from_secs(5))
+            .await
+            .expect("a PUBLISH")
+    }
+
+    async fn closed(&mut self) -> bool {
+        loop {
+            match self.next().await {
+                Some(Ev::Closed(_)) => return true,
+                Some(Ev::In(_)) => {}
+                None => return false,
+            }
+        }
+    }
+
+    /// Sends DISCONNECT and waits for the socket to close.
+    async fn disconnect(mut self) {
+        self.c.disconnect().await.unwrap();
+        self.closed().await;
+        self.task.abort();
+    }
+
+    /// Drops the TCP connection without DISCONNECT.
+    async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+fn body(p: &rumqttc::Publish) -> &str {
+    std::str::from_utf8(&p.payload).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_0_1_2_round_trips_with_granted_qos() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut sub = connect(s.addr, "sub", true).await;
+    assert_eq!(sub.sub("q/#", QoS::ExactlyOnce).await, [2]);
+    let mut low = connect(s.addr, "low", true).await;
+    assert_eq!(low.sub("q/+", QoS::AtLeastOnce).await, [1]);
+    let publ = connect(s.addr, "pub", true).await;
+    for (i, q) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce]
+        .into_iter()
+        .enumerate()
+    {
+        publ.c
+            .publish(format!("q/{i}"), q, false, format!("m{i}"))
+            .await
+            .unwrap();
+    }
+    for i in 0..3u8 {
+        let p = sub.publish().await;
+        assert_eq!(p.topic, format!("q/{i}"));
+        assert_eq!(body(&p), format!("m{i}"));
+        assert_eq!(p.qos as u8, i);
+        assert!(!p.retain);
+        let p = low.publish().await;
+        assert_eq!(p.qos as u8, i.min(1), "min(publish QoS, granted QoS)");
+    }
+    // in-order delivery of a burst beyond the in-flight window
+    for i in 0..100 {
+        publ.c
+            .publish("q/burst", QoS::AtLeastOnce, false, i.to_string())
+            .await
+            .unwrap();
+    }
+    for i in 0..100 {
+        assert_eq!(body(&sub.publish().await), i.to_string());
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wildcards_overlaps_and_dollar_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut sub = connect(s.addr, "w", true).await;
+    assert_eq!(sub.sub("a/+/c", QoS::AtMostOnce).await, [0]);
+    assert_eq!(sub.sub("a/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(sub.sub("#", QoS::AtMostOnce).await, [0]);
+    assert_eq!(
+        sub.sub("a/#/c", QoS::AtMostOnce).await,
+        [0x80],
+        "invalid filter"
+    );
+    let p = connect(s.addr, "p", true).await;
+    p.c.publish("a/b/c", QoS::AtLeastOnce, false, "one")
+        .await
+        .unwrap();
+    p.c.publish("$SYS/x", QoS::AtMostOnce, false, "sys")
+        .await
+        .unwrap();
+    p.c.publish("room.1/t", QoS::AtMostOnce, false, "dots")
+        .await
+        .unwrap();
+    let got = sub.publish().await;
+    assert_eq!((got.topic.as_str(), body(&got)), ("a/b/c", "one"));
+    assert_eq!(
+        got.qos,
+        QoS::AtLeastOnce,
+        "overlaps: once, at the highest QoS"
+    );
+    let got = sub.publish().await;
+    assert_eq!(
+        (got.topic.as_str(), body(&got)),
+        ("room.1/t", "dots"),
+        "the $SYS message is not delivered to #, and dots survive the mapping"
+    );
+    assert!(sub
+        .publish_within(Duration::from_millis(300))
+        .await
+        .is_none());
+    // unsubscribe
+    sub.c.unsubscribe("#").await.unwrap();
+    loop {
+        if let Some(Ev::In(Incoming::UnsubAck(_))) = sub.next().await {
+            break;
+        }
+    }
+    p.c.publish("z", QoS::AtMostOnce, false, "gone")
+        .await
+        .unwrap();
+    assert!(sub
+        .publish_within(Duration::from_millis(300))
+        .await
+        .is_none());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_set_delivered_cleared_and_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut p = connect(s.addr, "p", true).await;
+    p.c.publish("r/1", QoS::AtLeastOnce, true, "kept")
+        .await
+        .unwrap();
+    p.c.publish("r/2", QoS::AtMostOnce, true, "two")
+        .await
+        .unwrap();
+    loop {
+        if let Some(Ev::In(Incoming::PubAck(_))) = p.next().await {
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut a = connect(s.addr, "a", true).await;
+    a.sub("r/+", QoS::AtLeastOnce).await;
+    let mut got = [a.publish().await, a.publish().await];
+    got.sort_by(|x, y| x.topic.cmp(&y.topic));
+    assert!(got.iter().all(|m| m.retain));
+    assert_eq!(body(&got[0]), "kept");
+    assert_eq!(got[0].qos, QoS::AtLeastOnce);
+    assert_eq!(got[1].qos, QoS::AtMostOnce);
+    // clear r/2 with an empty retained message
+    p.c.publish("r/2", QoS::AtLeastOnce, true, Vec::<u8>::new())
+        .await
+        .unwrap();
+    let cleared = a.publish().await;
+    assert!(cleared.payload.is_empty() && !cleared.retain);
+    p.disconnect().await;
+    a.disconnect().await;
+    s.stop().await;
+    // across a restart
+    let s = start(dir.path()).await;
+    let mut b = connect(s.addr, "b", true).await;
+    b.sub("r/#", QoS::AtLeastOnce).await;
+    let m = b.publish().await;
+    assert_eq!(
+        (m.topic.as_str(), body(&m), m.retain),
+        ("r/1", "kept", true)
+    );
+    assert!(b.publish_within(Duration::from_millis(300)).await.is_none());
+    b.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn will_on_abnormal_close_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut watcher = connect(s.addr, "watcher", true).await;
+    watcher.sub("wills/#", QoS::AtLeastOnce).await;
+    let mut o = opts(s.addr, "dies", true);
+    o.set_last_will(LastWill::new("wills/dies", "gone", QoS::AtLeastOnce, false));
+    let (dies, _) = connect_with(o).await;
+    let mut o = opts(s.addr, "polite", true);
+    o.set_last_will(LastWill::new("wills/polite", "x", QoS::AtLeastOnce, false));
+    let (polite, _) = connect_with(o).await;
+    polite.disconnect().await;
+    dies.kill().await;
+    let w = watcher.publish().await;
+    assert_eq!((w.topic.as_str(), body(&w)), ("wills/dies", "gone"));
+    assert!(watcher
+        .publish_within(Duration::from_millis(300))
+        .await
+        .is_none());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_session_queues_offline_and_survives_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let (mut c, ack) = connect_with(opts(s.addr, "dev1", false)).await;
+    assert!(!ack.session_present);
+    c.sub("p/#", QoS::AtLeastOnce).await;
+    c.disconnect().await;
+    let mut p = connect(s.addr, "p", true).await;
+    for i in 0..3 {
+        p.c.publish("p/x", QoS::AtLeastOnce, false, format!("off{i}"))
+            .await
+            .unwrap();
+    }
+    for _ in 0..3 {
+        loop {
+            if let Some(Ev::In(Incoming::PubAck(_))) = p.next().await {
+                break;
+            }
+        }
+    }
+    let (mut c, ack) = connect_with(opts(s.addr, "dev1", false)).await;
+    assert!(ack.session_present);
+    for i in 0..3 {
+        assert_eq!(body(&c.publish().await), format!("off{i}"));
+    }
+    c.disconnect().await;
+    for i in 0..2 {
+        p.c.publish("p/y", QoS::AtLeastOnce, false, format!("restart{i}"))
+            .await
+            .unwrap();
+    }
+    for _ in 0..2 {
+        loop {
+            if let Some(Ev::In(Incoming::PubAck(_))) = p.next().await {
+                break;
+            }
+        }
+    }
+    p.disconnect().await;
+    s.stop().await;
+
+    let s = start(dir.path()).await;
+    let (mut c, ack) = connect_with(opts(s.addr, "dev1", false)).await;
+    assert!(ack.session_present, "the session survives a restart");
+    for i in 0..2 {
+        assert_eq!(body(&c.publish().await), format!("restart{i}"));
+    }
+    // the subscription (and its QoS) survived too
+    let p = connect(s.addr, "p", true).await;
+    p.c.publish("p/z", QoS::ExactlyOnce, false, "after")
+        .await
+        .unwrap();
+    let m = c.publish().await;
+    assert_eq!((body(&m), m.qos), ("after", QoS::AtLeastOnce));
+    c.disconnect().await;
+    // clean session 1 discards it
+    let (c, ack) = connect_with(opts(s.addr, "dev1", true)).await;
+    assert!(!ack.session_present);
+    c.disconnect().await;
+    let (c, ack) = connect_with(opts(s.addr, "dev1", false)).await;
+    assert!(!ack.session_present);
+    c.disconnect().await;
+    p.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_and_retained_survive_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut c = connect(s.addr, "crashy", false).await;
+    c.sub("k/#", QoS::AtLeastOnce).await;
+    c.disconnect().await;
+    let mut p = connect(s.addr, "p", true).await;
+    p.c.publish("k/r", QoS::AtLeastOnce, true, "old")
+        .await
+        .unwrap();
+    p.c.publish("k/r", QoS::AtLeastOnce, true, "retained")
+        .await
+        .unwrap();
+    p.c.publish("k/q", QoS::AtLeastOnce, false, "queued")
+        .await
+        .unwrap();
+    let mut acks = 0;
+    while acks < 3 {
+        if let Some(Ev::In(Incoming::PubAck(_))) = p.next().await {
+            acks += 1;
+        }
+    }
+    p.kill().await;
+    s.crash().await;
+
+    let s = start(dir.path()).await;
+    let (mut c, ack) = connect_with(opts(s.addr, "crashy", false)).await;
+    assert!(ack.session_present);
+    let mut got: Vec<(String, bool)> = Vec::new();
+    for _ in 0..3 {
+        let m = c.publish().await;
+        got.push((body(&m).to_string(), m.retain));
+    }
+    assert_eq!(
+        got,
+        [
+            ("old".to_string(), false),
+            ("retained".to_string(), false),
+            ("queued".to_string(), false)
+        ]
+    );
+    let mut fresh = connect(s.addr, "fresh", true).await;
+    fresh.sub("k/r", QoS::AtLeastOnce).await;
+    let m = fresh.publish().await;
+    assert_eq!((body(&m), m.retain), ("retained", true));
+    assert!(fresh
+        .publish_within(Duration::from_millis(300))
+        .await
+        .is_none());
+    c.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacked_messages_are_resent_with_dup_after_reconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    // a raw client that never acks
+    let mut raw = Raw::connect(s.addr, "lazy", false).await;
+    assert_eq!(raw.connack().await, (false, 0));
+    raw.send(&Packet::Subscribe(Subscribe {
+        pkid: 1,
+        filters: vec![("d/#".into(), 1)],
+    }))
+    .await;
+    assert!(matches!(raw.recv().await, Some(Packet::SubAck(_))));
+    let p = connect(s.addr, "p", true).await;
+    p.c.publish("d/1", QoS::AtLeastOnce, false, "once")
+        .await
+        .unwrap();
+    let Some(Packet::Publish(first)) = raw.recv().await else {
+        panic!()
+    };
+    assert!(!first.dup);
+    drop(raw);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut raw = Raw::connect(s.addr, "lazy", false).await;
+    assert_eq!(raw.connack().await, (true, 0));
+    let Some(Packet::Publish(again)) = raw.recv().await else {
+        panic!()
+    };
+    assert!(again.dup, "resent with DUP");
+    assert_eq!(again.payload.as_ref(), b"once");
+    raw.send(&Packet::PubAck(again.pkid)).await;
+    raw.send(&Packet::Disconnect).await;
+    p.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_disconnects_the_first_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut first = connect(s.addr, "same", true).await;
+    first.sub("t", QoS::AtMostOnce).await;
+    let mut second = connect(s.addr, "same", true).await;
+    assert!(
+        first.closed().await,
+        "first connection closed by the takeover"
+    );
+    second.sub("t", QoS::AtMostOnce).await;
+    let p = connect(s.addr, "p", true).await;
+    p.c.publish("t", QoS::AtMostOnce, false, "hi")
+        .await
+        .unwrap();
+    assert_eq!(body(&second.publish().await), "hi");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbound_qos2_is_exactly_once_with_dup_resends() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut sub = connect(s.addr, "sub", true).await;
+    sub.sub("e", QoS::ExactlyOnce).await;
+    let mut raw = Raw::connect(s.addr, "q2", true).await;
+    raw.connack().await;
+    let mut pubp = Publish {
+        dup: false,
+        qos: 2,
+        retain: false,
+        topic: "e".into(),
+        pkid: 7,
+        payload: Bytes::from_static(b"x"),
+    };
+    raw.send(&Packet::Publish(pubp.clone())).await;
+    assert_eq!(raw.recv().await, Some(Packet::PubRec(7)));
+    pubp.dup = true;
+    raw.send(&Packet::Publish(pubp)).await;
+    assert_eq!(raw.recv().await, Some(Packet::PubRec(7)));
+    raw.send(&Packet::PubRel(7)).await;
+    assert_eq!(raw.recv().await, Some(Packet::PubComp(7)));
+    assert_eq!(body(&sub.publish().await), "x");
+    assert!(sub
+        .publish_within(Duration::from_millis(300))
+        .await
+        .is_none());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_connects_get_their_return_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    // CONNACK 1: protocol level 5
+    let mut raw = Raw::open(s.addr).await;
+    raw.write(&[
+        0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 5, 2, 0, 60, 0, 0, 0, 0,
+    ])
+    .await;
+    // (a v5 CONNECT has properties; the server answers from the level alone)
+    assert_eq!(raw.connack().await, (false, 1));
+    assert!(raw.eof().await);
+    // MQIsdp level 3 is accepted
+    let mut raw = Raw::open(s.addr).await;
+    raw.send(&Packet::Connect(Connect {
+        protocol_name: "MQIsdp".into(),
+        protocol_level: 3,
+        ..connect_packet("old", true)
+    }))
+    .await;
+    assert_eq!(raw.connack().await, (false, 0));
+    // CONNACK 2: empty client id with clean session 0
+    let mut raw = Raw::connect(s.addr, "", false).await;
+    assert_eq!(raw.connack().await, (false, 2));
+    assert!(raw.eof().await);
+    // empty id with clean session 1 is assigned one
+    let mut raw = Raw::connect(s.addr, "", true).await;
+    assert_eq!(raw.connack().await, (false, 0));
+    // CONNACK 4: bad password
+    let mut raw = Raw::open(s.addr).await;
+    raw.send(&Packet::Connect(Connect {
+        username: Some("guest".into()),
+        password: Some(Bytes::from_static(b"wrong")),
+        ..connect_packet("x", true)
+    }))
+    .await;
+    assert_eq!(raw.connack().await, (false, 4));
+    // first packet not CONNECT: closed
+    let mut raw = Raw::open(s.addr).await;
+    raw.send(&Packet::PingReq).await;
+    assert!(raw.eof().await);
+    // CONNACK 5: no user name from a non-loopback peer
+    let (a, b) = tokio::io::duplex(4096);
+    let peer: SocketAddr = "192.0.2.1:5555".parse().unwrap();
+    let h = tokio::spawn(serve(a, peer, s.ctx.clone()));
+    let mut raw = Raw {
+        s: Box::new(b),
+        buf: BytesMut::new(),
+    };
+    raw.send(&Packet::Connect(connect_packet("remote", true)))
+        .await;
+    assert_eq!(raw.connack().await, (false, 5));
+    h.await.unwrap().unwrap();
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_packet_closes_only_that_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut good = connect(s.addr, "good", true).await;
+    good.sub("ok", QoS::AtMostOnce).await;
+    let mut bad = Raw::connect(s.addr, "bad", true).await;
+    bad.connack().await;
+    // SUBSCRIBE with reserved flags 0000
+    bad.write(&[0x80, 6, 0, 1, 0, 1, b'a', 0]).await;
+    assert!(bad.eof().await);
+    // a PUBLISH to a wildcard topic
+    let mut bad = Raw::connect(s.addr, "bad2", true).await;
+    bad.connack().await;
+    bad.write(&[0x30, 3, 0, 1, b'#']).await;
+    assert!(bad.eof().await);
+    // an oversized packet before CONNECT (64 KiB limit) is refused from its header
+    let mut bad = Raw::open(s.addr).await;
+    bad.write(&[0x10, 0x80, 0x80, 0x08]).await;
+    assert!(bad.eof().await);
+    let p = connect(s.addr, "p", true).await;
+    p.c.publish("ok", QoS::AtMostOnce, false, "still")
+        .await
+        .unwrap();
+    assert_eq!(body(&good.publish().await), "still");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sys_topics_are_retained() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut c = connect(s.addr, "sys", true).await;
+    s.ctx.state.publish_sys();
+    c.sub("$SYS/broker/clients/connected", QoS::AtMostOnce)
+        .await;
+    let m = c.publish().await;
+    assert!(m.retain);
+    assert_eq!(body(&m), "1");
+    s.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalive_lapse_closes_and_publishes_the_will() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = context(open_broker(dir.path()));
+    let (a, b) = tokio::io::duplex(4096);
+    let h = tokio::spawn(serve(a, "127.0.0.1:1".parse().unwrap(), ctx.clone()));
+    let mut raw = Raw {
+        s: Box::new(b),
+        buf: BytesMut::new(),
+    };
+    raw.send(&Packet::Connect(Connect {
+        keep_alive: 2,
+        will: Some(Will {
+            topic: "ka/will".into(),
+            payload: Bytes::from_static(b"late"),
+            qos: 0,
+            retain: true,
+        }),
+        ..connect_packet("ka", true)
+    }))
+    .await;
+    assert_eq!(raw.connack().await, (false, 0));
+    let t0 = tokio::time::Instant::now();
+    // pings every 2 s keep it alive past the 3 s limit
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        raw.send(&Packet::PingReq).await;
+        assert_eq!(raw.recv().await, Some(Packet::PingResp));
+    }
+    assert!(raw.eof().await);
+    let lived = t0.elapsed();
+    assert!(
+        lived >= Duration::from_secs(9) && lived < Duration::from_secs(10),
+        "{lived:?}"
+    );
+    assert!(matches!(
+        h.await.unwrap(),
+        Err(triad_mqtt::MqttError::Timeout(_))
+    ));
+    let vs = ctx.state.vhost_state("/").unwrap();
+    let will = vs.retained.matching("ka/#");
+    assert_eq!(will.len(), 1, "the will was published (and retained)");
+}
+
+#[test]
+fn many_retained_messages_are_rebuilt_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let ctx = context(open_broker(dir.path()));
+        let vs = ctx.state.vhost_state("/").unwrap();
+        for i in 0..6000 {
+            let d = vs
+                .retained
+                .set(&format!("dev/{i}/t"), Bytes::from(i.to_string()), 1, true)
+                .unwrap();
+            if i == 5999 {
+                d.unwrap().wait().unwrap();
+            }
+        }
+        // replaced and cleared ones do not come back
+        vs.retained
+            .set("dev/0/t", Bytes::from_static(b"new"), 1, true)
+            .unwrap();
+        vs.retained.set("dev/1/t", Bytes::new(), 1, true).unwrap();
+    }
+    let ctx = context(open_broker(dir.path()));
+    let vs = ctx.state.vhost_state("/").unwrap();
+    assert_eq!(vs.retained.len(), 5999);
+    assert_eq!(vs.retained.matching("dev/0/+")[0].payload.as_ref(), b"new");
+    assert!(vs.retained.matching("dev/1/#").is_empty());
+    assert_eq!(vs.retained.matching("dev/5999/t")[0].qos, 1);
+}
+
+fn connect_packet(id: &str, clean: bool) -> Connect {
+    Connect {
+        protocol_name: "MQTT".into(),
+        protocol_level: 4,
+        clean_session: clean,
+        keep_alive: 30,
+        client_id: id.into(),
+        will: None,
+        username: None,
+        password: None,
+    }
+}
+
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// A raw MQTT client over the codec.
+struct Raw {
+    s: Box<dyn Io>,
+    buf: BytesMut,
+}
+
+impl Raw {
+    async fn open(addr: SocketAddr) -> Raw {
+        Raw {
+            s: Box::new(TcpStream::connect(addr).await.unwrap()),
+            buf: BytesMut::new(),
+        }
+    }
+
+    async fn connect(addr: SocketAddr, id: &str, clean: bool) -> Raw {
+        let mut r = Raw::open(addr).await;
+        r.send(&Packet::Connect(connect_packet(id, clean))).await;
+        r
+    }
+
+    async fn write(&mut self, b: &[u8]) {
+        self.s.write_all(b).await.unwrap();
+    }
+
+    async fn send(&mut self, p: &Packet) {
+        let mut b = BytesMut::new();
+        codec::encode(p, &mut b);
+        self.write(&b).await;
+    }
+
+    async fn recv(&mut self) -> Option<Packet> {
+        loop {
+            if let Some(p) = codec::decode(&mut self.buf, &codec::Limits::default()).unwrap() {
+                return Some(p);
+            }
+            let n = tokio::time::timeout(Duration::from_secs(5), self.s.read_buf(&mut self.buf))
+                .await
+                .ok()?
+                .ok()?;
+            if n == 0 {
+                return None;
+            }
+        }
+    }
+
+    async fn connack(&mut self) -> (bool, u8) {
+        match self.recv().await {
+            Some(Packet::ConnAck {
+                session_present,
+                code,
+            }) => (session_present, code),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    async fn eof(&mut self) -> bool {
+        let mut b = [0u8; 64];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.s.read(&mut b)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+}
