@@ -29,3 +29,34 @@ pub async fn amqp(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) -> Conn
         .map(|()| Cow::Borrowed("closed"))
         .map_err(|e| e.into())
 }
+
+/// Serves one STOMP 1.0-1.2 connection.
+pub async fn stomp(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+    let mut sctx = triad_stomp::StompContext::new(ctx.broker.clone(), ctx.shutdown.clone());
+    sctx.default_user = ctx.config.auth.default_user.clone();
+    sctx.default_pass = ctx.config.auth.default_pass.clone();
+    sctx.handshake_timeout = ctx.config.limits.handshake_timeout.get();
+    triad_stomp::serve(stream, peer, sctx)
+        .await
+        .map(|()| Cow::Borrowed("closed"))
+        .map_err(|e| e.into())
+}
+
+/// Serves one MQTT 3.1.1 connection.
+pub async fn mqtt(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+    let mctx = triad_mqtt::MqttContext {
+        broker: ctx.broker.clone(),
+        state: ctx.mqtt.clone(),
+        default_user: ctx.config.auth.default_user.clone(),
+        default_pass: ctx.config.auth.default_pass.clone(),
+        limits: triad_mqtt::MqttLimits {
+            connect_timeout: ctx.config.limits.handshake_timeout.get(),
+            ..triad_mqtt::MqttLimits::default()
+        },
+        shutdown: ctx.shutdown.clone(),
+    };
+    triad_mqtt::serve(stream, peer, mctx)
+        .await
+        .map(|()| Cow::Borrowed("closed"))
+        .map_err(|e| e.into())
+}

@@ -334,17 +334,11 @@ mod tests {
         use crate::config::Config;
         use crate::listener::Proto;
         use crate::units::HumanDuration;
-        use std::sync::Arc;
         use tokio_util::sync::CancellationToken;
 
         let mut config = Config::default();
         config.limits.handshake_timeout = HumanDuration(timeout);
-        let ctx = ConnContext {
-            proto: Proto::Http,
-            config: Arc::new(config),
-            shutdown: CancellationToken::new(),
-            broker: crate::listener::test_broker(),
-        };
+        let ctx = crate::listener::test_ctx(Proto::Http, config, &CancellationToken::new());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

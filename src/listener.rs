@@ -76,6 +76,8 @@ pub struct ConnContext {
     pub shutdown: CancellationToken,
     /// The broker core every adapter talks to.
     pub broker: Arc<triad_core::Broker>,
+    /// MQTT's broker-wide state: client-id registry, retained messages, `$SYS`.
+    pub mqtt: Arc<triad_mqtt::MqttState>,
 }
 
 /// A protocol's connection driver. Implemented for every
@@ -105,7 +107,8 @@ where
     }
 }
 
-/// The handler of protocols whose adapter is not wired in yet: closes at once.
+/// A handler that closes at once (tests of the listener itself).
+#[cfg(test)]
 pub async fn not_implemented(
     _stream: TcpStream,
     _peer: SocketAddr,
@@ -242,6 +245,19 @@ pub(crate) fn test_broker() -> Arc<triad_core::Broker> {
     triad_core::Broker::open(store, triad_core::CoreConfig::default()).expect("broker")
 }
 
+/// A context for tests.
+#[cfg(test)]
+pub(crate) fn test_ctx(proto: Proto, config: Config, shutdown: &CancellationToken) -> ConnContext {
+    let broker = test_broker();
+    ConnContext {
+        proto,
+        config: Arc::new(config),
+        shutdown: shutdown.clone(),
+        mqtt: triad_mqtt::MqttState::new(broker.clone()).expect("mqtt state"),
+        broker,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,12 +265,7 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     fn ctx(proto: Proto, shutdown: &CancellationToken) -> ConnContext {
-        ConnContext {
-            proto,
-            config: Arc::new(Config::default()),
-            shutdown: shutdown.clone(),
-            broker: test_broker(),
-        }
+        test_ctx(proto, Config::default(), shutdown)
     }
 
     #[tokio::test]

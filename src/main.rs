@@ -42,13 +42,15 @@ use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 use triad::cli::Cli;
 use triad::config::{Config, ConfigError};
-use triad::listener::{self, ConnContext, Listener, Proto};
+use triad::listener::{ConnContext, Listener, Proto};
 use triad_store::store::Store;
 
 /// How long shutdown waits for open connections before closing the store anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How often the core's timers run (message TTL at queue heads, `x-expires`).
 const TICK: Duration = Duration::from_millis(250);
+/// How often MQTT `$SYS/broker/...` topics are published (Mosquitto: 10 s).
+const SYS_INTERVAL: Duration = Duration::from_secs(10);
 /// Concurrent HTTP connections (health probes, later the management API).
 const HTTP_MAX_CONNECTIONS: usize = 64;
 
@@ -150,6 +152,9 @@ async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::
 
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
+    let mqtt = triad_mqtt::MqttState::new(Arc::clone(&broker))
+        .context("cannot load the MQTT retained messages and sessions")?;
+    mqtt.spawn_sys(SYS_INTERVAL, shutdown.clone());
     let conn_limit = match config.limits.max_connections {
         0 => None,
         n => Some(Arc::new(Semaphore::new(n as usize))),
@@ -164,6 +169,7 @@ async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::
             config: Arc::clone(&config),
             shutdown: shutdown.clone(),
             broker: Arc::clone(&broker),
+            mqtt: Arc::clone(&mqtt),
         };
         // The protocol adapters plug in here, one `Handler` per protocol.
         match proto {
@@ -187,10 +193,20 @@ async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::
                 );
                 tracker.spawn(l.run());
             }
-            Proto::Stomp | Proto::Mqtt => {
+            Proto::Stomp => {
                 let l = Listener::new(
                     socket,
-                    listener::not_implemented,
+                    triad::adapters::stomp,
+                    ctx,
+                    conn_limit.clone(),
+                    tracker.clone(),
+                );
+                tracker.spawn(l.run());
+            }
+            Proto::Mqtt => {
+                let l = Listener::new(
+                    socket,
+                    triad::adapters::mqtt,
                     ctx,
                     conn_limit.clone(),
                     tracker.clone(),

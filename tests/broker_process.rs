@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -50,27 +50,34 @@ fn listeners_bind_distinct_ephemeral_ports() {
 }
 
 #[test]
-fn unimplemented_protocols_accept_and_close() {
+fn every_listener_speaks_its_protocol() {
     let broker = TestBroker::start();
-    for (proto, addr) in [
-        ("amqp", broker.amqp_addr()),
-        ("stomp", broker.stomp_addr()),
-        ("mqtt", broker.mqtt_addr()),
-    ] {
+    let talk = |addr, send: &[u8], want: usize| -> Vec<u8> {
         let mut s = TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
-        let mut buf = Vec::new();
-        // The connection is closed by the broker (EOF or, on a race, a reset).
-        let _ = s.read_to_end(&mut buf);
-        broker.wait_for_log(
-            &format!(
-                "connection closed peer={} proto={proto} reason=",
-                s.local_addr().expect("addr")
-            ),
-            Duration::from_secs(10),
-        );
-    }
+        s.write_all(send).expect("write");
+        let mut buf = vec![0u8; want];
+        s.read_exact(&mut buf).expect("reply");
+        buf
+    };
+    // AMQP: a wrong protocol header is answered with the one the server speaks
+    assert_eq!(
+        talk(broker.amqp_addr(), b"AMQP\x00\x00\x08\x00", 8),
+        b"AMQP\x00\x00\x09\x01"
+    );
+    // STOMP: CONNECT gets CONNECTED
+    let reply = talk(
+        broker.stomp_addr(),
+        b"CONNECT\naccept-version:1.2\nhost:localhost\n\n\x00",
+        10,
+    );
+    assert_eq!(&reply, b"CONNECTED\n");
+    // MQTT: CONNECT (3.1.1, clean session, client id "t") gets CONNACK accepted
+    let connect = [
+        0x10, 13, 0, 4, b'M', b'Q', b'T', b'T', 4, 2, 0, 60, 0, 1, b't',
+    ];
+    assert_eq!(talk(broker.mqtt_addr(), &connect, 4), [0x20, 2, 0, 0]);
 }
 
 #[test]
