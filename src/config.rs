@@ -154,7 +154,25 @@ pub struct Limits {
     pub channel_max: u16,
     /// Open connections over all protocols; 0 = unlimited.
     pub max_connections: u32,
+    /// Memory alarm: publishers are blocked while the broker's resident memory is above
+    /// this fraction of the machine's RAM (RabbitMQ's `vm_memory_high_watermark`).
+    pub memory_high_watermark: Ratio,
+    /// Disk alarm: publishers are blocked while the data directory's file system has less
+    /// free space than this (RabbitMQ's `disk_free_limit`).
+    pub disk_free_limit: ByteSize,
 }
+
+/// A fraction between 0 and 1, as written in the file (`0.4`).
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(transparent)]
+pub struct Ratio(pub f64);
+
+impl PartialEq for Ratio {
+    fn eq(&self, other: &Ratio) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+impl Eq for Ratio {}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -165,6 +183,8 @@ impl Default for Limits {
             heartbeat: HumanDuration::secs(60),
             channel_max: 2047,
             max_connections: 0,
+            memory_high_watermark: Ratio(0.4),
+            disk_free_limit: ByteSize::mib(50),
         }
     }
 }
@@ -193,6 +213,14 @@ impl Config {
 
     /// Checks values that parse but make no sense together or for a protocol.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let w = self.limits.memory_high_watermark.0;
+        if !(w > 0.0 && w <= 1.0) {
+            return Err(invalid(
+                "limits.memory_high_watermark",
+                w.to_string(),
+                "must be a fraction of RAM above 0 and at most 1",
+            ));
+        }
         for proto in Proto::ALL {
             let key = match proto {
                 Proto::Amqp => "listeners.amqp",

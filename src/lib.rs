@@ -15,4 +15,5 @@ pub mod cli;
 pub mod config;
 pub mod http;
 pub mod listener;
+pub mod monitor;
 pub mod units;

@@ -223,6 +223,11 @@ async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut store_failed = None;
+    let monitor = triad::monitor::ResourceMonitor::new(
+        &config.store.data_dir,
+        config.limits.memory_high_watermark.0,
+        config.limits.disk_free_limit.bytes(),
+    );
     let signal_name = loop {
         tokio::select! {
             _ = sigterm.recv() => break "SIGTERM",
@@ -232,6 +237,7 @@ async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::
                     store_failed = Some(e);
                     break "store failure";
                 }
+                broker.set_alarms(monitor.check());
                 let b = Arc::clone(&broker);
                 // the core's timers may read the store: keep them off the async workers
                 let _ = tokio::task::spawn_blocking(move || b.tick()).await;

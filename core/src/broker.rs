@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 use triad_store::store::Store;
 
+use crate::alarm::Alarms;
 use crate::error::CoreError;
 use crate::vhost::Vhost;
 use crate::ResourceKind;
@@ -74,6 +75,7 @@ pub struct Broker {
     cfg: CoreConfig,
     vhosts: RwLock<HashMap<String, Arc<Vhost>>>,
     next_conn: AtomicU64,
+    alarms: tokio::sync::watch::Sender<Alarms>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -106,6 +108,7 @@ impl Broker {
             cfg,
             vhosts: RwLock::new(vhosts),
             next_conn: AtomicU64::new(1),
+            alarms: tokio::sync::watch::Sender::new(Alarms::default()),
         }))
     }
 
@@ -185,6 +188,31 @@ impl Broker {
             .meta()
             .put(VHOSTS, &VhostList { vhosts: names })?;
         Ok(vh)
+    }
+
+    /// Watches the resource alarms (adapters block publishers while any is raised).
+    pub fn alarms(&self) -> tokio::sync::watch::Receiver<Alarms> {
+        self.alarms.subscribe()
+    }
+
+    /// The alarms now.
+    pub fn current_alarms(&self) -> Alarms {
+        *self.alarms.borrow()
+    }
+
+    /// Raises or clears alarms (the broker process's resource monitor).
+    pub fn set_alarms(&self, alarms: Alarms) {
+        let changed = self.alarms.send_if_modified(|a| {
+            let changed = *a != alarms;
+            *a = alarms;
+            changed
+        });
+        if changed {
+            match alarms.reason() {
+                Some(r) => tracing::warn!(reason = r, "resource alarm raised: blocking publishers"),
+                None => tracing::info!("resource alarms cleared: publishers unblocked"),
+            }
+        }
     }
 
     /// A fresh connection id.

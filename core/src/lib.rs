@@ -10,6 +10,7 @@
 //! - [`routing`]: exchange kinds, binding tables, the topic trie, the headers match
 //!   rule, and a vhost's [`Topology`], which resolves a publish to its set of queues.
 //! - [`error`]: [`CoreError`], one variant per condition the adapters map.
+//! - [`alarm`]: memory and disk [`Alarms`] that block publishers.
 //! - [`broker`]: the [`Broker`]: users, vhosts, connections, timers.
 //! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
@@ -25,6 +26,7 @@
 )]
 #![warn(missing_docs)]
 
+pub mod alarm;
 pub mod broker;
 mod encoding;
 pub mod envelope;
@@ -36,6 +38,7 @@ pub mod routing;
 pub mod value;
 pub mod vhost;
 
+pub use alarm::Alarms;
 pub use broker::{Broker, ConnectionId, CoreConfig, User, UserConfig};
 pub use error::{CoreError, ResourceKind};
 pub use message::{Message, Properties};

@@ -114,6 +114,9 @@ where
     let mut closing_since: Option<Instant> = None;
     let mut fatal = false;
     let mut shutdown_seen = false;
+    let mut alarms = ctx.broker.alarms();
+    let mut blocked = false;
+    let mut told_blocked = false;
     session.start();
 
     loop {
@@ -162,13 +165,34 @@ where
             next = next.min(t + cfg.close_timeout);
         }
         let open = session.is_open();
+        if open && blocked != told_blocked {
+            session.set_blocked(if blocked {
+                ctx.broker.current_alarms().reason()
+            } else {
+                None
+            });
+            told_blocked = blocked;
+            continue;
+        }
+        // While an alarm is raised, a connection that publishes is not read from (its
+        // client sees connection.blocked); consumers keep draining.
+        let reading = !(blocked && session.has_published());
+        if !reading {
+            // the peer's silence is ours while we do not read: no heartbeat timeout
+            last_read = Instant::now();
+        }
 
         tokio::select! {
             _ = ctx.shutdown.cancelled(), if !shutdown_seen => {
                 shutdown_seen = true;
                 session.shutdown();
             }
-            r = stream.read_buf(rbuf) => {
+            r = alarms.changed() => {
+                if r.is_ok() {
+                    blocked = alarms.borrow_and_update().any();
+                }
+            }
+            r = stream.read_buf(rbuf), if reading => {
                 if r? == 0 {
                     return Ok(());
                 }
@@ -198,7 +222,7 @@ where
                     return Ok(());
                 }
                 if !hb.is_zero() && session.is_open() {
-                    if now >= last_read + hb * 2 {
+                    if reading && now >= last_read + hb * 2 {
                         tracing::debug!("missed heartbeats");
                         session.abort();
                         return Ok(());

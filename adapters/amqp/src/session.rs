@@ -63,6 +63,7 @@ pub struct Session {
     pub(crate) out: Vec<Frame>,
     pub(crate) ctag_seq: u64,
     blocked_capable: bool,
+    published: bool,
     torn_down: bool,
 }
 
@@ -154,6 +155,7 @@ impl Session {
             out: Vec::new(),
             ctag_seq: 0,
             blocked_capable: false,
+            published: false,
             torn_down: false,
         }
     }
@@ -252,10 +254,23 @@ impl Session {
         self.send(0, AMQPClass::Connection(m));
     }
 
+    /// Whether this connection has published (alarms block reading from publishers).
+    pub fn has_published(&self) -> bool {
+        self.published
+    }
+
     /// Handles one decoded frame.
     pub fn handle(&mut self, frame: Frame) {
         if matches!(self.state, State::Closed) {
             return;
+        }
+        if let Frame::Method(_, m) = &frame {
+            if matches!(
+                **m,
+                AMQPClass::Basic(amq_protocol::protocol::basic::AMQPMethod::Publish(_))
+            ) {
+                self.published = true;
+            }
         }
         if let Err(e) = self.dispatch(frame) {
             self.fail(e);

@@ -329,6 +329,7 @@ where
             connect.keep_alive,
             &kick,
             &ctx.shutdown,
+            ctx.broker.alarms(),
         )
         .await;
 
@@ -449,10 +450,13 @@ impl Conn {
         keep_alive: u16,
         kick: &CancellationToken,
         shutdown: &CancellationToken,
+        mut alarms: tokio::sync::watch::Receiver<triad_core::Alarms>,
     ) -> End
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
+        let mut blocked = alarms.borrow_and_update().any();
+        let mut published = false;
         // [MQTT-3.1.2-24]: one and a half times the keep alive
         let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
         let far = Duration::from_secs(365 * 24 * 3600);
@@ -466,6 +470,7 @@ impl Conn {
                         if let Some(ka) = ka {
                             sleep.as_mut().reset(tokio::time::Instant::now() + ka);
                         }
+                        published |= matches!(p, Packet::Publish(_));
                         match self.handle(p) {
                             Ok(false) => {}
                             Ok(true) => break 'outer End::Disconnect,
@@ -503,11 +508,24 @@ impl Conn {
             if rbuf.capacity() - rbuf.len() < 1024 {
                 rbuf.reserve(4096);
             }
+            // While a resource alarm is raised, a client that publishes is not read from
+            // (subscribers keep draining); its keep-alive clock stops meanwhile.
+            let alarm_blocked = blocked && published;
+            if alarm_blocked {
+                if let Some(ka) = ka {
+                    sleep.as_mut().reset(tokio::time::Instant::now() + ka);
+                }
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => break End::Shutdown,
                 _ = kick.cancelled() => break End::Takeover,
+                r = alarms.changed() => {
+                    if r.is_ok() {
+                        blocked = alarms.borrow_and_update().any();
+                    }
+                }
                 // stop reading while too many acks wait for the disk (back-pressure)
-                r = stream.read_buf(rbuf), if self.pending.len() < MAX_PENDING => match r {
+                r = stream.read_buf(rbuf), if self.pending.len() < MAX_PENDING && !alarm_blocked => match r {
                     Ok(0) => break End::PeerClosed,
                     Ok(_) => {}
                     Err(e) => break End::Error(e.into()),
@@ -518,7 +536,7 @@ impl Conn {
                         break End::Error(e);
                     }
                 }
-                _ = &mut sleep, if ka.is_some() => break End::Error(MqttError::Timeout("keep alive")),
+                _ = &mut sleep, if ka.is_some() && !alarm_blocked => break End::Error(MqttError::Timeout("keep alive")),
             }
         }
     }

@@ -146,6 +146,9 @@ where
     let mut last_read = Instant::now();
     let mut last_write = Instant::now();
     let mut was_connected = false;
+    let mut alarms = ctx.broker.alarms();
+    let mut blocked = alarms.borrow_and_update().any();
+    let mut published = false;
 
     loop {
         let more_events = if !closing && session.is_connected() {
@@ -210,7 +213,13 @@ where
         let far = Instant::now() + Duration::from_secs(86_400);
         let send_at = send_iv.map(|d| last_write + d).unwrap_or(far);
         let silent_at = recv_iv.map(|d| last_read + d * 2).unwrap_or(far);
-        let reading = !disconnecting && receipts.len() < MAX_PENDING_RECEIPTS;
+        // While a resource alarm is raised, connections that publish are not read from
+        // (consumers keep draining); their silence then is ours, not a dead peer.
+        let alarm_blocked = blocked && published;
+        if alarm_blocked {
+            last_read = Instant::now();
+        }
+        let reading = !disconnecting && receipts.len() < MAX_PENDING_RECEIPTS && !alarm_blocked;
         let connected = session.is_connected();
 
         tokio::select! {
@@ -227,6 +236,7 @@ where
                     match codec::decode_with(&mut rbuf, &limits, session.dialect()) {
                         Ok(Some(frame)) => {
                             tracing::trace!(command = %frame.command, "frame");
+                            published |= frame.command == crate::frame::Command::Send;
                             session.handle(frame, &mut actions);
                             if actions.iter().any(|a| matches!(a, Action::Close | Action::Disconnect)) {
                                 break;
@@ -238,6 +248,11 @@ where
                             break;
                         }
                     }
+                }
+            }
+            r = alarms.changed() => {
+                if r.is_ok() {
+                    blocked = alarms.borrow_and_update().any();
                 }
             }
             _ = outbox.notified(), if connected && !more_events => {}
@@ -258,7 +273,7 @@ where
             _ = sleep_until(send_at), if send_iv.is_some() => {
                 wbuf.put_slice(HEARTBEAT);
             }
-            _ = sleep_until(silent_at), if recv_iv.is_some() => {
+            _ = sleep_until(silent_at), if recv_iv.is_some() && !alarm_blocked => {
                 tracing::debug!("no heart-beat from the peer within twice the interval; closing");
                 return Ok(());
             }
