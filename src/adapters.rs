@@ -1,15 +1,59 @@
 //! Glue between the listeners and the protocol adapters: each function turns the
-//! broker-wide [`ConnContext`] into its adapter's context and serves one connection.
+//! broker-wide [`ConnContext`] into its adapter's context and serves one connection,
+//! over any [`Stream`]: plain TCP or TLS. The unit types [`Amqp`], [`Stomp`] and
+//! [`Mqtt`] are the same functions as [`Service`]s, for the TLS listeners.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::net::SocketAddr;
 
-use tokio::net::TcpStream;
+use crate::listener::{ConnContext, ConnResult, Service, Stream};
 
-use crate::listener::{ConnContext, ConnResult};
+/// [`amqp`] as a [`Service`].
+#[derive(Clone, Copy, Debug)]
+pub struct Amqp;
+/// [`stomp`] as a [`Service`].
+#[derive(Clone, Copy, Debug)]
+pub struct Stomp;
+/// [`mqtt`] as a [`Service`].
+#[derive(Clone, Copy, Debug)]
+pub struct Mqtt;
+
+impl Service for Amqp {
+    fn serve<S: Stream>(
+        &self,
+        stream: S,
+        peer: SocketAddr,
+        ctx: ConnContext,
+    ) -> impl Future<Output = ConnResult> + Send + 'static {
+        amqp(stream, peer, ctx)
+    }
+}
+
+impl Service for Stomp {
+    fn serve<S: Stream>(
+        &self,
+        stream: S,
+        peer: SocketAddr,
+        ctx: ConnContext,
+    ) -> impl Future<Output = ConnResult> + Send + 'static {
+        stomp(stream, peer, ctx)
+    }
+}
+
+impl Service for Mqtt {
+    fn serve<S: Stream>(
+        &self,
+        stream: S,
+        peer: SocketAddr,
+        ctx: ConnContext,
+    ) -> impl Future<Output = ConnResult> + Send + 'static {
+        mqtt(stream, peer, ctx)
+    }
+}
 
 /// Serves one AMQP 0-9-1 connection.
-pub async fn amqp(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+pub async fn amqp<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
     let limits = &ctx.config.limits;
     let config = triad_amqp::AmqpConfig {
         frame_max: u32::try_from(limits.frame_max.bytes()).unwrap_or(u32::MAX),
@@ -31,7 +75,7 @@ pub async fn amqp(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) -> Conn
 }
 
 /// Serves one STOMP 1.0-1.2 connection.
-pub async fn stomp(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+pub async fn stomp<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
     let mut sctx = triad_stomp::StompContext::new(ctx.broker.clone(), ctx.shutdown.clone());
     sctx.default_user = ctx.config.auth.default_user.clone();
     sctx.default_pass = ctx.config.auth.default_pass.clone();
@@ -43,7 +87,7 @@ pub async fn stomp(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) -> Con
 }
 
 /// Serves one MQTT 3.1.1 connection.
-pub async fn mqtt(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+pub async fn mqtt<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
     let mctx = triad_mqtt::MqttContext {
         broker: ctx.broker.clone(),
         state: ctx.mqtt.clone(),

@@ -29,6 +29,27 @@ pub struct Cli {
     /// HTTP (health, management) listen address; overrides listeners.http.
     #[arg(long, value_name = "HOST:PORT")]
     pub http_listen: Option<String>,
+    /// AMQP-over-TLS listen address; overrides listeners.amqps (needs --tls-cert/--tls-key).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub amqps_listen: Option<String>,
+    /// STOMP-over-TLS listen address; overrides listeners.stomps.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub stomps_listen: Option<String>,
+    /// MQTT-over-TLS listen address; overrides listeners.mqtts.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub mqtts_listen: Option<String>,
+    /// HTTPS listen address; overrides listeners.https.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub https_listen: Option<String>,
+    /// PEM certificate chain for the TLS listeners; overrides tls.cert_file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of that certificate; overrides tls.key_file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle for client certificates; overrides tls.ca_file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
     /// Cut the commitlog at corruption inside a sealed segment instead of refusing to start.
     #[arg(long)]
     pub repair: bool,
@@ -46,9 +67,23 @@ impl Cli {
             (&self.stomp_listen, &mut l.stomp),
             (&self.mqtt_listen, &mut l.mqtt),
             (&self.http_listen, &mut l.http),
+            (&self.amqps_listen, &mut l.amqps),
+            (&self.stomps_listen, &mut l.stomps),
+            (&self.mqtts_listen, &mut l.mqtts),
+            (&self.https_listen, &mut l.https),
         ] {
             if let Some(addr) = flag {
                 slot.clone_from(addr);
+            }
+        }
+        let t = &mut cfg.tls;
+        for (flag, slot) in [
+            (&self.tls_cert, &mut t.cert_file),
+            (&self.tls_key, &mut t.key_file),
+            (&self.tls_ca, &mut t.ca_file),
+        ] {
+            if flag.is_some() {
+                slot.clone_from(flag);
             }
         }
     }
@@ -70,6 +105,12 @@ mod tests {
             "127.0.0.1:0",
             "--http-listen",
             "127.0.0.1:8080",
+            "--mqtts-listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            "/etc/c.pem",
+            "--tls-key",
+            "/etc/k.pem",
             "--repair",
         ])
         .expect("parses");
@@ -79,6 +120,11 @@ mod tests {
         assert_eq!(cfg.listeners.amqp, "127.0.0.1:0");
         assert_eq!(cfg.listeners.http, "127.0.0.1:8080");
         assert_eq!(cfg.listeners.mqtt, "0.0.0.0:1883");
+        assert_eq!(cfg.listeners.mqtts, "127.0.0.1:0");
+        assert_eq!(cfg.listeners.amqps, "0.0.0.0:5671");
+        assert_eq!(cfg.tls.cert_file, Some(PathBuf::from("/etc/c.pem")));
+        assert_eq!(cfg.tls.key_file, Some(PathBuf::from("/etc/k.pem")));
+        assert_eq!(cfg.tls.ca_file, None);
         assert!(cli.repair);
         assert!(Cli::try_parse_from(["triad", "--amqp"]).is_err());
     }

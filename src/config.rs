@@ -50,9 +50,12 @@ pub struct Config {
     pub store: StoreSection,
     pub auth: Auth,
     pub limits: Limits,
+    pub tls: TlsSection,
 }
 
-/// `HOST:PORT` to listen on per protocol; port 0 binds an ephemeral port.
+/// `HOST:PORT` to listen on per protocol; port 0 binds an ephemeral port. The TLS
+/// listeners (`amqps`, `stomps`, `mqtts`, `https`) are bound only when [`TlsSection`]
+/// names a certificate and key.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Listeners {
@@ -60,6 +63,10 @@ pub struct Listeners {
     pub stomp: String,
     pub mqtt: String,
     pub http: String,
+    pub amqps: String,
+    pub stomps: String,
+    pub mqtts: String,
+    pub https: String,
 }
 
 impl Listeners {
@@ -70,6 +77,24 @@ impl Listeners {
             Proto::Stomp => &self.stomp,
             Proto::Mqtt => &self.mqtt,
             Proto::Http => &self.http,
+            Proto::Amqps => &self.amqps,
+            Proto::Stomps => &self.stomps,
+            Proto::Mqtts => &self.mqtts,
+            Proto::Https => &self.https,
+        }
+    }
+
+    /// The config key of `proto`'s address, for errors.
+    pub fn key(proto: Proto) -> &'static str {
+        match proto {
+            Proto::Amqp => "listeners.amqp",
+            Proto::Stomp => "listeners.stomp",
+            Proto::Mqtt => "listeners.mqtt",
+            Proto::Http => "listeners.http",
+            Proto::Amqps => "listeners.amqps",
+            Proto::Stomps => "listeners.stomps",
+            Proto::Mqtts => "listeners.mqtts",
+            Proto::Https => "listeners.https",
         }
     }
 }
@@ -81,7 +106,38 @@ impl Default for Listeners {
             stomp: "0.0.0.0:61613".into(),
             mqtt: "0.0.0.0:1883".into(),
             http: "0.0.0.0:15672".into(),
+            amqps: "0.0.0.0:5671".into(),
+            stomps: "0.0.0.0:61614".into(),
+            mqtts: "0.0.0.0:8883".into(),
+            https: "0.0.0.0:15671".into(),
         }
+    }
+}
+
+/// TLS for the `amqps`, `stomps`, `mqtts` and `https` listeners (rustls; TLS 1.2 and
+/// 1.3 only). Key names follow RabbitMQ's `ssl_options`. No certificate by default, so
+/// by default no TLS listener is bound. The files are read and checked at startup by
+/// [`crate::tls::server_config`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of that certificate.
+    pub key_file: Option<PathBuf>,
+    /// PEM bundle of the CAs that client certificates are verified against.
+    pub ca_file: Option<PathBuf>,
+    /// Ask clients for a certificate and verify it against `ca_file`; a client that
+    /// presents an invalid one is refused.
+    pub verify_peer: bool,
+    /// With `verify_peer`: also refuse clients that present no certificate.
+    pub fail_if_no_peer_cert: bool,
+}
+
+impl TlsSection {
+    /// Whether the TLS listeners are to be started.
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some() && self.key_file.is_some()
     }
 }
 
@@ -221,15 +277,10 @@ impl Config {
                 "must be a fraction of RAM above 0 and at most 1",
             ));
         }
-        for proto in Proto::ALL {
-            let key = match proto {
-                Proto::Amqp => "listeners.amqp",
-                Proto::Stomp => "listeners.stomp",
-                Proto::Mqtt => "listeners.mqtt",
-                Proto::Http => "listeners.http",
-            };
-            check_listen(key, self.listeners.addr(proto))?;
+        for proto in Proto::ALL.into_iter().chain(Proto::TLS) {
+            check_listen(Listeners::key(proto), self.listeners.addr(proto))?;
         }
+        self.validate_tls()?;
 
         let s = &self.store;
         if s.data_dir.as_os_str().is_empty() {
@@ -316,6 +367,69 @@ impl Config {
         Ok(())
     }
 
+    /// The `[tls]` keys that make no sense together; the files themselves are checked
+    /// when they are loaded ([`crate::tls::server_config`]).
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let t = &self.tls;
+        let shown = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        for (key, path) in [
+            ("tls.cert_file", &t.cert_file),
+            ("tls.key_file", &t.key_file),
+            ("tls.ca_file", &t.ca_file),
+        ] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(invalid(key, "", "must not be empty (leave the key out)"));
+            }
+        }
+        match (&t.cert_file, &t.key_file) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "tls.cert_file",
+                    shown(&t.cert_file).unwrap_or_default(),
+                    "needs tls.key_file too",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "tls.key_file",
+                    shown(&t.key_file).unwrap_or_default(),
+                    "needs tls.cert_file too",
+                ))
+            }
+            _ => {}
+        }
+        if t.verify_peer && t.ca_file.is_none() {
+            return Err(invalid(
+                "tls.verify_peer",
+                true,
+                "needs tls.ca_file (the CAs client certificates are checked against)",
+            ));
+        }
+        if t.fail_if_no_peer_cert && !t.verify_peer {
+            return Err(invalid(
+                "tls.fail_if_no_peer_cert",
+                true,
+                "needs tls.verify_peer = true",
+            ));
+        }
+        if !t.enabled() && (t.ca_file.is_some() || t.verify_peer) {
+            return Err(invalid(
+                if t.verify_peer {
+                    "tls.verify_peer"
+                } else {
+                    "tls.ca_file"
+                },
+                if t.verify_peer {
+                    "true".to_owned()
+                } else {
+                    shown(&t.ca_file).unwrap_or_default()
+                },
+                "needs tls.cert_file and tls.key_file (no TLS listener runs without them)",
+            ));
+        }
+        Ok(())
+    }
+
     /// The store settings this configuration asks for.
     /// The core's settings. Until users can be configured (the security issue), the one
     /// user is `auth.default_user` / `auth.default_pass`.
@@ -384,8 +498,9 @@ mod tests {
         let uncommented: String = text
             .lines()
             .map(|l| {
+                // `#   key = value` (indented) is an example, not a default.
                 l.strip_prefix("# ")
-                    .filter(|r| r.contains(" = "))
+                    .filter(|r| r.contains(" = ") && !r.starts_with(' '))
                     .unwrap_or(l)
             })
             .collect::<Vec<_>>()
@@ -491,6 +606,27 @@ mod tests {
         check("[limits]\nframe_max = 100\n", "limits.frame_max");
         check("[limits]\nheartbeat = \"1500ms\"\n", "limits.heartbeat");
         check("[auth]\ndefault_vhost = \"\"\n", "auth.default_vhost");
+        check("[listeners]\namqps = \"5671\"\n", "listeners.amqps");
+        check("[tls]\ncert_file = \"c.pem\"\n", "tls.cert_file");
+        check("[tls]\nkey_file = \"k.pem\"\n", "tls.key_file");
+        check(
+            "[tls]\ncert_file = \"\"\nkey_file = \"k\"\n",
+            "tls.cert_file",
+        );
+        let tls = "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n";
+        check(&format!("{tls}verify_peer = true\n"), "tls.verify_peer");
+        check(
+            &format!("{tls}ca_file = \"ca.pem\"\nfail_if_no_peer_cert = true\n"),
+            "tls.fail_if_no_peer_cert",
+        );
+        check("[tls]\nca_file = \"ca.pem\"\n", "tls.ca_file");
+        let ok = parse(&format!(
+            "{tls}ca_file = \"ca.pem\"\nverify_peer = true\nfail_if_no_peer_cert = true\n"
+        ))
+        .expect("parses");
+        ok.validate().expect("valid");
+        assert!(ok.tls.enabled());
+        assert!(!Config::default().tls.enabled());
         let ok =
             parse("[listeners]\namqp = \"[::1]:0\"\nhttp = \"localhost:8080\"\n").expect("parses");
         ok.validate().expect("valid");

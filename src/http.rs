@@ -17,10 +17,9 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use crate::listener::{ConnContext, ConnResult};
+use crate::listener::{ConnContext, ConnResult, Service, Stream};
 
 /// Largest request head (request line and headers) read.
 pub const MAX_HEAD: usize = 8 << 10;
@@ -178,7 +177,10 @@ enum Head {
     Eof,
 }
 
-async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<Head> {
+async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Head> {
     let mut chunk = [0u8; 1024];
     loop {
         if let Some(end) = head_end(buf) {
@@ -196,8 +198,24 @@ async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result
     }
 }
 
-/// Serves one request on `stream`; a [`crate::listener::Handler`].
-pub async fn serve(mut stream: TcpStream, _peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+/// [`serve`] as a [`Service`], for the HTTPS listener.
+#[derive(Clone, Copy, Debug)]
+pub struct Http;
+
+impl Service for Http {
+    fn serve<S: Stream>(
+        &self,
+        stream: S,
+        peer: SocketAddr,
+        ctx: ConnContext,
+    ) -> impl std::future::Future<Output = ConnResult> + Send + 'static {
+        serve(stream, peer, ctx)
+    }
+}
+
+/// Serves one request on `stream` (plain TCP or TLS); a [`crate::listener::Handler`]
+/// for the plain listener.
+pub async fn serve<S: Stream>(mut stream: S, _peer: SocketAddr, ctx: ConnContext) -> ConnResult {
     let deadline = ctx.config.limits.handshake_timeout.get();
     let mut buf = Vec::with_capacity(1024);
     let head = tokio::select! {
@@ -347,7 +365,7 @@ mod tests {
             let (s, peer) = listener.accept().await.expect("accept");
             serve(s, peer, ctx).await.map(|r| r.into_owned())
         });
-        let mut client = TcpStream::connect(addr).await.expect("connect");
+        let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
         // The server may answer (and close) before it has read all of a large request.
         let _ = client.write_all(request).await;
         let mut out = Vec::new();

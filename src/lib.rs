@@ -9,6 +9,9 @@
 //!   backoff, one tracked task and span per connection) and the [`listener::Handler`]
 //!   a protocol adapter plugs in as.
 //! - [`http`]: a minimal HTTP/1.1 server for `GET /health`.
+//! - [`adapters`]: glue from a connection to the AMQP, STOMP and MQTT adapters.
+//! - [`tls`]: the TLS listeners' rustls configuration (PEM files, TLS 1.2/1.3, client
+//!   certificates) and the handler that runs the handshake before a protocol.
 
 pub mod adapters;
 pub mod cli;
@@ -16,4 +19,5 @@ pub mod config;
 pub mod http;
 pub mod listener;
 pub mod monitor;
+pub mod tls;
 pub mod units;

@@ -12,7 +12,9 @@
 //!   the handler, inside the spawned task.
 //!
 //! A protocol plugs in as a [`Handler`]: any
-//! `async fn(TcpStream, SocketAddr, ConnContext) -> ConnResult`.
+//! `async fn(TcpStream, SocketAddr, ConnContext) -> ConnResult`. A protocol that can
+//! also run over TLS implements [`Service`] (generic over the byte stream), and
+//! [`crate::tls::TlsHandler`] turns it into the `Handler` of its TLS listener.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -22,6 +24,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -30,17 +33,28 @@ use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::config::Config;
 
-/// The protocols the broker listens for.
+/// The listeners the broker can run: each protocol over plain TCP and over TLS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Proto {
     Amqp,
     Stomp,
     Mqtt,
     Http,
+    /// AMQP over TLS (5671).
+    Amqps,
+    /// STOMP over TLS (61614).
+    Stomps,
+    /// MQTT over TLS (8883).
+    Mqtts,
+    /// The HTTP endpoints over TLS (15671).
+    Https,
 }
 
 impl Proto {
+    /// The plain-TCP listeners, always bound.
     pub const ALL: [Proto; 4] = [Proto::Amqp, Proto::Stomp, Proto::Mqtt, Proto::Http];
+    /// The TLS listeners, bound only when `tls.cert_file` and `tls.key_file` are set.
+    pub const TLS: [Proto; 4] = [Proto::Amqps, Proto::Stomps, Proto::Mqtts, Proto::Https];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -48,6 +62,25 @@ impl Proto {
             Proto::Stomp => "stomp",
             Proto::Mqtt => "mqtt",
             Proto::Http => "http",
+            Proto::Amqps => "amqps",
+            Proto::Stomps => "stomps",
+            Proto::Mqtts => "mqtts",
+            Proto::Https => "https",
+        }
+    }
+
+    pub fn is_tls(self) -> bool {
+        Proto::TLS.contains(&self)
+    }
+
+    /// The protocol spoken inside the transport: `Amqps` -> `Amqp`.
+    pub fn plain(self) -> Proto {
+        match self {
+            Proto::Amqps => Proto::Amqp,
+            Proto::Stomps => Proto::Stomp,
+            Proto::Mqtts => Proto::Mqtt,
+            Proto::Https => Proto::Http,
+            p => p,
         }
     }
 }
@@ -78,6 +111,11 @@ pub struct ConnContext {
     pub broker: Arc<triad_core::Broker>,
     /// MQTT's broker-wide state: client-id registry, retained messages, `$SYS`.
     pub mqtt: Arc<triad_mqtt::MqttState>,
+    /// The subject CN of the client certificate the TLS handshake verified (`None` over
+    /// plain TCP, without `tls.verify_peer`, or when the client sent no certificate).
+    /// Not read by the adapters yet: SASL EXTERNAL / CN-as-username login
+    /// (RabbitMQ's `ssl_cert_login_from = common_name`) is still to be built.
+    pub peer_cert_cn: Option<String>,
 }
 
 /// A protocol's connection driver. Implemented for every
@@ -105,6 +143,22 @@ where
     ) -> impl Future<Output = ConnResult> + Send + 'static {
         self(stream, peer, ctx)
     }
+}
+
+/// A byte stream a protocol can be served over: a `TcpStream` or a TLS stream.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+
+/// A protocol served over any [`Stream`], so that the same code runs on the plain and
+/// the TLS listener. Cheap to clone (the TLS handler clones it into each connection).
+pub trait Service: Clone + Send + Sync + 'static {
+    fn serve<S: Stream>(
+        &self,
+        stream: S,
+        peer: SocketAddr,
+        ctx: ConnContext,
+    ) -> impl Future<Output = ConnResult> + Send + 'static;
 }
 
 /// A handler that closes at once (tests of the listener itself).
@@ -228,7 +282,7 @@ fn log_close(proto: Proto, peer: SocketAddr, result: ConnResult) {
         Ok(r) => Cow::Borrowed(r.as_ref()),
         Err(e) => Cow::Owned(e.to_string()),
     };
-    if proto == Proto::Http {
+    if proto.plain() == Proto::Http {
         debug!(%peer, %proto, reason = ?reason, "connection closed");
     } else {
         info!(%peer, %proto, reason = ?reason, "connection closed");
@@ -255,6 +309,7 @@ pub(crate) fn test_ctx(proto: Proto, config: Config, shutdown: &CancellationToke
         shutdown: shutdown.clone(),
         mqtt: triad_mqtt::MqttState::new(broker.clone()).expect("mqtt state"),
         broker,
+        peer_cert_cn: None,
     }
 }
 

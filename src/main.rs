@@ -8,24 +8,27 @@
 //! logs one line per protocol containing
 //!
 //! ```text
-//! listening proto=<amqp|stomp|mqtt|http> addr=<ip>:<port>
+//! listening proto=<amqp|stomp|mqtt|http|amqps|stomps|mqtts|https> addr=<ip>:<port>
 //! ```
 //!
 //! with the actual bound address (so port 0 shows the ephemeral port; IPv6 as
 //! `[ip]:port`), e.g. `2025-01-01T00:00:00.000000Z  INFO triad: listening proto=amqp
 //! addr=127.0.0.1:40123`. Find the substring `listening proto=` and split the rest on
-//! spaces. After the four lines comes one line containing `broker ready`; signal
+//! spaces. The four plain listeners come first, always; the four TLS ones
+//! (`amqps`, `stomps`, `mqtts`, `https`) follow only when `tls.cert_file` and
+//! `tls.key_file` are set. After them comes one line containing `broker ready`; signal
 //! handlers are installed before it, so a SIGTERM sent after it is always honoured.
 //!
 //! On shutdown it logs `shutdown requested signal=SIGTERM` (or `SIGINT`), waits up to
 //! [`SHUTDOWN_GRACE`] for connections, closes the store (final checkpoint, `abort`
 //! marker removed) and logs `stopped cleanly`.
 //!
-//! A fatal startup error (bad config, store locked by another broker, address in use)
-//! is one line on stderr starting with `triad: error: `.
+//! A fatal startup error (bad config, unreadable or invalid TLS PEM file, store locked
+//! by another broker, address in use) is one line on stderr starting with
+//! `triad: error: `.
 //!
 //! Exit codes: 0 clean shutdown; 1 runtime failure (store, bind, unclean close);
-//! 2 bad command line or configuration.
+//! 2 bad command line or configuration (TLS files included).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -33,6 +36,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Semaphore;
@@ -42,7 +46,8 @@ use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 use triad::cli::Cli;
 use triad::config::{Config, ConfigError};
-use triad::listener::{ConnContext, Listener, Proto};
+use triad::listener::{ConnContext, Handler, Listener, Proto};
+use triad::tls::TlsHandler;
 use triad_store::store::Store;
 
 /// How long shutdown waits for open connections before closing the store anyway.
@@ -64,7 +69,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&cli, config) {
+    // The PEM files are part of the configuration: read and checked before anything
+    // else, with the same exit code.
+    let tls = match triad::tls::server_config(&config.tls) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("triad: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&cli, config, tls) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("triad: error: {e:#}");
@@ -91,7 +105,7 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
+fn run(cli: &Cli, config: Config, tls: Option<Arc<ServerConfig>>) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let s = &config.store;
     info!(
@@ -100,6 +114,7 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
         segment_size = %s.segment_size,
         flush = ?s.flush,
         repair = cli.repair,
+        tls = tls.is_some(),
         "opening store"
     );
     // Blocking (recovery may read the whole commitlog tail), so before the runtime.
@@ -114,7 +129,7 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
         .thread_name("triad-worker")
         .build()
         .context("cannot start the async runtime")?;
-    let served = runtime.block_on(serve(Arc::clone(&config), Arc::clone(&broker)));
+    let served = runtime.block_on(serve(Arc::clone(&config), Arc::clone(&broker), tls));
     drop(broker);
     // Tasks that outlived the grace period are dropped here, releasing what they hold.
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -135,14 +150,32 @@ fn run(cli: &Cli, config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::Result<()> {
+/// Starts accepting on `socket` with `handler`, in a task the shutdown waits for.
+fn spawn_listener<H: Handler>(
+    socket: TcpListener,
+    handler: H,
+    ctx: ConnContext,
+    limit: Option<Arc<Semaphore>>,
+    tracker: &TaskTracker,
+) {
+    let l = Listener::new(socket, handler, ctx, limit, tracker.clone());
+    tracker.spawn(l.run());
+}
+
+async fn serve(
+    config: Arc<Config>,
+    broker: Arc<triad_core::Broker>,
+    tls: Option<Arc<ServerConfig>>,
+) -> anyhow::Result<()> {
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
-    // Bind everything first: readiness means every port is open.
-    let mut bound = Vec::with_capacity(Proto::ALL.len());
-    for proto in Proto::ALL {
+    // Bind everything first: readiness means every port is open. The TLS listeners only
+    // with a certificate (the default configuration has none).
+    let tls_protos: &[Proto] = if tls.is_some() { &Proto::TLS } else { &[] };
+    let mut bound = Vec::with_capacity(Proto::ALL.len() + tls_protos.len());
+    for &proto in Proto::ALL.iter().chain(tls_protos) {
         let addr = config.listeners.addr(proto);
         let socket = TcpListener::bind(addr)
             .await
@@ -170,48 +203,52 @@ async fn serve(config: Arc<Config>, broker: Arc<triad_core::Broker>) -> anyhow::
             shutdown: shutdown.clone(),
             broker: Arc::clone(&broker),
             mqtt: Arc::clone(&mqtt),
+            peer_cert_cn: None,
         };
-        // The protocol adapters plug in here, one `Handler` per protocol.
-        match proto {
-            Proto::Http => {
-                let l = Listener::new(
-                    socket,
-                    triad::http::serve,
-                    ctx,
-                    http_limit.clone(),
-                    tracker.clone(),
-                );
-                tracker.spawn(l.run());
+        // Health probes do not count toward `limits.max_connections`.
+        let limit = match proto.plain() {
+            Proto::Http => http_limit.clone(),
+            _ => conn_limit.clone(),
+        };
+        // The protocol adapters plug in here, one `Handler` per protocol; over TLS, the
+        // same `Service` behind a `TlsHandler`.
+        match (proto, &tls) {
+            (Proto::Http, _) => spawn_listener(socket, triad::http::serve, ctx, limit, &tracker),
+            (Proto::Amqp, _) => spawn_listener(socket, triad::adapters::amqp, ctx, limit, &tracker),
+            (Proto::Stomp, _) => {
+                spawn_listener(socket, triad::adapters::stomp, ctx, limit, &tracker)
             }
-            Proto::Amqp => {
-                let l = Listener::new(
-                    socket,
-                    triad::adapters::amqp,
-                    ctx,
-                    conn_limit.clone(),
-                    tracker.clone(),
-                );
-                tracker.spawn(l.run());
-            }
-            Proto::Stomp => {
-                let l = Listener::new(
-                    socket,
-                    triad::adapters::stomp,
-                    ctx,
-                    conn_limit.clone(),
-                    tracker.clone(),
-                );
-                tracker.spawn(l.run());
-            }
-            Proto::Mqtt => {
-                let l = Listener::new(
-                    socket,
-                    triad::adapters::mqtt,
-                    ctx,
-                    conn_limit.clone(),
-                    tracker.clone(),
-                );
-                tracker.spawn(l.run());
+            (Proto::Mqtt, _) => spawn_listener(socket, triad::adapters::mqtt, ctx, limit, &tracker),
+            (Proto::Https, Some(t)) => spawn_listener(
+                socket,
+                TlsHandler::new(Arc::clone(t), triad::http::Http),
+                ctx,
+                limit,
+                &tracker,
+            ),
+            (Proto::Amqps, Some(t)) => spawn_listener(
+                socket,
+                TlsHandler::new(Arc::clone(t), triad::adapters::Amqp),
+                ctx,
+                limit,
+                &tracker,
+            ),
+            (Proto::Stomps, Some(t)) => spawn_listener(
+                socket,
+                TlsHandler::new(Arc::clone(t), triad::adapters::Stomp),
+                ctx,
+                limit,
+                &tracker,
+            ),
+            (Proto::Mqtts, Some(t)) => spawn_listener(
+                socket,
+                TlsHandler::new(Arc::clone(t), triad::adapters::Mqtt),
+                ctx,
+                limit,
+                &tracker,
+            ),
+            (Proto::Https | Proto::Amqps | Proto::Stomps | Proto::Mqtts, None) => {
+                anyhow::bail!("{proto} listener bound without a TLS configuration")
             }
         }
         info!(%proto, addr = %local, "listening");

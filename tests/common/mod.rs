@@ -6,6 +6,10 @@
 //! output contract in `src/main.rs`) to learn the ports. The broker's whole output is
 //! kept and printed if the test panics. Dropping a `TestBroker` kills the process.
 //!
+//! [`TestBroker::start_with_tls`] adds the TLS listeners (`amqps`, `stomps`, `mqtts`,
+//! `https`, also on ephemeral ports); only then does the starter expect their
+//! `listening` lines.
+//!
 //! Set `TRIAD_TEST_LOG` to change the broker's `RUST_LOG` (it must keep `info` for the
 //! `triad` target, or the ports cannot be read), e.g. `TRIAD_TEST_LOG=info,triad=debug`.
 
@@ -76,6 +80,21 @@ pub fn ephemeral_listen_args() -> [&'static str; 8] {
         "--mqtt-listen",
         "127.0.0.1:0",
         "--http-listen",
+        "127.0.0.1:0",
+    ]
+}
+
+/// Every TLS listener on an ephemeral loopback port (they are bound only with a
+/// certificate: `--tls-cert` and `--tls-key`).
+pub fn tls_ephemeral_listen_args() -> [&'static str; 8] {
+    [
+        "--amqps-listen",
+        "127.0.0.1:0",
+        "--stomps-listen",
+        "127.0.0.1:0",
+        "--mqtts-listen",
+        "127.0.0.1:0",
+        "--https-listen",
         "127.0.0.1:0",
     ]
 }
@@ -168,6 +187,38 @@ impl TestBroker {
         broker
     }
 
+    /// Starts a broker with TLS: [`TEST_CONFIG`] plus `extra_toml` (e.g. a `[tls]` section
+    /// with `verify_peer`), the certificate chain and key as `--tls-cert` / `--tls-key`,
+    /// `ca` as `--tls-ca`, and every TLS listener on an ephemeral port.
+    pub fn start_with_tls(
+        extra_toml: &str,
+        cert: &Path,
+        key: &Path,
+        ca: Option<&Path>,
+    ) -> TestBroker {
+        let toml = format!("{TEST_CONFIG}\n{extra_toml}");
+        let mut args: Vec<String> = tls_ephemeral_listen_args()
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut flag = |name: &str, path: &Path| {
+            args.push(name.to_owned());
+            args.push(path.to_str().expect("UTF-8 path").to_owned());
+        };
+        flag("--tls-cert", cert);
+        flag("--tls-key", key);
+        if let Some(ca) = ca {
+            flag("--tls-ca", ca);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        TestBroker::start_with(Some(&toml), &args)
+    }
+
+    /// Whether this broker was started with a TLS certificate on the command line.
+    pub fn has_tls(&self) -> bool {
+        self.extra_args.iter().any(|a| a == "--tls-cert")
+    }
+
     /// A `Command` that would start another broker like this one (same data dir and
     /// config, ephemeral ports), e.g. to check the data-dir lock.
     pub fn command(&self) -> Command {
@@ -226,6 +277,14 @@ impl TestBroker {
                 "no `listening proto={proto}` line before `broker ready`"
             );
         }
+        if self.has_tls() {
+            for proto in ["amqps", "stomps", "mqtts", "https"] {
+                assert!(
+                    self.addrs.contains_key(proto),
+                    "no `listening proto={proto}` line before `broker ready`"
+                );
+            }
+        }
     }
 
     fn spawn_reader(
@@ -279,6 +338,18 @@ impl TestBroker {
     }
     pub fn http_addr(&self) -> SocketAddr {
         self.addr("http")
+    }
+    pub fn amqps_addr(&self) -> SocketAddr {
+        self.addr("amqps")
+    }
+    pub fn stomps_addr(&self) -> SocketAddr {
+        self.addr("stomps")
+    }
+    pub fn mqtts_addr(&self) -> SocketAddr {
+        self.addr("mqtts")
+    }
+    pub fn https_addr(&self) -> SocketAddr {
+        self.addr("https")
     }
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
