@@ -29,9 +29,14 @@
 # throughput: their p99 includes queueing; broker CPU µs/msg is the steadier figure on a
 # shared machine. Result lines (JSON) are appended to $OUT; client logs go to $LOGDIR.
 #
+# msgs/s counts deliveries (amqp-fanout-10 and mqtt-fanout-50: every copy) from the first
+# publish to the last delivery; CPU µs/msg is the broker's CPU time over that span per
+# delivery.
+#
 # Environment: ROUNDS (2) DURATION (5 s of publishing per run) OUT (compare-results.jsonl)
 #   PEER_AMQP_PORT (5680) PEER_STOMP_PORT (61620) PEER_MQTT_PORT (1891 Mosquitto; 1890 with
 #   MQTT_PEER=rabbitmq) TRIAD_BIN (target/release/triad) SKIP_BUILD=1
+#   PEERS (path of the peers tool: restarts the peer before each mqtt-idle run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,35 +70,62 @@ WORK=$(mktemp -d /tmp/triad-compare.XXXXXX)
 LOGDIR=${LOGDIR:-$WORK}
 TRIAD_PID=
 cleanup() {
-    if [ -n "$TRIAD_PID" ] && kill -0 "$TRIAD_PID" 2>/dev/null; then
-        kill -TERM "$TRIAD_PID" 2>/dev/null
-        for _ in $(seq 1 100); do kill -0 "$TRIAD_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$TRIAD_PID" 2>/dev/null || true
-    fi
+    stop_triad
     rm -rf "$WORK/data"
 }
 trap cleanup EXIT INT TERM
 
 # --- Triad ---
-mkdir -p "$WORK/data"
-"$TRIAD_BIN" --data-dir "$WORK/data" --amqp-listen 127.0.0.1:0 --stomp-listen 127.0.0.1:0 \
-    --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 2>"$WORK/triad.log" &
-TRIAD_PID=$!
-for _ in $(seq 1 300); do
-    grep -q "broker ready" "$WORK/triad.log" 2>/dev/null && break
-    kill -0 "$TRIAD_PID" 2>/dev/null || break
-    sleep 0.1
-done
+start_triad() {
+    rm -rf "$WORK/data"
+    mkdir -p "$WORK/data"
+    "$TRIAD_BIN" --data-dir "$WORK/data" --amqp-listen 127.0.0.1:0 --stomp-listen 127.0.0.1:0 \
+        --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 2>"$WORK/triad.log" &
+    TRIAD_PID=$!
+    for _ in $(seq 1 300); do
+        grep -q "broker ready" "$WORK/triad.log" 2>/dev/null && break
+        kill -0 "$TRIAD_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    T_AMQP=$(triad_port amqp); T_STOMP=$(triad_port stomp); T_MQTT=$(triad_port mqtt)
+    if [ -z "$T_AMQP" ] || ! kill -0 "$TRIAD_PID" 2>/dev/null; then
+        echo "triad did not start; its log:" >&2
+        cat "$WORK/triad.log" >&2
+        exit 1
+    fi
+    echo "triad pid $TRIAD_PID: amqp=$T_AMQP stomp=$T_STOMP mqtt=$T_MQTT (log $WORK/triad.log)" >&2
+}
+stop_triad() {
+    if [ -n "$TRIAD_PID" ] && kill -0 "$TRIAD_PID" 2>/dev/null; then
+        kill -TERM "$TRIAD_PID" 2>/dev/null
+        for _ in $(seq 1 100); do kill -0 "$TRIAD_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$TRIAD_PID" 2>/dev/null || true
+        wait "$TRIAD_PID" 2>/dev/null
+    fi
+    TRIAD_PID=
+}
 triad_port() { # proto -> port, from "listening proto=<p> addr=<ip:port>"
     grep -o "listening proto=$1 addr=[^ ]*" "$WORK/triad.log" | head -1 | sed 's/.*:\([0-9]*\)$/\1/'
 }
-T_AMQP=$(triad_port amqp); T_STOMP=$(triad_port stomp); T_MQTT=$(triad_port mqtt)
-if [ -z "$T_AMQP" ] || ! kill -0 "$TRIAD_PID" 2>/dev/null; then
-    echo "triad did not start; its log:" >&2
-    cat "$WORK/triad.log" >&2
-    exit 1
-fi
-echo "triad pid $TRIAD_PID: amqp=$T_AMQP stomp=$T_STOMP mqtt=$T_MQTT (log $WORK/triad.log)" >&2
+start_triad
+
+# A broker's RSS rarely shrinks, so mqtt-idle's RSS per connection is only meaningful on a
+# freshly started broker: Triad is restarted before each such run, and the peer too when
+# PEERS names the peers tool (its stop-/start-mosquitto, restart-rabbit commands).
+restart_peer() {
+    if [ -z "${PEERS:-}" ]; then
+        echo "  note: PEERS not set, the peer is not restarted: its RSS/conn may read low" >&2
+        return
+    fi
+    local port=$PEER_MQTT_PORT
+    if [ "$MQTT_PEER" = rabbitmq ]; then
+        "$PEERS" restart-rabbit >&2
+    else
+        "$PEERS" stop-mosquitto >&2
+        for _ in $(seq 1 50); do [ -z "$(pid_on_port "$port")" ] && break; sleep 0.2; done
+        "$PEERS" start-mosquitto >&2
+    fi
+}
 
 pid_on_port() { # the pid of the process listening on 127.0.0.1:PORT
     ss -ltnpH "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2
@@ -162,7 +194,12 @@ idle_rows=()
 for name in "${SCENARIOS[@]}"; do
     spec=$(scenario "$name"); proto=${spec%%|*}; peer=$(peer_name "$proto")
     for round in $(seq 1 "$ROUNDS"); do
+        if [ "$name" = mqtt-idle-10k ]; then
+            stop_triad
+            start_triad
+        fi
         a=$(run triad "$name" "$round")
+        [ "$name" = mqtt-idle-10k ] && restart_peer
         b=$(run peer "$name" "$round")
         if [ "$name" = mqtt-idle-10k ]; then
             ac=$(field "$a" connects_per_s); bc=$(field "$b" connects_per_s)
