@@ -10,6 +10,10 @@ USAGE:
   triad-bench store [OPTIONS]   appends through triad-store, one durable wait per append
   triad-bench disk  [OPTIONS]   baselines: dd bandwidth, write+fdatasync loops
   triad-bench table [FILE]      Markdown table from result lines (FILE or stdin)
+  triad-bench amqp  [OPTIONS]   AMQP 0-9-1 producers and consumers (like RabbitMQ PerfTest)
+  triad-bench stomp [OPTIONS]   STOMP 1.2 producers and consumers on /queue/<name>
+  triad-bench mqtt  [OPTIONS]   MQTT 3.1.1 publishers and subscribers (like emqtt-bench)
+  triad-bench mqtt-idle [OPTIONS]  N idle MQTT connections held open; broker RSS per connection
 
 STORE OPTIONS:
   --dir DIR            parent of the data directory bench-data-<pid> (default .; removed after)
@@ -35,6 +39,53 @@ DISK OPTIONS:
   --file-mib N         size of the loops' preallocated file (default 512)
   --test LIST          comma list of dd, overwrite, fallocated (default all three)
   --allow-tmpfs, --json, --quiet as above
+
+BROKER OPTIONS (amqp, stomp, mqtt):
+  --host HOST          broker address (default 127.0.0.1; loopback only)
+  --port PORT          default 5672 (amqp), 61613 (stomp), 1883 (mqtt)
+  --producers N        producer connections (mqtt: also --publishers; default 1)
+  --consumers N        consumer connections (mqtt: also --subscribers; default 1)
+  --size BYTES         body size, at least 16 (default 1024)
+  --count N            messages published in all (split over the producers)
+  --duration SECS      publishing time when --count is not given (default 5); with --count, a cap
+  --rate R             total publish rate, msgs/s (default: as fast as possible)
+  --drain-timeout SECS after publishing, give up when nothing arrives for this long (default 5)
+  --broker-pid PID     report the broker's CPU time per message and RSS (from /proc/PID)
+  --threads N          client runtime threads (default 2)
+  --user U --pass P    credentials (default guest/guest)
+  --json, --quiet      only the JSON line on stdout; no progress line on stderr
+Every consumer checks every body (producer id, sequence number, send time) and the result
+counts lost, duplicated, out-of-order, unexpected and corrupt messages.
+
+AMQP OPTIONS:
+  --queues N           queues; producer i publishes to queue i % N, consumer j reads queue j % N
+  --fanout N           N queues bound to one fanout exchange instead (every message to each)
+  --persistent         durable queues, delivery-mode 2
+  --confirm            publisher confirms, at most --confirm-window (default 1000) unconfirmed
+  --manual-ack         consumers ack (multiple); default no-ack
+  --prefetch N         basic.qos prefetch-count (with --manual-ack; default none)
+  --vhost V            default /
+
+STOMP OPTIONS:
+  --queues N           as for amqp, destinations /queue/<name>
+  --persistent         persistent:true on SEND
+  --receipts           a receipt on every SEND, at most --receipt-window (default 1000) pending
+  --ack auto|client|client-individual   (default auto; client acks cumulatively)
+  --prefetch N         prefetch-count header on SUBSCRIBE
+  --vhost V            host header of CONNECT (default /)
+
+MQTT OPTIONS:
+  --qos 0|1|2          publish and subscribe QoS (default 0)
+  --topic T            topic prefix (default triad-bench/<pid>)
+  --topics N           publisher i publishes to T/(i % N), subscriber j subscribes to
+                       T/(j % N) (default 1: every subscriber gets every message)
+  --inflight N         unacknowledged QoS 1/2 publishes per publisher (default 100)
+
+MQTT-IDLE OPTIONS:
+  --host, --port, --broker-pid, --user, --pass, --json, --quiet as above
+  --connections N      idle clients to connect (default 1000, at most 100000)
+  --hold SECS          how long to hold them once all are connected (default 5)
+  --parallel N         connects in flight at once (default 200)
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,10 +199,193 @@ impl Default for DiskArgs {
     }
 }
 
+/// Options every broker benchmark takes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadArgs {
+    pub host: String,
+    pub port: u16,
+    pub producers: usize,
+    pub consumers: usize,
+    pub size: usize,
+    pub count: Option<u64>,
+    pub duration: Option<Duration>,
+    pub rate: Option<f64>,
+    pub drain_timeout: Duration,
+    pub broker_pid: Option<u32>,
+    pub threads: usize,
+    pub user: String,
+    pub pass: String,
+    pub json: bool,
+    pub quiet: bool,
+}
+
+impl LoadArgs {
+    fn new(port: u16) -> LoadArgs {
+        LoadArgs {
+            host: "127.0.0.1".into(),
+            port,
+            producers: 1,
+            consumers: 1,
+            size: 1024,
+            count: None,
+            duration: None,
+            rate: None,
+            drain_timeout: Duration::from_secs(5),
+            broker_pid: None,
+            threads: 2,
+            user: "guest".into(),
+            pass: "guest".into(),
+            json: false,
+            quiet: false,
+        }
+    }
+
+    /// The publishing time cap: `--duration`, or 5 s unless a `--count` bounds the run.
+    pub fn time_cap(&self) -> Option<Duration> {
+        match (self.count, self.duration) {
+            (_, Some(d)) => Some(d),
+            (None, None) => Some(Duration::from_secs(5)),
+            (Some(_), None) => None,
+        }
+    }
+
+    fn flag(&mut self, flag: &str, v: &str) -> Result<bool, String> {
+        match flag {
+            "--host" => self.host = v.to_string(),
+            "--port" => self.port = parse_num(flag, v)?,
+            "--producers" | "--publishers" => {
+                self.producers = positive(flag, parse_num(flag, v)?)? as usize
+            }
+            "--consumers" | "--subscribers" => self.consumers = parse_num(flag, v)?,
+            "--size" => {
+                self.size = usize::try_from(parse_size(v)?).map_err(|_| "--size too large")?;
+                if self.size < crate::e2e::STAMP || self.size > 64 << 20 {
+                    return Err(format!(
+                        "--size must be in [{}, 64 MiB]: bodies carry a {}-byte stamp",
+                        crate::e2e::STAMP,
+                        crate::e2e::STAMP
+                    ));
+                }
+            }
+            "--count" => {
+                let c = positive(flag, parse_num(flag, v)?)?;
+                if c > u64::from(u32::MAX) {
+                    return Err("--count: at most 2^32 - 1".into());
+                }
+                self.count = Some(c)
+            }
+            "--duration" => self.duration = Some(parse_secs(flag, v)?),
+            "--rate" => {
+                let r: f64 = parse_num(flag, v)?;
+                if !r.is_finite() || r <= 0.0 {
+                    return Err(format!("--rate: expected a positive rate, got {v:?}"));
+                }
+                self.rate = Some(r)
+            }
+            "--drain-timeout" => self.drain_timeout = parse_secs(flag, v)?,
+            "--broker-pid" => self.broker_pid = Some(positive(flag, parse_num(flag, v)?)? as u32),
+            "--threads" => self.threads = positive(flag, parse_num(flag, v)?)? as usize,
+            "--user" => self.user = v.to_string(),
+            "--pass" => self.pass = v.to_string(),
+            "--json" => self.json = true,
+            "--quiet" => self.quiet = true,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+const LOAD_VALUED: &[&str] = &[
+    "--host",
+    "--port",
+    "--producers",
+    "--publishers",
+    "--consumers",
+    "--subscribers",
+    "--size",
+    "--count",
+    "--duration",
+    "--rate",
+    "--drain-timeout",
+    "--broker-pid",
+    "--threads",
+    "--user",
+    "--pass",
+];
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AmqpArgs {
+    pub load: LoadArgs,
+    pub queues: usize,
+    pub fanout: Option<usize>,
+    pub persistent: bool,
+    pub confirm: bool,
+    pub confirm_window: usize,
+    pub manual_ack: bool,
+    pub prefetch: u16,
+    pub vhost: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StompAck {
+    Auto,
+    Client,
+    ClientIndividual,
+}
+
+impl StompAck {
+    pub fn name(self) -> &'static str {
+        match self {
+            StompAck::Auto => "auto",
+            StompAck::Client => "client",
+            StompAck::ClientIndividual => "client-individual",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StompArgs {
+    pub load: LoadArgs,
+    pub queues: usize,
+    pub persistent: bool,
+    pub receipts: bool,
+    pub receipt_window: usize,
+    pub ack: StompAck,
+    pub prefetch: Option<u32>,
+    pub vhost: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MqttArgs {
+    pub load: LoadArgs,
+    pub qos: u8,
+    pub topic: String,
+    pub topics: usize,
+    pub inflight: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MqttIdleArgs {
+    pub host: String,
+    pub port: u16,
+    pub connections: usize,
+    pub hold: Duration,
+    pub parallel: usize,
+    pub broker_pid: Option<u32>,
+    pub user: Option<String>,
+    pub pass: Option<String>,
+    pub json: bool,
+    pub quiet: bool,
+}
+
 #[derive(Debug, PartialEq)]
 pub enum Command {
     Store(StoreArgs),
     Disk(DiskArgs),
+    Amqp(AmqpArgs),
+    Stomp(StompArgs),
+    Mqtt(MqttArgs),
+    MqttIdle(MqttIdleArgs),
     Table(Option<PathBuf>),
     Help,
 }
@@ -338,6 +572,254 @@ pub fn parse_disk(args: &[String]) -> Result<DiskArgs, String> {
     Ok(o)
 }
 
+fn loopback(host: &str) -> Result<(), String> {
+    let ok = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "--host {host:?}: only loopback addresses are allowed"
+        ))
+    }
+}
+
+fn check_load(o: &LoadArgs) -> Result<(), String> {
+    loopback(&o.host)?;
+    if let Some(c) = o.count {
+        if c < o.producers as u64 {
+            return Err("--count is smaller than --producers".into());
+        }
+    }
+    Ok(())
+}
+
+pub fn parse_amqp(args: &[String]) -> Result<AmqpArgs, String> {
+    let mut o = AmqpArgs {
+        load: LoadArgs::new(5672),
+        queues: 1,
+        fanout: None,
+        persistent: false,
+        confirm: false,
+        confirm_window: 1000,
+        manual_ack: false,
+        prefetch: 0,
+        vhost: "/".into(),
+    };
+    let mut f = Flags { args, i: 0 };
+    let valued = |f: &str| {
+        LOAD_VALUED.contains(&f)
+            || matches!(
+                f,
+                "--queues" | "--fanout" | "--confirm-window" | "--prefetch" | "--vhost"
+            )
+    };
+    let mut consumers_given = false;
+    while let Some(r) = f.next(valued) {
+        let (flag, v) = r?;
+        consumers_given |= flag == "--consumers";
+        if o.load.flag(&flag, &v)? {
+            continue;
+        }
+        match flag.as_str() {
+            "--queues" => o.queues = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--fanout" => o.fanout = Some(positive(&flag, parse_num(&flag, &v)?)? as usize),
+            "--persistent" => o.persistent = true,
+            "--confirm" => o.confirm = true,
+            "--confirm-window" => {
+                o.confirm_window = positive(&flag, parse_num(&flag, &v)?)? as usize
+            }
+            "--manual-ack" => o.manual_ack = true,
+            "--prefetch" => o.prefetch = parse_num(&flag, &v)?,
+            "--vhost" => o.vhost = v,
+            _ => return Err(format!("unknown option {flag} for `amqp`")),
+        }
+    }
+    check_load(&o.load)?;
+    let groups = o.fanout.unwrap_or(o.queues);
+    if o.fanout.is_some() && !consumers_given {
+        o.load.consumers = groups;
+    }
+    if o.load.consumers < groups {
+        return Err(format!(
+            "--consumers {} < {groups} queues: some queues would have no consumer",
+            o.load.consumers
+        ));
+    }
+    if o.fanout.is_none() && o.queues > o.load.producers {
+        return Err("--queues exceeds --producers: some queues would stay empty".into());
+    }
+    if o.prefetch > 0 && !o.manual_ack {
+        return Err("--prefetch needs --manual-ack".into());
+    }
+    Ok(o)
+}
+
+pub fn parse_stomp(args: &[String]) -> Result<StompArgs, String> {
+    let mut o = StompArgs {
+        load: LoadArgs::new(61613),
+        queues: 1,
+        persistent: false,
+        receipts: false,
+        receipt_window: 1000,
+        ack: StompAck::Auto,
+        prefetch: None,
+        vhost: "/".into(),
+    };
+    let mut f = Flags { args, i: 0 };
+    let valued = |f: &str| {
+        LOAD_VALUED.contains(&f)
+            || matches!(
+                f,
+                "--queues" | "--receipt-window" | "--ack" | "--prefetch" | "--vhost"
+            )
+    };
+    while let Some(r) = f.next(valued) {
+        let (flag, v) = r?;
+        if o.load.flag(&flag, &v)? {
+            continue;
+        }
+        match flag.as_str() {
+            "--queues" => o.queues = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--persistent" => o.persistent = true,
+            "--receipts" => o.receipts = true,
+            "--receipt-window" => {
+                o.receipt_window = positive(&flag, parse_num(&flag, &v)?)? as usize
+            }
+            "--ack" => {
+                o.ack = match v.as_str() {
+                    "auto" => StompAck::Auto,
+                    "client" => StompAck::Client,
+                    "client-individual" => StompAck::ClientIndividual,
+                    _ => {
+                        return Err(format!(
+                            "--ack: expected auto, client or client-individual, got {v:?}"
+                        ))
+                    }
+                }
+            }
+            "--prefetch" => o.prefetch = Some(positive(&flag, parse_num(&flag, &v)?)? as u32),
+            "--vhost" => o.vhost = v,
+            _ => return Err(format!("unknown option {flag} for `stomp`")),
+        }
+    }
+    check_load(&o.load)?;
+    if o.load.consumers < o.queues {
+        return Err("--consumers < --queues: some queues would have no consumer".into());
+    }
+    if o.queues > o.load.producers {
+        return Err("--queues exceeds --producers: some queues would stay empty".into());
+    }
+    Ok(o)
+}
+
+pub fn parse_mqtt(args: &[String]) -> Result<MqttArgs, String> {
+    let mut o = MqttArgs {
+        load: LoadArgs::new(1883),
+        qos: 0,
+        topic: format!("triad-bench/{}", std::process::id()),
+        topics: 1,
+        inflight: 100,
+    };
+    let mut f = Flags { args, i: 0 };
+    let valued = |f: &str| {
+        LOAD_VALUED.contains(&f) || matches!(f, "--qos" | "--topic" | "--topics" | "--inflight")
+    };
+    while let Some(r) = f.next(valued) {
+        let (flag, v) = r?;
+        if o.load.flag(&flag, &v)? {
+            continue;
+        }
+        match flag.as_str() {
+            "--qos" => {
+                o.qos = match v.as_str() {
+                    "0" => 0,
+                    "1" => 1,
+                    "2" => 2,
+                    _ => return Err(format!("--qos: expected 0, 1 or 2, got {v:?}")),
+                }
+            }
+            "--topic" => {
+                if v.is_empty() || v.contains(['+', '#', '\0']) {
+                    return Err(format!("--topic {v:?}: no wildcards"));
+                }
+                o.topic = v
+            }
+            "--topics" => o.topics = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--inflight" => {
+                let n: usize = positive(&flag, parse_num(&flag, &v)?)? as usize;
+                if n > 65535 {
+                    return Err("--inflight: at most 65535".into());
+                }
+                o.inflight = n
+            }
+            _ => return Err(format!("unknown option {flag} for `mqtt`")),
+        }
+    }
+    check_load(&o.load)?;
+    if o.load.consumers == 0 {
+        return Err("--subscribers must be at least 1".into());
+    }
+    if o.topics > o.load.producers || o.topics > o.load.consumers {
+        return Err("--topics exceeds --publishers or --subscribers".into());
+    }
+    Ok(o)
+}
+
+pub fn parse_mqtt_idle(args: &[String]) -> Result<MqttIdleArgs, String> {
+    let mut o = MqttIdleArgs {
+        host: "127.0.0.1".into(),
+        port: 1883,
+        connections: 1000,
+        hold: Duration::from_secs(5),
+        parallel: 200,
+        broker_pid: None,
+        user: None,
+        pass: None,
+        json: false,
+        quiet: false,
+    };
+    let mut f = Flags { args, i: 0 };
+    let valued = |f: &str| {
+        matches!(
+            f,
+            "--host"
+                | "--port"
+                | "--connections"
+                | "--hold"
+                | "--parallel"
+                | "--broker-pid"
+                | "--user"
+                | "--pass"
+        )
+    };
+    while let Some(r) = f.next(valued) {
+        let (flag, v) = r?;
+        match flag.as_str() {
+            "--host" => o.host = v,
+            "--port" => o.port = parse_num(&flag, &v)?,
+            "--connections" => {
+                o.connections = positive(&flag, parse_num(&flag, &v)?)? as usize;
+                if o.connections > 100_000 {
+                    return Err("--connections: at most 100000".into());
+                }
+            }
+            "--hold" => o.hold = parse_secs(&flag, &v)?,
+            "--parallel" => o.parallel = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--broker-pid" => o.broker_pid = Some(positive(&flag, parse_num(&flag, &v)?)? as u32),
+            "--user" => o.user = Some(v),
+            "--pass" => o.pass = Some(v),
+            "--json" => o.json = true,
+            "--quiet" => o.quiet = true,
+            _ => return Err(format!("unknown option {flag} for `mqtt-idle`")),
+        }
+    }
+    loopback(&o.host)?;
+    Ok(o)
+}
+
 pub fn parse(args: &[String]) -> Result<Command, String> {
     let Some((cmd, rest)) = args.split_first() else {
         return Ok(Command::Help);
@@ -348,6 +830,10 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     match cmd.as_str() {
         "store" => parse_store(rest).map(Command::Store),
         "disk" => parse_disk(rest).map(Command::Disk),
+        "amqp" => parse_amqp(rest).map(Command::Amqp),
+        "stomp" => parse_stomp(rest).map(Command::Stomp),
+        "mqtt" => parse_mqtt(rest).map(Command::Mqtt),
+        "mqtt-idle" => parse_mqtt_idle(rest).map(Command::MqttIdle),
         "table" => match rest {
             [] => Ok(Command::Table(None)),
             [f] if !f.starts_with('-') => Ok(Command::Table(Some(PathBuf::from(f)))),
@@ -448,5 +934,95 @@ mod tests {
         assert_eq!(parse(&[]), Ok(Command::Help));
         assert_eq!(parse(&v("store --help")), Ok(Command::Help));
         assert!(parse(&v("frobnicate")).is_err());
+    }
+
+    #[test]
+    fn amqp_options() {
+        let Command::Amqp(a) = parse(&v(
+            "amqp --port 5680 --producers 4 --consumers 4 --queues 2 \
+             --size 1k --count 1000 --persistent --confirm --confirm-window 50 --manual-ack \
+             --prefetch 100 --user u --pass p --broker-pid 42 --rate 500 --json --quiet",
+        ))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!((a.load.host.as_str(), a.load.port), ("127.0.0.1", 5680));
+        assert_eq!((a.load.producers, a.load.consumers, a.queues), (4, 4, 2));
+        assert_eq!((a.load.size, a.load.count), (1024, Some(1000)));
+        assert!(a.persistent && a.confirm && a.manual_ack && a.load.json && a.load.quiet);
+        assert_eq!((a.confirm_window, a.prefetch), (50, 100));
+        assert_eq!((a.load.user.as_str(), a.load.pass.as_str()), ("u", "p"));
+        assert_eq!((a.load.broker_pid, a.load.rate), (Some(42), Some(500.0)));
+        assert_eq!(a.load.time_cap(), None);
+        let d = parse_amqp(&v("--fanout 10")).unwrap();
+        assert_eq!(
+            (d.fanout, d.load.consumers, d.load.port),
+            (Some(10), 10, 5672)
+        );
+        assert_eq!(d.load.time_cap(), Some(Duration::from_secs(5)));
+        for bad in [
+            "--host 10.0.0.1",
+            "--host example.com",
+            "--size 15",
+            "--fanout 4 --consumers 2",
+            "--queues 2",
+            "--prefetch 10",
+            "--count 1 --producers 2",
+            "--rate 0",
+            "--port 70000",
+            "--qos 1",
+        ] {
+            assert!(parse_amqp(&v(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn stomp_and_mqtt_options() {
+        let s = parse_stomp(&v(
+            "--port 61620 --ack client-individual --receipts --receipt-window 10 --prefetch 5 --persistent",
+        ))
+        .unwrap();
+        assert_eq!(s.ack, StompAck::ClientIndividual);
+        assert!(s.receipts && s.persistent);
+        assert_eq!(
+            (s.receipt_window, s.prefetch, s.load.port),
+            (10, Some(5), 61620)
+        );
+        assert!(parse_stomp(&v("--ack sometimes")).is_err());
+        assert!(parse_stomp(&v("--consumers 0")).is_err());
+
+        let m = parse_mqtt(&v(
+            "--publishers 4 --subscribers 8 --topics 4 --qos 2 --topic t/x --inflight 10 --size 64",
+        ))
+        .unwrap();
+        assert_eq!((m.load.producers, m.load.consumers, m.topics), (4, 8, 4));
+        assert_eq!(
+            (m.qos, m.topic.as_str(), m.inflight, m.load.size),
+            (2, "t/x", 10, 64)
+        );
+        for bad in [
+            "--qos 3",
+            "--topic a/+",
+            "--topics 2",
+            "--inflight 70000",
+            "--subscribers 0",
+        ] {
+            assert!(parse_mqtt(&v(bad)).is_err(), "{bad}");
+        }
+
+        let Command::MqttIdle(i) = parse(&v(
+            "mqtt-idle --port 1891 --connections 10000 --hold 2.5 --broker-pid 7",
+        ))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (i.port, i.connections, i.broker_pid),
+            (1891, 10000, Some(7))
+        );
+        assert_eq!(i.hold, Duration::from_millis(2500));
+        assert!(parse_mqtt_idle(&v("--connections 0")).is_err());
+        assert!(parse_mqtt_idle(&v("--connections 200000")).is_err());
+        assert!(parse_mqtt_idle(&v("--host 192.168.1.1")).is_err());
     }
 }

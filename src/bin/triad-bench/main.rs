@@ -1,14 +1,21 @@
 //! `triad-bench`: Triad's load generator. See `triad-bench --help` and BENCHMARKS.md.
 //!
-//! Modes so far: `store` (appends straight through `triad-store`), `disk` (dd and
-//! write+fdatasync baselines) and `table` (Markdown from result lines). Every run prints
-//! its result as one JSON line on stdout; progress goes to stderr.
+//! Modes: `store` (appends straight through `triad-store`), `disk` (dd and
+//! write+fdatasync baselines), `table` (Markdown from result lines), and the end-to-end
+//! broker benchmarks `amqp`, `stomp`, `mqtt` and `mqtt-idle` (hand-written minimal
+//! clients on tokio). Every run prints its result as one JSON line on stdout; progress
+//! goes to stderr.
 
+mod amqp;
 mod args;
 mod disk;
+mod e2e;
+mod mqtt;
 mod report;
+mod stomp;
 mod store_bench;
 mod sys;
+mod wire;
 
 use std::io::Read;
 use std::process::ExitCode;
@@ -20,6 +27,20 @@ fn emit(v: &serde_json::Value, json_only: bool) {
         println!("{}", report::human(v));
     }
     println!("{}", report::result_line(v));
+}
+
+/// Prints the result; a run whose clients hit errors (connection refused or closed by the
+/// broker, ...) still prints its line but fails.
+fn emit_checked(v: &serde_json::Value, json_only: bool) -> Result<(), String> {
+    emit(v, json_only);
+    match v.get("errors").and_then(|e| e.as_array()) {
+        Some(e) if !e.is_empty() => Err(format!(
+            "{} client error(s), first: {}",
+            e.len(),
+            e[0].as_str().unwrap_or("?")
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn main() -> ExitCode {
@@ -42,6 +63,10 @@ fn main() -> ExitCode {
                 emit(v, a.json);
             }
         }),
+        Command::Amqp(a) => amqp::run(&a).and_then(|v| emit_checked(&v, a.load.json)),
+        Command::Stomp(a) => stomp::run(&a).and_then(|v| emit_checked(&v, a.load.json)),
+        Command::Mqtt(a) => mqtt::run(&a).and_then(|v| emit_checked(&v, a.load.json)),
+        Command::MqttIdle(a) => mqtt::run_idle(&a).and_then(|v| emit_checked(&v, a.json)),
         Command::Table(file) => {
             let input = match file {
                 Some(p) => std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display())),

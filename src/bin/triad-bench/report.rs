@@ -88,6 +88,14 @@ pub fn fmt_num(x: Option<f64>) -> String {
     }
 }
 
+/// A count: thousands-separated, never with decimals.
+pub fn fmt_int(x: Option<f64>) -> String {
+    match x.filter(|x| x.is_finite()) {
+        Some(x) if x.abs() < 1000.0 => format!("{x:.0}"),
+        other => fmt_num(other),
+    }
+}
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
@@ -103,10 +111,85 @@ fn fmt_ratio(r: Option<f64>) -> String {
     }
 }
 
+/// Summary of a broker benchmark (`amqp`, `stomp`, `mqtt`, `mqtt-idle`).
+fn human_e2e(v: &Value) -> String {
+    let n = |k: &str| fmt_num(get_f(v, &[k]));
+    let int = |k: &str| fmt_int(get_f(v, &[k]));
+    if get_s(v, "bench") == "mqtt-idle" {
+        return format!(
+            "mqtt-idle {}: {} of {} connected in {} s ({} failed, {} alive at the end)\n  broker RSS KiB: before {} connected {} after {}; per connection {} KiB",
+            get_s(v, "target"),
+            int("connected"),
+            int("connections"),
+            n("connect_s"),
+            int("failed"),
+            int("alive_at_end"),
+            fmt_num(get_f(v, &["broker", "rss_kib_before"])),
+            fmt_num(get_f(v, &["broker", "rss_kib_connected"])),
+            fmt_num(get_f(v, &["broker", "rss_kib_after"])),
+            fmt_num(get_f(v, &["broker", "rss_kib_per_conn"])),
+        );
+    }
+    let mut s = format!(
+        "{} {} {} size={} producers={} consumers={}\n  sent {} received {} (expected {}) in {:.2} s: {} msgs/s, {} MB/s (publishing {} msgs/s)\n  lost {} duplicated {} out-of-order {} unexpected {} corrupt {}{}",
+        get_s(v, "bench"),
+        get_s(v, "variant"),
+        get_s(v, "target"),
+        fmt_size(get_f(v, &["size"]).unwrap_or(0.0) as u64),
+        int("producers"),
+        int("consumers"),
+        int("sent"),
+        int("received"),
+        int("expected"),
+        get_f(v, &["seconds"]).unwrap_or(0.0),
+        n("msgs_per_s"),
+        n("mb_per_s"),
+        n("send_per_s"),
+        int("lost"),
+        int("duplicated"),
+        int("out_of_order"),
+        int("unexpected"),
+        int("corrupt"),
+        if v.get("drained").and_then(Value::as_bool) == Some(false) {
+            " (gave up waiting: not drained)"
+        } else {
+            ""
+        },
+    );
+    if v.get("lat_us").is_some_and(|l| !l.is_null()) {
+        s.push_str(&format!(
+            "\n  latency µs (send → receive): p50 {} p99 {} p99.9 {} max {}",
+            fmt_num(get_f(v, &["lat_us", "p50"])),
+            fmt_num(get_f(v, &["lat_us", "p99"])),
+            fmt_num(get_f(v, &["lat_us", "p999"])),
+            fmt_num(get_f(v, &["lat_us", "max"])),
+        ));
+    }
+    if let Some(b) = v.get("broker").filter(|b| !b.is_null()) {
+        s.push_str(&format!(
+            "\n  broker pid {}: CPU {} s, {} µs/msg; RSS KiB before {} peak {} after {}",
+            get_f(b, &["pid"]).unwrap_or(0.0),
+            fmt_num(get_f(b, &["cpu_s"])),
+            fmt_num(get_f(b, &["cpu_us_per_msg"])),
+            fmt_num(get_f(b, &["rss_kib_before"])),
+            fmt_num(get_f(b, &["rss_kib_peak"])),
+            fmt_num(get_f(b, &["rss_kib_after"])),
+        ));
+    }
+    s.push_str(&format!(
+        "\n  client CPU µs/msg: {}",
+        n("client_cpu_us_per_msg")
+    ));
+    s
+}
+
 /// Human-readable summary of one result (stdout without `--json`).
 pub fn human(v: &Value) -> String {
     let mut s = String::new();
     let bench = get_s(v, "bench");
+    if matches!(bench, "amqp" | "stomp" | "mqtt" | "mqtt-idle") {
+        return human_e2e(v);
+    }
     let what = match bench {
         "store" => format!(
             "store {} size={} writers={} queues={}",
@@ -346,5 +429,26 @@ mod tests {
             "{t}"
         );
         assert_eq!(table("garbage\n"), "");
+    }
+
+    #[test]
+    fn human_e2e_lines() {
+        let v: Value = serde_json::from_str(
+            r#"{"bench":"amqp","variant":"transient","target":"127.0.0.1:5680","size":1024,"producers":1,"consumers":1,"sent":10,"received":9,"expected":10,"lost":1,"duplicated":0,"out_of_order":0,"unexpected":0,"corrupt":0,"drained":false,"seconds":1.0,"msgs_per_s":9,"mb_per_s":0.01,"send_per_s":10,"lat_us":{"p50":100,"p99":200,"p999":300,"max":400},"broker":{"pid":42,"cpu_s":0.5,"cpu_us_per_msg":55.5,"rss_kib_before":1,"rss_kib_peak":3,"rss_kib_after":2},"client_cpu_us_per_msg":3}"#,
+        )
+        .unwrap();
+        let h = human(&v);
+        assert!(h.contains("lost 1 duplicated 0"), "{h}");
+        assert!(h.contains("not drained"), "{h}");
+        assert!(h.contains("55.5 µs/msg"), "{h}");
+        let i: Value = serde_json::from_str(
+            r#"{"bench":"mqtt-idle","target":"t","connections":10,"connected":10,"connect_s":0.5,"failed":0,"alive_at_end":10,"broker":{"rss_kib_per_conn":1.5}}"#,
+        )
+        .unwrap();
+        assert!(
+            human(&i).contains("per connection 1.50 KiB"),
+            "{}",
+            human(&i)
+        );
     }
 }

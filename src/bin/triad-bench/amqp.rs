@@ -1,0 +1,911 @@
+//! `triad-bench amqp`: a minimal AMQP 0-9-1 client (PLAIN login, one channel per
+//! connection, no heartbeats) driving producers and consumers, after RabbitMQ PerfTest.
+//!
+//! Topology: `--queues N` queues `triad-bench-<pid>-<i>` on the default exchange
+//! (producer p publishes to queue p % N, consumer c reads queue c % N), or with
+//! `--fanout N` a fanout exchange with N queues bound (every message to every queue). The
+//! queues (and the exchange) are deleted at the end.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::AmqpArgs;
+use crate::e2e::{self, Checker, Counters, Harness, Pacer};
+use crate::wire::{Rd, ReadBuf};
+
+const FRAME_METHOD: u8 = 1;
+const FRAME_HEADER: u8 = 2;
+const FRAME_BODY: u8 = 3;
+const FRAME_HEARTBEAT: u8 = 8;
+const FRAME_END: u8 = 0xCE;
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Written out once this much is buffered.
+const FLUSH_AT: usize = 64 << 10;
+
+// (class, method) ids
+const CONN_START: (u16, u16) = (10, 10);
+const CONN_START_OK: (u16, u16) = (10, 11);
+const CONN_TUNE: (u16, u16) = (10, 30);
+const CONN_TUNE_OK: (u16, u16) = (10, 31);
+const CONN_OPEN: (u16, u16) = (10, 40);
+const CONN_OPEN_OK: (u16, u16) = (10, 41);
+const CONN_CLOSE: (u16, u16) = (10, 50);
+const CONN_CLOSE_OK: (u16, u16) = (10, 51);
+const CH_OPEN: (u16, u16) = (20, 10);
+const CH_OPEN_OK: (u16, u16) = (20, 11);
+const CH_CLOSE: (u16, u16) = (20, 40);
+const CH_CLOSE_OK: (u16, u16) = (20, 41);
+const EX_DECLARE: (u16, u16) = (40, 10);
+const EX_DECLARE_OK: (u16, u16) = (40, 11);
+const EX_DELETE: (u16, u16) = (40, 20);
+const EX_DELETE_OK: (u16, u16) = (40, 21);
+const Q_DECLARE: (u16, u16) = (50, 10);
+const Q_DECLARE_OK: (u16, u16) = (50, 11);
+const Q_BIND: (u16, u16) = (50, 20);
+const Q_BIND_OK: (u16, u16) = (50, 21);
+const Q_DELETE: (u16, u16) = (50, 40);
+const Q_DELETE_OK: (u16, u16) = (50, 41);
+const B_QOS: (u16, u16) = (60, 10);
+const B_QOS_OK: (u16, u16) = (60, 11);
+const B_CONSUME: (u16, u16) = (60, 20);
+const B_CONSUME_OK: (u16, u16) = (60, 21);
+const B_CANCEL: (u16, u16) = (60, 30);
+const B_PUBLISH: (u16, u16) = (60, 40);
+const B_RETURN: (u16, u16) = (60, 50);
+const B_DELIVER: (u16, u16) = (60, 60);
+const B_ACK: (u16, u16) = (60, 80);
+const B_NACK: (u16, u16) = (60, 120);
+const CONFIRM_SELECT: (u16, u16) = (85, 10);
+const CONFIRM_SELECT_OK: (u16, u16) = (85, 11);
+
+// ---- encoding ----
+
+fn shortstr(out: &mut Vec<u8>, s: &str) {
+    let b = &s.as_bytes()[..s.len().min(255)];
+    out.push(b.len() as u8);
+    out.extend_from_slice(b);
+}
+
+fn longstr(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Appends one frame whose payload `f` writes.
+fn frame(out: &mut Vec<u8>, typ: u8, ch: u16, f: impl FnOnce(&mut Vec<u8>)) {
+    out.push(typ);
+    out.extend_from_slice(&ch.to_be_bytes());
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    f(out);
+    let len = (out.len() - at - 4) as u32;
+    out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+    out.push(FRAME_END);
+}
+
+fn method(out: &mut Vec<u8>, ch: u16, id: (u16, u16), args: impl FnOnce(&mut Vec<u8>)) {
+    frame(out, FRAME_METHOD, ch, |o| {
+        o.extend_from_slice(&id.0.to_be_bytes());
+        o.extend_from_slice(&id.1.to_be_bytes());
+        args(o);
+    });
+}
+
+/// basic.publish + content header (delivery-mode) + body frames of at most frame_max.
+fn publish(
+    out: &mut Vec<u8>,
+    exchange: &str,
+    routing_key: &str,
+    persistent: bool,
+    body: &[u8],
+    frame_max: usize,
+) {
+    method(out, 1, B_PUBLISH, |o| {
+        o.extend_from_slice(&0u16.to_be_bytes());
+        shortstr(o, exchange);
+        shortstr(o, routing_key);
+        o.push(0); // mandatory, immediate
+    });
+    frame(out, FRAME_HEADER, 1, |o| {
+        o.extend_from_slice(&60u16.to_be_bytes());
+        o.extend_from_slice(&0u16.to_be_bytes());
+        o.extend_from_slice(&(body.len() as u64).to_be_bytes());
+        o.extend_from_slice(&(1u16 << 12).to_be_bytes()); // delivery-mode present
+        o.push(if persistent { 2 } else { 1 });
+    });
+    for chunk in body.chunks(frame_max.saturating_sub(8).max(1)) {
+        frame(out, FRAME_BODY, 1, |o| o.extend_from_slice(chunk));
+    }
+}
+
+fn ack(out: &mut Vec<u8>, tag: u64, multiple: bool) {
+    method(out, 1, B_ACK, |o| {
+        o.extend_from_slice(&tag.to_be_bytes());
+        o.push(u8::from(multiple));
+    });
+}
+
+// ---- decoding ----
+
+/// A complete frame at the front of the buffer: (type, channel, payload range length).
+fn frame_at(data: &[u8]) -> Result<Option<(u8, u16, usize)>, String> {
+    if data.len() < 7 {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([data[3], data[4], data[5], data[6]]) as usize;
+    if data.len() < len + 8 {
+        return Ok(None);
+    }
+    if data[7 + len] != FRAME_END {
+        return Err("bad frame end octet".into());
+    }
+    Ok(Some((data[0], u16::from_be_bytes([data[1], data[2]]), len)))
+}
+
+fn method_id(payload: &[u8]) -> Result<((u16, u16), &[u8]), String> {
+    let mut r = Rd(payload);
+    Ok(((r.u16()?, r.u16()?), r.0))
+}
+
+/// reply-code and reply-text of connection.close / channel.close.
+fn close_reason(args: &[u8]) -> String {
+    let mut r = Rd(args);
+    match (r.u16(), r.shortstr()) {
+        (Ok(code), Ok(text)) => format!("{code} {}", String::from_utf8_lossy(text)),
+        _ => "(unparsable close)".into(),
+    }
+}
+
+/// Frame bytes still needed before the frame at the front is complete (a hint for fill).
+fn want(data: &[u8]) -> usize {
+    if data.len() < 7 {
+        7
+    } else {
+        u32::from_be_bytes([data[3], data[4], data[5], data[6]]) as usize + 8
+    }
+}
+
+/// One connection with channel 1 open.
+pub struct Conn {
+    r: ReadBuf,
+    w: OwnedWriteHalf,
+    out: Vec<u8>,
+    frame_max: usize,
+}
+
+impl Conn {
+    pub async fn open(a: &AmqpArgs) -> Result<Conn, String> {
+        let l = &a.load;
+        let s = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect((l.host.as_str(), l.port)))
+            .await
+            .map_err(|_| format!("connect {}:{}: timed out", l.host, l.port))?
+            .map_err(|e| format!("connect {}:{}: {e}", l.host, l.port))?;
+        let _ = s.set_nodelay(true);
+        let (rd, w) = s.into_split();
+        let mut c = Conn {
+            r: ReadBuf::new(rd),
+            w,
+            out: Vec::with_capacity(FLUSH_AT * 2),
+            frame_max: 131072,
+        };
+        c.out.extend_from_slice(b"AMQP\x00\x00\x09\x01");
+        c.flush().await?;
+        let start = c.expect(0, CONN_START).await?;
+        let mut r = Rd(&start);
+        let (_maj, _min) = (r.u8()?, r.u8()?);
+        r.longstr()?; // server-properties
+        let mechs = r.longstr()?;
+        if !String::from_utf8_lossy(mechs)
+            .split(' ')
+            .any(|m| m == "PLAIN")
+        {
+            return Err(format!(
+                "broker offers no PLAIN login: {}",
+                String::from_utf8_lossy(mechs)
+            ));
+        }
+        method(&mut c.out, 0, CONN_START_OK, |o| {
+            // client-properties: product and the capabilities we handle
+            let mut t = Vec::new();
+            shortstr(&mut t, "product");
+            t.push(b'S');
+            longstr(&mut t, b"triad-bench");
+            shortstr(&mut t, "capabilities");
+            t.push(b'F');
+            let mut caps = Vec::new();
+            for cap in ["publisher_confirms", "basic.nack", "consumer_cancel_notify"] {
+                shortstr(&mut caps, cap);
+                caps.push(b't');
+                caps.push(1);
+            }
+            longstr(&mut t, &caps);
+            longstr(o, &t);
+            shortstr(o, "PLAIN");
+            longstr(o, format!("\0{}\0{}", l.user, l.pass).as_bytes());
+            shortstr(o, "en_US");
+        });
+        c.flush().await?;
+        let tune = c.expect(0, CONN_TUNE).await?;
+        let mut r = Rd(&tune);
+        let (channel_max, frame_max, _hb) = (r.u16()?, r.u32()?, r.u16()?);
+        c.frame_max = if frame_max == 0 {
+            131072
+        } else {
+            (frame_max as usize).min(131072)
+        };
+        method(&mut c.out, 0, CONN_TUNE_OK, |o| {
+            o.extend_from_slice(&channel_max.to_be_bytes());
+            o.extend_from_slice(&(c.frame_max as u32).to_be_bytes());
+            o.extend_from_slice(&0u16.to_be_bytes()); // no heartbeats
+        });
+        method(&mut c.out, 0, CONN_OPEN, |o| {
+            shortstr(o, &a.vhost);
+            shortstr(o, "");
+            o.push(0);
+        });
+        c.flush().await?;
+        c.expect(0, CONN_OPEN_OK).await?;
+        method(&mut c.out, 1, CH_OPEN, |o| shortstr(o, ""));
+        c.flush().await?;
+        c.expect(1, CH_OPEN_OK).await?;
+        Ok(c)
+    }
+
+    async fn flush(&mut self) -> Result<(), String> {
+        if !self.out.is_empty() {
+            self.w
+                .write_all(&self.out)
+                .await
+                .map_err(|e| format!("write: {e}"))?;
+            self.out.clear();
+        }
+        Ok(())
+    }
+
+    /// Reads until method `id` arrives on channel `ch` and returns its arguments; a
+    /// connection.close or channel.close is an error. Other frames are skipped.
+    async fn expect(&mut self, ch: u16, id: (u16, u16)) -> Result<Vec<u8>, String> {
+        loop {
+            let Some((typ, fch, len)) = frame_at(self.r.data())? else {
+                let w = want(self.r.data());
+                self.r.fill_within(w, SETUP_TIMEOUT).await?;
+                continue;
+            };
+            let payload = self.r.data()[7..7 + len].to_vec();
+            self.r.consume(len + 8);
+            if typ != FRAME_METHOD {
+                continue;
+            }
+            let (mid, args) = method_id(&payload)?;
+            if mid == CONN_CLOSE {
+                method(&mut self.out, 0, CONN_CLOSE_OK, |_| {});
+                let _ = self.flush().await;
+                return Err(format!(
+                    "connection closed by broker: {}",
+                    close_reason(args)
+                ));
+            }
+            if mid == CH_CLOSE {
+                return Err(format!("channel closed by broker: {}", close_reason(args)));
+            }
+            if fch == ch && mid == id {
+                return Ok(args.to_vec());
+            }
+        }
+    }
+
+    /// connection.close, then waits (briefly) for close-ok.
+    async fn close(mut self) {
+        method(&mut self.out, 0, CONN_CLOSE, |o| {
+            o.extend_from_slice(&200u16.to_be_bytes());
+            shortstr(o, "bye");
+            o.extend_from_slice(&[0, 0, 0, 0]);
+        });
+        if self.flush().await.is_err() {
+            return;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.expect(0, CONN_CLOSE_OK)).await;
+    }
+
+    async fn declare_queue(&mut self, name: &str, durable: bool) -> Result<(), String> {
+        method(&mut self.out, 1, Q_DECLARE, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, name);
+            o.push(if durable { 0b10 } else { 0 }); // passive, durable, exclusive, auto-delete, nowait
+            longstr(o, &[]);
+        });
+        self.flush().await?;
+        self.expect(1, Q_DECLARE_OK).await.map(|_| ())
+    }
+}
+
+fn queue_name(i: usize) -> String {
+    format!("triad-bench-{}-{i}", std::process::id())
+}
+
+fn exchange_name() -> String {
+    format!("triad-bench-{}-fanout", std::process::id())
+}
+
+/// Confirms received so far: everything up to `upto`, plus single acks above it.
+#[derive(Default)]
+struct Confirms {
+    upto: u64,
+    above: BTreeSet<u64>,
+}
+
+impl Confirms {
+    /// Records an ack/nack of `tag`; returns how many tags it newly settles.
+    fn settle(&mut self, tag: u64, multiple: bool) -> u64 {
+        if tag <= self.upto {
+            return 0;
+        }
+        if multiple {
+            let already = self.above.range(..=tag).count() as u64;
+            let n = tag - self.upto - already;
+            self.above = self.above.split_off(&(tag + 1));
+            self.upto = tag;
+            self.advance();
+            n
+        } else if self.above.insert(tag) {
+            self.advance();
+            1
+        } else {
+            0
+        }
+    }
+
+    fn advance(&mut self) {
+        while self.above.remove(&(self.upto + 1)) {
+            self.upto += 1;
+        }
+    }
+}
+
+/// The producer's read side: settles confirms, releasing window permits; a close from the
+/// broker ends it (and the producer) with an error.
+async fn confirm_reader(
+    mut r: ReadBuf,
+    window: Arc<Semaphore>,
+    counters: Arc<Counters>,
+    done: CancellationToken,
+) -> (u64, u64, Option<String>) {
+    let mut confirms = Confirms::default();
+    let (mut acked, mut nacked) = (0u64, 0u64);
+    let res: Result<(), String> = async {
+        loop {
+            while let Some((typ, _ch, len)) = frame_at(r.data())? {
+                let payload = &r.data()[7..7 + len];
+                if typ == FRAME_METHOD {
+                    let (mid, args) = method_id(payload)?;
+                    let mut a = Rd(args);
+                    match mid {
+                        B_ACK | B_NACK => {
+                            let tag = a.u64()?;
+                            let multiple = a.u8()? & 1 != 0;
+                            let n = confirms.settle(tag, multiple);
+                            if mid == B_ACK {
+                                acked += n;
+                                counters.confirmed.fetch_add(n, Ordering::Relaxed);
+                            } else {
+                                nacked += n;
+                            }
+                            window.add_permits(n as usize);
+                        }
+                        CONN_CLOSE_OK => return Ok(()),
+                        CONN_CLOSE => {
+                            return Err(format!(
+                                "connection closed by broker: {}",
+                                close_reason(args)
+                            ))
+                        }
+                        CH_CLOSE => {
+                            return Err(format!("channel closed by broker: {}", close_reason(args)))
+                        }
+                        B_RETURN => return Err("message returned (unroutable)".into()),
+                        _ => {}
+                    }
+                }
+                r.consume(len + 8);
+            }
+            let w = want(r.data());
+            r.fill(w).await?;
+        }
+    }
+    .await;
+    let err = res.err();
+    if err.is_some() {
+        window.close();
+    }
+    done.cancel();
+    (acked, nacked, err)
+}
+
+struct ProducerPlan {
+    id: u32,
+    exchange: String,
+    routing_key: String,
+    quota: Option<u64>,
+    deadline: Option<Instant>,
+}
+
+async fn producer(
+    c: Conn,
+    a: Arc<AmqpArgs>,
+    p: ProducerPlan,
+    counters: Arc<Counters>,
+) -> (u64, Option<String>, u64) {
+    let Conn {
+        r,
+        mut w,
+        mut out,
+        frame_max,
+    } = c;
+    let window = Arc::new(Semaphore::new(if a.confirm {
+        a.confirm_window
+    } else {
+        Semaphore::MAX_PERMITS
+    }));
+    let reader_done = CancellationToken::new();
+    let reader = tokio::spawn(confirm_reader(
+        r,
+        window.clone(),
+        counters.clone(),
+        reader_done.clone(),
+    ));
+    let pacer = Pacer::new(a.load.rate.map(|r| r / a.load.producers as f64));
+    let mut body = e2e::body_template(a.load.size);
+    let mut sent = 0u64;
+    let res: Result<(), String> = async {
+        loop {
+            if p.quota.is_some_and(|q| sent >= q)
+                || p.deadline.is_some_and(|d| Instant::now() >= d)
+                || reader_done.is_cancelled()
+            {
+                break;
+            }
+            if let Some(d) = pacer.wait(sent) {
+                write_out(&mut w, &mut out).await?;
+                tokio::time::sleep(d).await;
+            }
+            if a.confirm {
+                match window.try_acquire() {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => {
+                        write_out(&mut w, &mut out).await?;
+                        match window.acquire().await {
+                            Ok(permit) => permit.forget(),
+                            Err(_) => break, // closed: the reader saw an error
+                        }
+                    }
+                }
+            }
+            e2e::stamp(&mut body, p.id, sent as u32, e2e::now_ns());
+            publish(
+                &mut out,
+                &p.exchange,
+                &p.routing_key,
+                a.persistent,
+                &body,
+                frame_max,
+            );
+            sent += 1;
+            counters.sent.fetch_add(1, Ordering::Relaxed);
+            if out.len() >= FLUSH_AT {
+                write_out(&mut w, &mut out).await?;
+            }
+        }
+        write_out(&mut w, &mut out).await?;
+        if a.confirm {
+            // wait for the outstanding confirms (bounded)
+            let t = Instant::now() + a.load.drain_timeout.max(Duration::from_secs(10));
+            while window.available_permits() < a.confirm_window
+                && !reader_done.is_cancelled()
+                && Instant::now() < t
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        method(&mut out, 0, CONN_CLOSE, |o| {
+            o.extend_from_slice(&200u16.to_be_bytes());
+            shortstr(o, "bye");
+            o.extend_from_slice(&[0, 0, 0, 0]);
+        });
+        write_out(&mut w, &mut out).await
+    }
+    .await;
+    let (acked, nacked, rerr) = match tokio::time::timeout(Duration::from_secs(5), reader).await {
+        Ok(Ok(x)) => x,
+        _ => (0, 0, Some("no close-ok from the broker".into())),
+    };
+    let mut err = res.err().or(rerr);
+    if a.confirm && err.is_none() && acked + nacked < sent {
+        err = Some(format!(
+            "{} publishes never confirmed",
+            sent - acked - nacked
+        ));
+    }
+    (sent, err, nacked)
+}
+
+async fn write_out(w: &mut OwnedWriteHalf, out: &mut Vec<u8>) -> Result<(), String> {
+    if !out.is_empty() {
+        w.write_all(out).await.map_err(|e| format!("write: {e}"))?;
+        out.clear();
+    }
+    Ok(())
+}
+
+async fn start_consumer(a: &AmqpArgs, id: usize, queue: &str) -> Result<Conn, String> {
+    let mut c = Conn::open(a).await?;
+    if a.manual_ack && a.prefetch > 0 {
+        method(&mut c.out, 1, B_QOS, |o| {
+            o.extend_from_slice(&0u32.to_be_bytes());
+            o.extend_from_slice(&a.prefetch.to_be_bytes());
+            o.push(0);
+        });
+        c.flush().await?;
+        c.expect(1, B_QOS_OK).await?;
+    }
+    method(&mut c.out, 1, B_CONSUME, |o| {
+        o.extend_from_slice(&0u16.to_be_bytes());
+        shortstr(o, queue);
+        shortstr(o, &format!("c{id}"));
+        o.push(if a.manual_ack { 0 } else { 0b10 }); // no-local, no-ack, exclusive, nowait
+        longstr(o, &[]);
+    });
+    c.flush().await?;
+    c.expect(1, B_CONSUME_OK).await?;
+    Ok(c)
+}
+
+/// Where a delivery stands: method seen, header seen (body bytes expected), body so far.
+enum Delivery {
+    Idle,
+    Header(u64),
+    Body { tag: u64, size: usize },
+}
+
+async fn consumer(
+    mut c: Conn,
+    a: Arc<AmqpArgs>,
+    producers: usize,
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+) -> e2e::ConsumerResult {
+    let mut chk = Checker::new(producers, a.load.size);
+    let mut state = Delivery::Idle;
+    let mut body: Vec<u8> = Vec::new();
+    let (mut last_tag, mut acked) = (0u64, 0u64);
+    let res: Result<(), String> = async {
+        loop {
+            let mut n = 0u64;
+            while let Some((typ, _ch, len)) = frame_at(c.r.data())? {
+                let payload = &c.r.data()[7..7 + len];
+                match (typ, &state) {
+                    (FRAME_METHOD, Delivery::Idle) => {
+                        let (mid, args) = method_id(payload)?;
+                        match mid {
+                            B_DELIVER => {
+                                let mut r = Rd(args);
+                                r.shortstr()?;
+                                state = Delivery::Header(r.u64()?);
+                            }
+                            CONN_CLOSE => {
+                                return Err(format!(
+                                    "connection closed by broker: {}",
+                                    close_reason(args)
+                                ))
+                            }
+                            CH_CLOSE => {
+                                return Err(format!(
+                                    "channel closed by broker: {}",
+                                    close_reason(args)
+                                ))
+                            }
+                            B_CANCEL => return Err("consumer cancelled by the broker".into()),
+                            _ => {}
+                        }
+                    }
+                    (FRAME_HEADER, Delivery::Header(tag)) => {
+                        let mut r = Rd(payload);
+                        r.u16()?;
+                        r.u16()?;
+                        let size = r.u64()? as usize;
+                        body.clear();
+                        if size == 0 {
+                            chk.check(&body);
+                            n += 1;
+                            last_tag = *tag;
+                            state = Delivery::Idle;
+                        } else {
+                            state = Delivery::Body { tag: *tag, size };
+                        }
+                    }
+                    (FRAME_BODY, Delivery::Body { tag, size }) => {
+                        let complete = if body.is_empty() && payload.len() == *size {
+                            chk.check(payload);
+                            true
+                        } else {
+                            body.extend_from_slice(payload);
+                            if body.len() >= *size {
+                                chk.check(&body);
+                                true
+                            } else {
+                                false
+                            }
+                        };
+                        if complete {
+                            n += 1;
+                            last_tag = *tag;
+                            state = Delivery::Idle;
+                        }
+                    }
+                    (FRAME_HEARTBEAT, _) => {}
+                    (t, _) => return Err(format!("unexpected frame type {t} mid-delivery")),
+                }
+                c.r.consume(len + 8);
+            }
+            if n > 0 {
+                counters.received.fetch_add(n, Ordering::Relaxed);
+            }
+            if a.manual_ack && last_tag > acked {
+                ack(&mut c.out, last_tag, true);
+                acked = last_tag;
+                c.flush().await?;
+            }
+            let w = want(c.r.data());
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                r = c.r.fill(w) => r?,
+            }
+        }
+    }
+    .await;
+    let err = res.err();
+    if err.is_none() {
+        c.close().await;
+    }
+    (chk, err)
+}
+
+pub fn run(a: &AmqpArgs) -> Result<Value, String> {
+    e2e::runtime(a.load.threads)?.block_on(run_async(Arc::new(a.clone())))
+}
+
+async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
+    let l = &a.load;
+    let groups = a.fanout.unwrap_or(a.queues);
+    let queues: Vec<String> = (0..groups).map(queue_name).collect();
+    let mut setup = Conn::open(&a).await?;
+    let exchange = if a.fanout.is_some() {
+        let x = exchange_name();
+        method(&mut setup.out, 1, EX_DECLARE, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, &x);
+            shortstr(o, "fanout");
+            o.push(if a.persistent { 0b10 } else { 0 });
+            longstr(o, &[]);
+        });
+        setup.flush().await?;
+        setup.expect(1, EX_DECLARE_OK).await?;
+        x
+    } else {
+        String::new()
+    };
+    for q in &queues {
+        setup.declare_queue(q, a.persistent).await?;
+        if a.fanout.is_some() {
+            method(&mut setup.out, 1, Q_BIND, |o| {
+                o.extend_from_slice(&0u16.to_be_bytes());
+                shortstr(o, q);
+                shortstr(o, &exchange);
+                shortstr(o, "");
+                o.push(0);
+                longstr(o, &[]);
+            });
+            setup.flush().await?;
+            setup.expect(1, Q_BIND_OK).await?;
+        }
+    }
+    let mut consumer_conns = Vec::new();
+    for j in 0..l.consumers {
+        consumer_conns.push(start_consumer(&a, j, &queues[j % groups]).await?);
+    }
+    let mut producer_conns = Vec::new();
+    for _ in 0..l.producers {
+        let mut c = Conn::open(&a).await?;
+        if a.confirm {
+            method(&mut c.out, 1, CONFIRM_SELECT, |o| o.push(0));
+            c.flush().await?;
+            c.expect(1, CONFIRM_SELECT_OK).await?;
+        }
+        producer_conns.push(c);
+    }
+
+    let h = Harness::start(l)?;
+    let consumers: Vec<_> = consumer_conns
+        .into_iter()
+        .map(|c| {
+            tokio::spawn(consumer(
+                c,
+                a.clone(),
+                l.producers,
+                h.counters.clone(),
+                h.stop.clone(),
+            ))
+        })
+        .collect();
+    let quotas = e2e::quotas(l.count, l.producers);
+    let nacked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let producers: Vec<_> = producer_conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let plan = ProducerPlan {
+                id: i as u32,
+                exchange: exchange.clone(),
+                routing_key: if a.fanout.is_some() {
+                    String::new()
+                } else {
+                    queues[i % groups].clone()
+                },
+                quota: quotas[i],
+                deadline: h.deadline(l),
+            };
+            let (a, counters, nacked) = (a.clone(), h.counters.clone(), nacked.clone());
+            tokio::spawn(async move {
+                let (sent, err, n) = producer(c, a, plan, counters).await;
+                nacked.fetch_add(n, Ordering::Relaxed);
+                (sent, err)
+            })
+        })
+        .collect();
+    let fanout = a.fanout.is_some();
+    let feeds = move |g: usize, p: usize| fanout || p % groups == g;
+    let fin = h
+        .finish(l, producers, consumers, |sent| {
+            (0..groups)
+                .map(|g| {
+                    sent.iter()
+                        .enumerate()
+                        .filter(|(p, _)| feeds(g, *p))
+                        .map(|(_, n)| n)
+                        .sum::<u64>()
+                })
+                .sum()
+        })
+        .await;
+
+    // clean up: delete the queues and the exchange
+    for q in &queues {
+        method(&mut setup.out, 1, Q_DELETE, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, q);
+            o.push(0);
+        });
+        if setup.flush().await.is_ok() {
+            let _ = setup.expect(1, Q_DELETE_OK).await;
+        }
+    }
+    if fanout {
+        method(&mut setup.out, 1, EX_DELETE, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, &exchange);
+            o.push(0);
+        });
+        if setup.flush().await.is_ok() {
+            let _ = setup.expect(1, EX_DELETE_OK).await;
+        }
+    }
+    method(&mut setup.out, 1, CH_CLOSE, |o| {
+        o.extend_from_slice(&200u16.to_be_bytes());
+        shortstr(o, "bye");
+        o.extend_from_slice(&[0, 0, 0, 0]);
+    });
+    if setup.flush().await.is_ok() {
+        let _ = setup.expect(1, CH_CLOSE_OK).await;
+    }
+    setup.close().await;
+
+    let group_of: Vec<usize> = (0..l.consumers).map(|j| j % groups).collect();
+    let o = fin.outcome(&group_of, groups, feeds);
+    Ok(e2e::result(
+        "amqp",
+        l,
+        &o,
+        json!({
+            "variant": variant(&a),
+            "queues": groups,
+            "fanout": a.fanout,
+            "persistent": a.persistent,
+            "confirm": a.confirm,
+            "confirm_window": a.confirm.then_some(a.confirm_window),
+            "manual_ack": a.manual_ack,
+            "prefetch": a.prefetch,
+            "nacked": nacked.load(Ordering::Relaxed),
+        }),
+    ))
+}
+
+fn variant(a: &AmqpArgs) -> String {
+    let mut v = vec![if a.persistent {
+        "persistent"
+    } else {
+        "transient"
+    }];
+    if a.confirm {
+        v.push("confirm");
+    }
+    if a.manual_ack {
+        v.push("manual-ack");
+    }
+    if a.fanout.is_some() {
+        v.push("fanout");
+    }
+    v.join("+")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confirms_settle_once() {
+        let mut c = Confirms::default();
+        assert_eq!(c.settle(2, false), 1);
+        assert_eq!(c.settle(1, false), 1);
+        assert_eq!(c.upto, 2);
+        assert_eq!(c.settle(5, false), 1);
+        assert_eq!(c.settle(5, false), 0, "twice");
+        assert_eq!(c.settle(6, true), 3, "3 and 4 and 6 (5 was settled)");
+        assert_eq!(c.upto, 6);
+        assert!(c.above.is_empty());
+        assert_eq!(c.settle(4, true), 0);
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        let mut out = Vec::new();
+        let body = vec![7u8; 300];
+        publish(&mut out, "x", "rk", true, &body, 108);
+        // method, header, then 300 bytes in frames of at most 108 - 8 = 100
+        let mut data = &out[..];
+        let mut types = Vec::new();
+        let mut got = Vec::new();
+        while let Some((typ, ch, len)) = frame_at(data).unwrap() {
+            assert_eq!(ch, 1);
+            types.push(typ);
+            if typ == FRAME_BODY {
+                assert!(len <= 100);
+                got.extend_from_slice(&data[7..7 + len]);
+            }
+            if typ == FRAME_METHOD {
+                let (mid, args) = method_id(&data[7..7 + len]).unwrap();
+                assert_eq!(mid, B_PUBLISH);
+                let mut r = Rd(args);
+                r.u16().unwrap();
+                assert_eq!(r.shortstr().unwrap(), b"x");
+                assert_eq!(r.shortstr().unwrap(), b"rk");
+            }
+            data = &data[len + 8..];
+        }
+        assert!(data.is_empty());
+        assert_eq!(types, vec![1, 2, 3, 3, 3]);
+        assert_eq!(got, body);
+        assert_eq!(frame_at(&out[..5]).unwrap(), None);
+        let mut bad = out.clone();
+        let first_len = u32::from_be_bytes([bad[3], bad[4], bad[5], bad[6]]) as usize;
+        bad[7 + first_len] = 0;
+        assert!(frame_at(&bad).is_err());
+    }
+}
