@@ -49,3 +49,139 @@ def wait_for(predicate, timeout=5.0, interval=0.02):
             return True
         time.sleep(interval)
     return predicate()
+
+
+# --- STOMP (stomp.py) -----------------------------------------------------------------
+
+import queue as _queue  # noqa: E402
+
+import stomp  # noqa: E402
+
+
+class StompListener(stomp.ConnectionListener):
+    """Collects frames into queues so tests can wait for them with a timeout."""
+
+    def __init__(self):
+        self.messages = _queue.Queue()
+        self.errors = _queue.Queue()
+        self.receipts = _queue.Queue()
+        self.connected = _queue.Queue()
+        self.disconnected = _queue.Queue()
+
+    def on_connected(self, frame):
+        self.connected.put(frame)
+
+    def on_message(self, frame):
+        self.messages.put(frame)
+
+    def on_error(self, frame):
+        self.errors.put(frame)
+
+    def on_receipt(self, frame):
+        self.receipts.put(frame)
+
+    def on_disconnected(self):
+        self.disconnected.put(True)
+
+
+class Stomp:
+    """A stomp.py 1.2 connection with bounded waits."""
+
+    def __init__(self, broker, login="guest", passcode="guest", headers=None, connect=True,
+                 auto_decode=True):
+        host, port = broker.host_port("stomp")
+        # Against Triad, stomp.py's default `host` header (the server's address) is what
+        # users send; an external RabbitMQ would read it as a vhost name, so name "/" there.
+        vhost = "/" if getattr(broker, "external", False) else None
+        self.conn = stomp.Connection12([(host, port)], timeout=5, auto_decode=auto_decode,
+                                       reconnect_attempts_max=1, vhost=vhost)
+        self.listener = StompListener()
+        self.conn.set_listener("l", self.listener)
+        self._receipt = 0
+        if connect:
+            self.connect(login, passcode, headers)
+
+    def connect(self, login="guest", passcode="guest", headers=None, timeout=5):
+        self.conn.connect(login, passcode, wait=False, headers=headers or {})
+        return self.wait_connected(timeout)
+
+    def wait_connected(self, timeout=5):
+        try:
+            return self.listener.connected.get(timeout=timeout)
+        except _queue.Empty:
+            err = self.error(0)
+            raise AssertionError(f"no CONNECTED within {timeout}s; error={err and err.headers}")
+
+    def receipt(self):
+        self._receipt += 1
+        return f"r-{id(self)}-{self._receipt}"
+
+    def wait_receipt(self, rid, timeout=5):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no RECEIPT {rid} within {timeout}s")
+            try:
+                f = self.listener.receipts.get(timeout=left)
+            except _queue.Empty:
+                continue
+            if f.headers.get("receipt-id") == rid:
+                return f
+
+    def subscribe(self, destination, sid, ack="auto", **headers):
+        rid = self.receipt()
+        self.conn.subscribe(destination, sid, ack=ack, headers=dict(headers, receipt=rid))
+        self.wait_receipt(rid)
+
+    def send(self, destination, body, wait=True, **headers):
+        if wait:
+            rid = self.receipt()
+            headers["receipt"] = rid
+        self.conn.send(destination, body, headers=headers)
+        if wait:
+            self.wait_receipt(rid)
+
+    def message(self, timeout=5):
+        try:
+            return self.listener.messages.get(timeout=timeout)
+        except _queue.Empty:
+            return None
+
+    def messages(self, n, timeout=5):
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            m = self.message(left)
+            if m is None:
+                break
+            out.append(m)
+        return out
+
+    def error(self, timeout=5):
+        try:
+            return self.listener.errors.get(timeout=timeout)
+        except _queue.Empty:
+            return None
+
+    def close(self):
+        try:
+            if self.conn.is_connected():
+                rid = self.receipt()
+                self.conn.disconnect(receipt=rid)
+        except Exception:
+            pass
+        try:
+            self.conn.transport.stop()
+        except Exception:
+            pass
+
+    def drop(self):
+        """Close the socket without DISCONNECT."""
+        try:
+            self.conn.transport.disconnect_socket()
+        except Exception:
+            pass
