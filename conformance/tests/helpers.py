@@ -185,3 +185,148 @@ class Stomp:
             self.conn.transport.disconnect_socket()
         except Exception:
             pass
+
+
+# --- MQTT (paho-mqtt 2.x, MQTT 3.1.1) ---------------------------------------------------
+
+import paho.mqtt.client as _mqtt  # noqa: E402
+
+
+class Mqtt:
+    """A paho client with its network loop on a thread (or driven by hand when
+    threaded=False, so a test can kill the socket without paho reconnecting)."""
+
+    def __init__(self, broker, client_id="", clean_session=True, username="guest",
+                 password="guest", will=None, connect=True, keepalive=30, threaded=True,
+                 manual_ack=False, port=None):
+        host, bport = broker.host_port("mqtt")
+        self.host, self.port = host, port or bport
+        self.client_id = client_id
+        self.threaded = threaded
+        self.c = _mqtt.Client(_mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                              protocol=_mqtt.MQTTv311, clean_session=clean_session,
+                              manual_ack=manual_ack)
+        if username is not None:
+            self.c.username_pw_set(username, password)
+        if will:
+            self.c.will_set(*will)
+        self.messages = _queue.Queue()
+        self.connacks = _queue.Queue()
+        self.subacks = {}
+        self.disconnects = _queue.Queue()
+        self.c.on_connect = lambda c, u, flags, rc, props: self.connacks.put((flags, rc))
+        self.c.on_message = lambda c, u, msg: self.messages.put(msg)
+        self.c.on_subscribe = lambda c, u, mid, rcs, props: self.subacks.__setitem__(mid, rcs)
+        self.c.on_disconnect = lambda c, u, flags, rc, props: self.disconnects.put(rc)
+        self.keepalive = keepalive
+        self.started = False
+        if connect:
+            flags, rc = self.connect()
+            assert not rc.is_failure, f"CONNACK refused: {rc}"
+
+    def connect(self, timeout=5):
+        self.c.connect(self.host, self.port, self.keepalive)
+        if self.threaded:
+            self.c.loop_start()
+            self.started = True
+            try:
+                return self.connacks.get(timeout=timeout)
+            except _queue.Empty:
+                raise AssertionError("no CONNACK")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.c.loop(timeout=0.05)
+            try:
+                return self.connacks.get_nowait()
+            except _queue.Empty:
+                pass
+        raise AssertionError("no CONNACK")
+
+    def pump(self, seconds):
+        """Drive the loop by hand (threaded=False)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.c.loop(timeout=0.02)
+
+    def subscribe(self, topic, qos=0, timeout=5):
+        rc, mid = self.c.subscribe(topic, qos)
+        assert rc == _mqtt.MQTT_ERR_SUCCESS
+        deadline = time.monotonic() + timeout
+        while mid not in self.subacks:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no SUBACK for {topic}")
+            if self.threaded:
+                time.sleep(0.01)
+            else:
+                self.c.loop(timeout=0.02)
+        return [r.value for r in self.subacks[mid]]
+
+    def unsubscribe(self, topic):
+        got = _queue.Queue()
+        self.c.on_unsubscribe = lambda c, u, mid, rcs, props: got.put(mid)
+        self.c.unsubscribe(topic)
+        got.get(timeout=5)
+
+    def publish(self, topic, payload, qos=0, retain=False, timeout=5):
+        info = self.c.publish(topic, payload, qos=qos, retain=retain)
+        if self.threaded:
+            info.wait_for_publish(timeout=timeout)
+        else:
+            deadline = time.monotonic() + timeout
+            while not info.is_published() and time.monotonic() < deadline:
+                self.c.loop(timeout=0.02)
+        assert info.is_published(), f"publish to {topic} (qos {qos}) not completed"
+        return info
+
+    def message(self, timeout=5):
+        try:
+            return self.messages.get(timeout=timeout)
+        except _queue.Empty:
+            return None
+
+    def take(self, n, timeout=5):
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            m = self.message(left)
+            if m is None:
+                break
+            out.append(m)
+        return out
+
+    def drain(self, quiet=0.3):
+        """All messages until none arrives for `quiet` seconds."""
+        out = []
+        while True:
+            m = self.message(quiet)
+            if m is None:
+                return out
+            out.append(m)
+
+    def close(self):
+        try:
+            self.c.disconnect()
+        except Exception:
+            pass
+        if self.started:
+            self.c.loop_stop()
+            self.started = False
+
+    def kill(self):
+        """Drop the TCP connection without DISCONNECT (and without paho reconnecting)."""
+        if self.started:
+            self.c._thread_terminate = True
+        sock = self.c.socket()
+        if sock is not None:
+            import socket as _s
+            try:
+                sock.shutdown(_s.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        if self.started:
+            self.c.loop_stop()
+            self.started = False
