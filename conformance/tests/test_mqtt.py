@@ -281,3 +281,126 @@ def test_retained_and_persistent_session_survive_restart(own_broker, uid):
         assert m is not None and m.payload == b"retained-cfg" and m.retain is True
     finally:
         c.close()
+
+
+def test_keepalive_expiry_disconnects_and_fires_will(broker, mqtt_clients, uid):
+    watcher = mqtt_clients()
+    topic = f"ka/{uid}"
+    watcher.subscribe(topic, qos=1)
+    silent = Mqtt(broker, client_id=f"silent-{uid}", will=(topic, b"timed out", 1, False),
+                  threaded=False, keepalive=1)
+    # never call loop() again: no PINGREQ; the broker must give up after 1.5 x keepalive
+    t0 = time.monotonic()
+    m = watcher.message(6)
+    assert m is not None and m.payload == b"timed out"
+    assert time.monotonic() - t0 < 4
+    silent.kill()
+
+
+def _mqtt_str(x):
+    x = x.encode()
+    return len(x).to_bytes(2, "big") + x
+
+
+def _packet(first, body):
+    n, rl = len(body), b""
+    while True:
+        d, n = n % 128, n // 128
+        rl += bytes([d | (0x80 if n else 0)])
+        if not n:
+            break
+    return bytes([first]) + rl + body
+
+
+def _raw_connect(broker, client_id, clean):
+    """A CONNECT paho refuses to send; returns (socket, CONNACK bytes)."""
+    import socket
+
+    host, port = broker.host_port("mqtt")
+    s = socket.create_connection((host, port), timeout=5)
+    flags = 0xC0 | (0x02 if clean else 0)
+    body = _mqtt_str("MQTT") + bytes([4, flags]) + (30).to_bytes(2, "big")
+    body += _mqtt_str(client_id) + _mqtt_str("guest") + _mqtt_str("guest")
+    s.sendall(_packet(0x10, body))
+    ack = b""
+    while len(ack) < 4:
+        chunk = s.recv(4 - len(ack))
+        if not chunk:
+            break
+        ack += chunk
+    return s, ack
+
+
+def test_empty_client_id_needs_clean_session(broker):
+    s, ack = _raw_connect(broker, "", clean=False)
+    s.close()
+    # CONNACK return code 2, identifier rejected [MQTT-3.1.3-8]
+    assert ack == bytes([0x20, 2, 0, 2])
+
+
+def test_empty_client_id_with_clean_session_is_accepted(mqtt_clients, uid):
+    c = mqtt_clients(client_id="", clean_session=True)
+    c.subscribe(f"anon/{uid}", qos=1)
+    mqtt_clients().publish(f"anon/{uid}", b"hi", qos=1)
+    assert c.message().payload == b"hi"
+
+
+def test_multiple_filters_in_one_subscribe(mqtt_clients, uid):
+    c = mqtt_clients()
+    rc, mid = c.c.subscribe([(f"mf/{uid}/a", 0), (f"mf/{uid}/b", 1), (f"mf/{uid}/c", 2)])
+    deadline = time.monotonic() + 5
+    while mid not in c.subacks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.value for r in c.subacks[mid]] == [0, 1, 2]
+    pub = mqtt_clients()
+    for t in "abc":
+        pub.publish(f"mf/{uid}/{t}", t.encode(), qos=2)
+    got = sorted((m.topic[-1], m.qos) for m in c.take(3))
+    assert got == [("a", 0), ("b", 1), ("c", 2)]
+
+
+def test_invalid_filter_is_refused(broker, uid):
+    s, ack = _raw_connect(broker, f"inv-{uid}", clean=True)
+    try:
+        assert ack == bytes([0x20, 2, 0, 0])
+        s.sendall(_packet(0x82, (7).to_bytes(2, "big") + _mqtt_str(f"bad/#/{uid}") + bytes([1])))
+        try:
+            reply = s.recv(5)
+        except OSError:
+            reply = b""
+        # SUBACK with 0x80 for the filter, or the connection closed [MQTT-4.7.1-2]
+        assert reply in (b"", bytes([0x90, 3, 0, 7, 0x80])), reply
+    finally:
+        s.close()
+
+
+def test_retained_delivery_qos_is_capped_by_subscription(mqtt_clients, uid):
+    topic = f"retq/{uid}"
+    mqtt_clients().publish(topic, b"r", qos=2, retain=True)
+    c = mqtt_clients()
+    c.subscribe(topic, qos=1)
+    m = c.message()
+    assert m is not None and m.retain is True and m.qos == 1
+    mqtt_clients().publish(topic, b"", qos=1, retain=True)
+
+
+def test_persistent_session_queues_qos2(mqtt_clients, uid):
+    cid = f"p2-{uid}"
+    topic = f"p2/{uid}"
+    a = mqtt_clients(client_id=cid, clean_session=False)
+    a.subscribe(topic, qos=2)
+    a.close()
+    pub = mqtt_clients()
+    pub.publish(topic, b"exactly once", qos=2)
+    b = mqtt_clients(client_id=cid, clean_session=False)
+    got = b.drain(quiet=0.7)
+    assert [(m.payload, m.qos) for m in got] == [(b"exactly once", 2)]
+    b.close()
+    mqtt_clients(client_id=cid, clean_session=True).close()
+
+
+def test_sys_clients_connected(mqtt_clients):
+    c = mqtt_clients()
+    c.subscribe("$SYS/broker/clients/connected", qos=0)
+    m = c.message(5)
+    assert m is not None and int(m.payload) >= 1

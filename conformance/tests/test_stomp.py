@@ -377,3 +377,117 @@ def test_large_message(stomp_clients, uid):
     c.send(dest, body)
     m = c.message(15)
     assert m is not None and len(m.body) == len(body)
+
+
+def test_heartbeats_negotiated_and_sent(broker):
+    import stomp
+
+    host, port = broker.host_port("stomp")
+    conn = stomp.Connection12([(host, port)], heartbeats=(500, 500), timeout=5,
+                              reconnect_attempts_max=1)
+    from helpers import StompListener
+
+    lst = StompListener()
+    timeouts = []
+    lst.on_heartbeat_timeout = lambda: timeouts.append(True)
+    conn.set_listener("l", lst)
+    try:
+        conn.connect("guest", "guest", wait=False)
+        frame = lst.connected.get(timeout=5)
+        sx, sy = (int(x) for x in frame.headers["heart-beat"].split(","))
+        assert sx > 0 and sy > 0, "the server must agree to heart-beat when the client asks"
+        time.sleep(3)
+        assert not timeouts, "the server stopped sending heart-beats"
+        assert conn.is_connected()
+    finally:
+        conn.disconnect()
+
+
+def test_duplicate_subscription_id_is_error(stomp_clients, uid):
+    c = stomp_clients()
+    c.subscribe(f"/queue/q-{uid}", "same")
+    c.conn.subscribe(f"/queue/q2-{uid}", "same")
+    assert c.error(5) is not None
+
+
+def test_ack_of_unknown_id_is_error(stomp_clients, uid):
+    c = stomp_clients()
+    c.subscribe(f"/queue/q-{uid}", "s", ack="client-individual")
+    c.conn.ack("no-such-ack-id")
+    assert c.error(5) is not None
+
+
+def test_send_without_destination_is_error(stomp_clients):
+    c = stomp_clients()
+    c.conn.send_frame("SEND", {}, "x")
+    err = c.error(5)
+    assert err is not None
+
+
+def test_receipt_on_disconnect(stomp_clients):
+    c = stomp_clients()
+    rid = c.receipt()
+    c.conn.disconnect(receipt=rid)
+    c.wait_receipt(rid)
+
+
+def test_durable_stomp_queue_survives_restart(own_broker, uid):
+    dest = f"/queue/q-{uid}"
+    p = Stomp(own_broker)
+    p.send(dest, "persisted", persistent="true")
+    p.close()
+    assert own_broker.restart() == 0
+    c = Stomp(own_broker)
+    try:
+        c.subscribe(dest, "s")
+        m = c.message()
+        assert m is not None and m.body == "persisted"
+    finally:
+        c.close()
+
+
+def test_durable_topic_subscription_survives_restart(own_broker, uid):
+    dest = f"/topic/dr.{uid}"
+    hdrs = {"durable": "true", "auto-delete": "false"}
+    c = Stomp(own_broker, headers={"client-id": f"cid-{uid}"})
+    c.subscribe(dest, f"dur-{uid}", **hdrs)
+    c.close()
+    p = Stomp(own_broker)
+    p.send(dest, "kept across restart", persistent="true")
+    p.close()
+    assert own_broker.restart() == 0
+    d = Stomp(own_broker, headers={"client-id": f"cid-{uid}"})
+    try:
+        d.subscribe(dest, f"dur-{uid}", **hdrs)
+        m = d.message()
+        assert m is not None and m.body == "kept across restart"
+    finally:
+        d.close()
+
+
+def test_content_length_absent_body_until_nul(broker, uid):
+    """A frame without content-length: the body runs to the first NUL."""
+    import socket
+
+    host, port = broker.host_port("stomp")
+    s = socket.create_connection((host, port), timeout=5)
+    try:
+        s.sendall(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\x00")
+        buf = b""
+        while b"\x00" not in buf:
+            buf += s.recv(4096)
+        assert buf.startswith(b"CONNECTED")
+        dest = f"/queue/q-{uid}".encode()
+        s.sendall(b"SUBSCRIBE\nid:0\ndestination:" + dest + b"\nreceipt:sub\n\n\x00")
+        s.sendall(b"SEND\ndestination:" + dest + b"\n\nno length header\x00\n\n")
+        buf = b""
+        deadline = time.monotonic() + 5
+        while b"MESSAGE" not in buf or not buf.rstrip(b"\n").endswith(b"\x00"):
+            if time.monotonic() > deadline:
+                break
+            buf += s.recv(4096)
+        assert b"RECEIPT\nreceipt-id:sub" in buf
+        msg = buf[buf.index(b"MESSAGE"):]
+        assert msg.split(b"\n\n", 1)[1].rstrip(b"\n").rstrip(b"\x00") == b"no length header"
+    finally:
+        s.close()
