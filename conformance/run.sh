@@ -32,6 +32,17 @@ if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_sub >/de
   fi
 fi
 
+# Node clients (amqplib, mqtt.js), pinned by conformance/node/package-lock.json.
+if command -v npm >/dev/null 2>&1; then
+  nstamp="$here/node/node_modules/.package-lock.json"
+  if [ ! -f "$nstamp" ] || [ "$here/node/package-lock.json" -nt "$nstamp" ]; then
+    (cd "$here/node" && npm ci --silent --no-audit --no-fund) ||
+      echo "conformance: npm ci failed; the Node client tests will be skipped" >&2
+  fi
+else
+  echo "conformance: npm missing; the Node client tests will be skipped" >&2
+fi
+
 if [ -z "${CONFORMANCE_EXTERNAL:-}" ]; then
   cargo build --quiet --bin triad --manifest-path "$root/Cargo.toml"
   export TRIAD_BIN="$root/target/debug/triad"
