@@ -404,3 +404,20 @@ def test_sys_clients_connected(mqtt_clients):
     c.subscribe("$SYS/broker/clients/connected", qos=0)
     m = c.message(5)
     assert m is not None and int(m.payload) >= 1
+
+
+def test_takeover_of_persistent_session_keeps_subscriptions(mqtt_clients, uid):
+    cid = f"pt-{uid}"
+    topic = f"pt/{uid}"
+    first = mqtt_clients(client_id=cid, clean_session=False)
+    first.subscribe(topic, qos=1)
+    second = mqtt_clients(client_id=cid, clean_session=False, connect=False)
+    first.c._thread_terminate = True
+    flags, rc = second.connect()
+    assert flags.session_present is True
+    first.disconnects.get(timeout=5)
+    mqtt_clients().publish(topic, b"still subscribed", qos=1)
+    m = second.message()
+    assert m is not None and m.payload == b"still subscribed"
+    second.close()
+    mqtt_clients(client_id=cid, clean_session=True).close()

@@ -491,3 +491,43 @@ def test_content_length_absent_body_until_nul(broker, uid):
         assert msg.split(b"\n\n", 1)[1].rstrip(b"\n").rstrip(b"\x00") == b"no length header"
     finally:
         s.close()
+
+
+def test_nack_without_requeue_dead_letters(broker, stomp_clients, uid):
+    dlx, dlq, q = f"dlx-{uid}", f"dlq-{uid}", f"q-{uid}"
+    conn = pika_connect(broker)
+    try:
+        ch = conn.channel()
+        ch.exchange_declare(dlx, "fanout")
+        ch.queue_declare(dlq)
+        ch.queue_bind(dlq, dlx)
+        ch.queue_declare(q, arguments={"x-dead-letter-exchange": dlx})
+        ch.basic_publish("", q, b"bad message")
+        c = stomp_clients()
+        c.subscribe(f"/amq/queue/{q}", "s", ack="client-individual")
+        m = c.message()
+        assert m is not None and m.body == "bad message"
+        rid = c.receipt()
+        c.conn.nack(m.headers["ack"], receipt=rid, requeue="false")
+        c.wait_receipt(rid)
+        assert c.message(0.5) is None, "requeue:false must not redeliver"
+        deadline = time.monotonic() + 5
+        got = (None, None, None)
+        while got[0] is None and time.monotonic() < deadline:
+            got = ch.basic_get(dlq, auto_ack=True)
+        assert got[2] == b"bad message"
+        assert got[1].headers["x-death"][0]["reason"] == "rejected"
+    finally:
+        conn.close()
+
+
+def test_expiration_header_sets_per_message_ttl(stomp_clients, uid):
+    dest = f"/queue/q-{uid}"
+    p = stomp_clients()
+    p.send(dest, "short", expiration="100")
+    p.send(dest, "long")
+    time.sleep(0.4)
+    c = stomp_clients()
+    c.subscribe(dest, "s")
+    got = c.messages(2, timeout=1)
+    assert [m.body for m in got] == ["long"]
