@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Runs the third-party-client conformance suite against a broker it starts itself on
 # free loopback ports with a temporary data directory. Installs its own Python venv
-# (conformance/.venv) from the pinned requirements.txt.
+# (conformance/.venv) from the pinned requirements.txt, and mosquitto-clients
+# (mosquitto_pub / mosquitto_sub) through apt when they are missing and we are root;
+# otherwise the tests that need them are skipped with the reason.
+#
+# Extra arguments go to pytest, e.g. `conformance/run.sh -k stomp -x`.
+# CONFORMANCE_EXTERNAL="amqp=H:P,stomp=H:P,mqtt=H:P" runs the suite against a broker
+# that is already running (e.g. RabbitMQ) instead of building and starting Triad.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -14,7 +20,32 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$here/requirements.txt" "$stamp"; th
   cp "$here/requirements.txt" "$stamp"
 fi
 
-cargo build --quiet --bin triad --manifest-path "$root/Cargo.toml"
-export TRIAD_BIN="$root/target/debug/triad"
+if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_sub >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "conformance: installing mosquitto-clients" >&2
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto-clients >/dev/null; }; then
+      echo "conformance: could not install mosquitto-clients; its tests will be skipped" >&2
+    fi
+  else
+    echo "conformance: mosquitto_pub/mosquitto_sub missing and not root; their tests will be skipped" >&2
+  fi
+fi
+
+# Node clients (amqplib, mqtt.js), pinned by conformance/node/package-lock.json.
+if command -v npm >/dev/null 2>&1; then
+  nstamp="$here/node/node_modules/.package-lock.json"
+  if [ ! -f "$nstamp" ] || [ "$here/node/package-lock.json" -nt "$nstamp" ]; then
+    (cd "$here/node" && npm ci --silent --no-audit --no-fund) ||
+      echo "conformance: npm ci failed; the Node client tests will be skipped" >&2
+  fi
+else
+  echo "conformance: npm missing; the Node client tests will be skipped" >&2
+fi
+
+if [ -z "${CONFORMANCE_EXTERNAL:-}" ]; then
+  cargo build --quiet --bin triad --manifest-path "$root/Cargo.toml"
+  export TRIAD_BIN="$root/target/debug/triad"
+fi
 cd "$here"
-exec "$venv/bin/python" -m pytest -q tests
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

@@ -1,0 +1,127 @@
+// amqplib (promise API) against Triad's AMQP listener. Run by tests/test_node.py with
+// TRIAD_AMQP_URL set; every wait is bounded.
+'use strict';
+const { test, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
+const amqp = require('amqplib');
+
+const URL = process.env.TRIAD_AMQP_URL;
+const uid = (p) => `${p}-${crypto.randomBytes(4).toString('hex')}`;
+const within = (ms, what, promise) =>
+  Promise.race([
+    promise,
+    new Promise((_, rej) => setTimeout(() => rej(new Error(`timed out: ${what}`)), ms).unref()),
+  ]);
+
+let conn;
+before(async () => { conn = await amqp.connect(URL, { timeout: 5000 }); });
+after(async () => { await conn.close(); });
+
+function collect(ch, queue, n, { ack = true } = {}) {
+  return new Promise((resolve, reject) => {
+    const got = [];
+    ch.consume(queue, (msg) => {
+      got.push(msg);
+      if (ack) ch.ack(msg);
+      if (got.length === n) resolve(got);
+    }).catch(reject);
+  });
+}
+
+test('confirm channel: persistent publish to a durable queue, manual-ack consume', async () => {
+  const ch = await conn.createConfirmChannel();
+  const ex = uid('ex'); const q = uid('q');
+  await ch.assertExchange(ex, 'topic', { durable: true });
+  const ok = await ch.assertQueue(q, { durable: true });
+  assert.equal(ok.queue, q);
+  await ch.bindQueue(q, ex, 'orders.#');
+  for (let i = 0; i < 20; i++) {
+    ch.publish(ex, `orders.eu.${i}`, Buffer.from(`o${i}`), {
+      persistent: true, contentType: 'text/plain', headers: { i }, messageId: `m${i}`,
+    });
+  }
+  await within(5000, 'confirms', ch.waitForConfirms());
+  const got = await within(5000, 'deliveries', collect(ch, q, 20));
+  assert.deepEqual(got.map((m) => m.content.toString()), [...Array(20).keys()].map((i) => `o${i}`));
+  assert.equal(got[3].properties.headers.i, 3);
+  assert.equal(got[3].properties.deliveryMode, 2);
+  assert.equal(got[3].properties.messageId, 'm3');
+  assert.equal(got[3].fields.routingKey, 'orders.eu.3');
+  await ch.close();
+});
+
+test('prefetch caps unacked deliveries; nack requeues with redelivered', async () => {
+  const ch = await conn.createChannel();
+  const q = uid('q');
+  await ch.assertQueue(q, { exclusive: true });
+  for (let i = 0; i < 5; i++) ch.sendToQueue(q, Buffer.from(`m${i}`));
+  await ch.prefetch(2);
+  const got = [];
+  await ch.consume(q, (msg) => got.push(msg));
+  await new Promise((r) => setTimeout(r, 500));
+  assert.equal(got.length, 2);
+  ch.nack(got[0], false, true);
+  await new Promise((r) => setTimeout(r, 300));
+  const redelivered = got.filter((m) => m.fields.redelivered);
+  assert.equal(redelivered.length, 1);
+  assert.equal(redelivered[0].content.toString(), 'm0');
+  await ch.close();
+});
+
+test('get, purge and checkQueue', async () => {
+  const ch = await conn.createChannel();
+  const q = uid('q');
+  await ch.assertQueue(q, { exclusive: true });
+  assert.equal(await ch.get(q), false);
+  ch.sendToQueue(q, Buffer.from('a'));
+  ch.sendToQueue(q, Buffer.from('b'));
+  ch.sendToQueue(q, Buffer.from('c'));
+  const m = await within(2000, 'get', (async () => {
+    for (;;) { const x = await ch.get(q, { noAck: true }); if (x) return x; }
+  })());
+  assert.equal(m.content.toString(), 'a');
+  assert.equal(m.fields.messageCount, 2);
+  assert.equal((await ch.checkQueue(q)).messageCount, 2);
+  assert.equal((await ch.purgeQueue(q)).messageCount, 2);
+  await ch.close();
+});
+
+test('checkQueue of a missing queue rejects with 404 and the connection lives on', async () => {
+  const ch = await conn.createChannel();
+  ch.on('error', () => {});
+  await assert.rejects(ch.checkQueue(uid('missing')), (e) => e.code === 404);
+  const ch2 = await conn.createChannel();
+  const q = uid('q');
+  await ch2.assertQueue(q, { exclusive: true });
+  ch2.sendToQueue(q, Buffer.from('fine'));
+  const [msg] = await within(3000, 'delivery', collect(ch2, q, 1));
+  assert.equal(msg.content.toString(), 'fine');
+  await ch2.close();
+});
+
+test('dead-lettering with x-death via assertQueue options', async () => {
+  const ch = await conn.createChannel();
+  const dlx = uid('dlx'); const dlq = uid('dlq'); const q = uid('q');
+  await ch.assertExchange(dlx, 'fanout', { autoDelete: true });
+  await ch.assertQueue(dlq, { exclusive: true });
+  await ch.bindQueue(dlq, dlx, '');
+  await ch.assertQueue(q, { exclusive: true, deadLetterExchange: dlx, messageTtl: 100 });
+  ch.sendToQueue(q, Buffer.from('expire me'));
+  const [msg] = await within(5000, 'dead letter', collect(ch, dlq, 1));
+  assert.equal(msg.content.toString(), 'expire me');
+  const death = msg.properties.headers['x-death'][0];
+  assert.equal(death.reason, 'expired');
+  assert.equal(death.queue, q);
+  await ch.close();
+});
+
+test('mandatory publish to nowhere is returned', async () => {
+  const ch = await conn.createChannel();
+  const returned = new Promise((resolve) => ch.on('return', resolve));
+  ch.publish('amq.direct', uid('nobody'), Buffer.from('back to sender'), { mandatory: true });
+  const msg = await within(5000, 'basic.return', returned);
+  assert.equal(msg.content.toString(), 'back to sender');
+  assert.equal(msg.fields.replyCode, 312);
+  await ch.close();
+});
