@@ -680,12 +680,6 @@ def test_persistent_messages_survive_restart(own_broker, uid):
     c.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Triad recovers non-persistent (delivery_mode=1) messages of a durable queue after a "
-    "restart; RabbitMQ classic queues drop transient messages on restart (only delivery_mode=2 "
-    "messages are recovered)",
-)
 def test_transient_messages_do_not_survive_restart(own_broker, uid):
     q = f"q-{uid}"
     c = pika_connect(own_broker)

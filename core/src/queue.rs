@@ -342,13 +342,24 @@ impl Queue {
         store: Arc<Store>,
         vhost: Weak<Vhost>,
     ) -> Result<Arc<Queue>, CoreError> {
-        // Everything pending in the store is ready: nothing is delivered yet.
+        // Everything pending in the store is ready: nothing is delivered yet. Transient
+        // messages (delivery mode 1) do not outlive the broker, as in RabbitMQ's classic
+        // queues: the ones a restart finds are dropped here.
         let pending = store.unacked(spec.id, usize::MAX)?;
         let mut ready_bytes = 0;
+        let mut transient = Vec::new();
         for off in &pending {
             if let Some(e) = store.entry(spec.id, *off) {
-                ready_bytes += tag_len(e.tag_hash);
+                if e.tag_hash & TAG_PERSISTENT == 0 {
+                    transient.push(*off);
+                } else {
+                    ready_bytes += tag_len(e.tag_hash);
+                }
             }
+        }
+        if !transient.is_empty() {
+            tracing::debug!(queue = %spec.name, dropped = transient.len(), "dropping transient messages after a restart");
+            drop(store.ack(spec.id, &transient)?);
         }
         let head = store.queue_info(spec.id)?.ack_head;
         let next = store.queue_next_offset(spec.id)?;
@@ -357,7 +368,7 @@ impl Queue {
             loaded_upto: head,
             recovered_next: next,
             unacked: HashMap::new(),
-            ready_count: pending.len() as u64,
+            ready_count: (pending.len() - transient.len()) as u64,
             ready_bytes,
             consumers: Vec::new(),
             rr: 0,
