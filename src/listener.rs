@@ -244,7 +244,11 @@ impl<H: Handler> Listener<H> {
             let ctx = self.ctx.clone();
             self.tracker.spawn(
                 async move {
-                    debug!("connection accepted");
+                    if proto.plain() == Proto::Http {
+                        debug!(%peer, %proto, "connection opened");
+                    } else {
+                        info!(%peer, %proto, "connection opened");
+                    }
                     let result = handler.serve(stream, peer, ctx).await;
                     log_close(proto, peer, result);
                     drop::<Option<OwnedSemaphorePermit>>(permit);
