@@ -141,6 +141,14 @@ struct Registry {
 }
 
 const REGISTRY: &str = "store-queues";
+/// Transient queue ids are reserved in blocks of this many (one registry write each).
+const ID_BLOCK: QueueId = 1024;
+
+/// The registry document (durable queues, id ceiling) and the next id to hand out.
+struct RegState {
+    doc: Registry,
+    next_free: QueueId,
+}
 
 struct QueueState {
     rec: QueueRecord,
@@ -163,7 +171,7 @@ struct Inner {
     log: CommitLog,
     writer: Mutex<Writer>,
     queues: RwLock<HashMap<QueueId, Arc<QueueState>>>,
-    registry: Mutex<Registry>,
+    registry: Mutex<RegState>,
     index: IndexService,
     meta: MetaStore,
     flush: Arc<FlushShared>,
@@ -338,7 +346,10 @@ impl Store {
             log,
             writer: Mutex::new(writer),
             queues: RwLock::new(queues),
-            registry: Mutex::new(registry),
+            registry: Mutex::new(RegState {
+                next_free: registry.next_id,
+                doc: registry,
+            }),
             index,
             meta,
             flush,
@@ -808,14 +819,19 @@ impl Inner {
             return Err(StoreError::Invalid("empty queue name".into()));
         }
         let mut reg = lock(&self.registry);
-        if let Some(q) = reg
+        if let Some(q) = self
             .queues
-            .iter()
-            .find(|q| q.vhost == vhost && q.name == name)
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .find(|q| q.rec.vhost == vhost && q.rec.name == name)
         {
-            return Ok(q.id);
+            return Ok(q.rec.id);
         }
-        let id = reg.next_id;
+        let id = reg.next_free;
+        let next_free = id
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Invalid("queue ids exhausted".into()))?;
         let rec = QueueRecord {
             id,
             vhost: vhost.to_string(),
@@ -826,13 +842,22 @@ impl Inner {
         let qdir = queue_dir(&self.cfg.dir.join("consumequeue"), &rec);
         remove_dir_if_exists(&qdir)?;
         let cq = ConsumeQueue::open(&qdir, self.cfg.cq_entries_per_file)?;
-        let mut next = reg.clone();
-        next.next_id = id
-            .checked_add(1)
-            .ok_or_else(|| StoreError::Invalid("queue ids exhausted".into()))?;
-        next.queues.push(rec.clone());
-        self.meta.put(REGISTRY, &next)?;
-        *reg = next;
+        // Durable queues are written to the registry document at once. Transient ones
+        // never are (they vanish at the next start, and their leftover files are removed
+        // as orphans); only the id ceiling is, in blocks, so ids are never reused.
+        if durable || next_free > reg.doc.next_id {
+            let mut doc = reg.doc.clone();
+            if durable {
+                doc.queues.push(rec.clone());
+            }
+            doc.next_id = doc.next_id.max(next_free);
+            if !durable {
+                doc.next_id = next_free.saturating_add(ID_BLOCK);
+            }
+            self.meta.put(REGISTRY, &doc)?;
+            reg.doc = doc;
+        }
+        reg.next_free = next_free;
         self.queues
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -851,13 +876,14 @@ impl Inner {
 
     fn delete_queue(&self, queue: QueueId) -> Result<()> {
         let mut reg = lock(&self.registry);
-        let mut next = reg.clone();
-        next.queues.retain(|q| q.id != queue);
-        if next.queues.len() == reg.queues.len() {
+        if reg.doc.queues.iter().any(|q| q.id == queue) {
+            let mut doc = reg.doc.clone();
+            doc.queues.retain(|q| q.id != queue);
+            self.meta.put(REGISTRY, &doc)?;
+            reg.doc = doc;
+        } else if self.queue(queue).is_err() {
             return Err(StoreError::NotFound(format!("queue {queue}")));
         }
-        self.meta.put(REGISTRY, &next)?;
-        *reg = next;
         // Take it out under the writer lock so no append is half-way into it.
         let q = {
             let _w = self.writer();
