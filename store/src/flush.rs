@@ -1,9 +1,11 @@
 //! Durability tracking: which commitlog offset is known to be on disk, and the handles
 //! ([`Durable`]) that appends return and confirms wait on.
 //!
-//! In `sync` mode one flusher thread performs group commit: it takes everything appended
-//! so far, makes it durable with one `msync`, then completes every waiter at or below
-//! that offset; appends that arrive meanwhile share the next flush. In `async` mode the
+//! In `sync` mode one flusher thread performs group commit: once somebody waits for an
+//! offset that is not durable yet, it takes everything appended so far, makes it durable
+//! with one `msync`, then completes every waiter at or below that offset; appends that
+//! arrive meanwhile share the next flush. Appends nobody waits for (transient messages,
+//! acks) do not wake it: they ride along with the next flush or the next checkpoint. In `async` mode the
 //! flusher runs on an interval or once enough bytes are dirty, and appends complete at
 //! once (after the page-cache write). A failed flush is fatal: every waiter, present and
 //! future, gets `StoreError::Fatal`, because retrying `fsync` can report success for data
@@ -42,8 +44,10 @@ impl FlushMode {
 
 #[derive(Default)]
 struct State {
-    /// Highest offset appended (requested to be flushed).
+    /// Highest offset appended.
     written: u64,
+    /// Highest offset somebody waits for (sync mode flushes only for these).
+    wanted: u64,
     /// Everything below this offset is durable.
     flushed: u64,
     failed: Option<String>,
@@ -123,7 +127,7 @@ impl FlushShared {
             if st.failed.is_some() {
                 return None;
             }
-            if st.written > st.flushed {
+            if st.wanted > st.flushed || (st.shutdown && st.written > st.flushed) {
                 return Some(st.written);
             }
             if st.shutdown {
@@ -209,9 +213,18 @@ impl FlushShared {
         self.work.notify_all();
     }
 
+    /// Asks the flusher for `offset` (under the state lock).
+    fn want(&self, st: &mut State, offset: u64) {
+        if offset > st.wanted && offset > st.flushed {
+            st.wanted = offset;
+            self.work.notify_one();
+        }
+    }
+
     /// Blocks until everything below `offset` is durable.
     pub fn wait(&self, offset: u64) -> Result<()> {
         let mut st = self.lock();
+        self.want(&mut st, offset);
         loop {
             if let Some(why) = &st.failed {
                 return Err(StoreError::Fatal(why.clone()));
@@ -234,6 +247,7 @@ impl FlushShared {
         if st.flushed >= offset {
             return Poll::Ready(Ok(()));
         }
+        self.want(&mut st, offset);
         if let Some(slot) = st
             .wakers
             .iter_mut()
@@ -329,12 +343,13 @@ mod tests {
         let s = FlushShared::new(10);
         assert!(Durable::new(10, s.clone()).is_durable());
         s.appended(20, 0);
-        assert_eq!(s.next_target(), Some(20));
         let flag = Arc::new(Flag(Default::default()));
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
         let mut d = Durable::new(20, s.clone());
+        // nobody waits yet: nothing to flush; the first poll asks for it
         assert!(Pin::new(&mut d).poll(&mut cx).is_pending());
+        assert_eq!(s.next_target(), Some(20));
         s.complete(15);
         assert!(!flag.0.load(std::sync::atomic::Ordering::SeqCst));
         s.complete(20);

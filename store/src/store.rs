@@ -705,7 +705,8 @@ impl Inner {
     fn after_append(&self, end: u64) -> Durable {
         match self.cfg.flush {
             FlushMode::Sync => {
-                self.flush.appended(end, 0);
+                // no wake-up here: the flusher runs once somebody waits (Durable)
+                self.flush.appended(end, u64::MAX);
                 Durable::new(end, self.flush.clone())
             }
             FlushMode::Async { dirty_bytes, .. } => {
