@@ -247,6 +247,11 @@ impl Session {
 
     fn channel_method_inner(&mut self, id: u16, class: AMQPClass) -> Result<(), AmqpError> {
         match class {
+            // RabbitMQ (since 3.3) does not let clients stop deliveries with channel.flow:
+            // active=false is a NOT_IMPLEMENTED connection error, never a silent flow-ok
+            AMQPClass::Channel(channel::AMQPMethod::Flow(f)) if !f.active => {
+                Err(AmqpError::connection(errors::NOT_IMPLEMENTED, "active=false").on(20, 20))
+            }
             AMQPClass::Channel(channel::AMQPMethod::Flow(f)) => {
                 self.send(
                     id,
@@ -537,6 +542,13 @@ impl Session {
             }
             basic::AMQPMethod::Reject(r) => {
                 self.settle_tags(id, r.delivery_tag, false, false, r.requeue)
+            }
+            // as RabbitMQ: redelivery to the same consumer (requeue=false) is not offered
+            basic::AMQPMethod::Recover(r) if !r.requeue => {
+                Err(AmqpError::connection(errors::NOT_IMPLEMENTED, "requeue=false").on(60, 110))
+            }
+            basic::AMQPMethod::RecoverAsync(r) if !r.requeue => {
+                Err(AmqpError::connection(errors::NOT_IMPLEMENTED, "requeue=false").on(60, 100))
             }
             basic::AMQPMethod::Recover(_) | basic::AMQPMethod::RecoverAsync(_) => {
                 let sync = matches!(m, basic::AMQPMethod::Recover(_));

@@ -551,3 +551,28 @@ async fn large_body_spans_many_frames() {
     assert_eq!(d.data.len(), body.len());
     assert!(d.data == body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_flow_stop_and_recover_without_requeue_are_not_implemented_as_in_rabbitmq() {
+    let s = Server::start().await;
+    for which in ["flow", "recover"] {
+        let conn = s.connect().await;
+        let ch = conn.create_channel().await.unwrap();
+        let err = match which {
+            "flow" => ch
+                .channel_flow(ChannelFlowOptions { active: false })
+                .await
+                .map(|_| ())
+                .unwrap_err(),
+            _ => ch
+                .basic_recover(BasicRecoverOptions { requeue: false })
+                .await
+                .unwrap_err(),
+        };
+        let text = err_text(err);
+        assert!(
+            text.contains("540") || text.contains("NOT_IMPLEMENTED"),
+            "{which}: {text}"
+        );
+    }
+}
