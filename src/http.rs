@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `GET /health`, `HEAD /health` | `200 {"status":"ok"}` (`application/json`) |
 //! | other method on `/health` | `405`, with `Allow: GET, HEAD` |
+//! | WebSocket upgrade on `/ws` or `/mqtt` | `101`, then STOMP or MQTT ([`crate::websocket`]) |
 //! | other path | `404` |
 //! | malformed head | `400`; too large: `431`; not HTTP/1.x: `505` |
 //!
@@ -240,6 +241,21 @@ pub async fn serve<S: Stream>(mut stream: S, _peer: SocketAddr, ctx: ConnContext
             )
         }
         Ok(Ok(Head::Complete(end))) => match parse_head(buf.get(..end).unwrap_or(&[])) {
+            Ok(req)
+                if crate::websocket::upgrade(
+                    req.method,
+                    req.path,
+                    std::str::from_utf8(buf.get(..end).unwrap_or(&[])).unwrap_or(""),
+                )
+                .is_some() =>
+            {
+                let head = std::str::from_utf8(buf.get(..end).unwrap_or(&[])).unwrap_or("");
+                let Some(u) = crate::websocket::upgrade(req.method, req.path, head) else {
+                    return Ok(Cow::Borrowed("not an upgrade"));
+                };
+                let rest = buf.get(end..).unwrap_or(&[]).to_vec();
+                return crate::websocket::serve(stream, rest, u, _peer, ctx).await;
+            }
             Ok(req) => {
                 let (status, headers, body) = route(&req);
                 let outcome = format!("{} {} -> {}", req.method, req.path, status.code());

@@ -21,3 +21,4 @@ pub mod listener;
 pub mod monitor;
 pub mod tls;
 pub mod units;
+pub mod websocket;

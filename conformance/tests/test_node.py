@@ -1,4 +1,4 @@
-"""Node clients (amqplib, mqtt.js; conformance/node, pinned in its package-lock.json) run
+"""Node clients (amqplib, mqtt.js, @stomp/stompjs over WebSocket; conformance/node, pinned in its package-lock.json) run
 with node's own test runner against the same broker; each file is one pytest test."""
 
 import os
@@ -20,10 +20,12 @@ def test_node_client(broker, name):
         pytest.skip("conformance/node/node_modules missing (run.sh runs `npm ci` when npm exists)")
     amqp_host, amqp_port = broker.host_port("amqp")
     mqtt_host, mqtt_port = broker.host_port("mqtt")
+    http_host, http_port = broker.host_port("http")
     env = dict(
         os.environ,
         TRIAD_AMQP_URL=f"amqp://guest:guest@{amqp_host}:{amqp_port}",
         TRIAD_MQTT_URL=f"mqtt://{mqtt_host}:{mqtt_port}",
+        TRIAD_HTTP_URL=f"http://{http_host}:{http_port}",
     )
     r = subprocess.run(
         ["node", "--test", "--test-reporter=spec", f"test/{name}"],

@@ -1,0 +1,177 @@
+//! STOMP and MQTT over WebSocket on the HTTP listener: `GET /ws` (subprotocols
+//! `v12.stomp`, `v11.stomp`, `v10.stomp`, as RabbitMQ's Web-STOMP and stompjs use) and
+//! `GET /mqtt` (subprotocol `mqtt`, as mqtt.js and paho use).
+//!
+//! The HTTP head is parsed by [`crate::http`]; this module answers the upgrade, then
+//! bridges the WebSocket to a byte stream (`tokio::io::duplex`) that the protocol adapter
+//! serves exactly as it serves a TCP connection: message payloads in, writes out as
+//! messages (text for STOMP when the bytes are UTF-8, else binary).
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Message, Role, WebSocketConfig};
+use tokio_tungstenite::WebSocketStream;
+
+use crate::listener::{ConnContext, ConnResult, Stream};
+
+/// Largest WebSocket message accepted (the adapters bound their own frames below it).
+const MAX_MESSAGE: usize = 16 << 20;
+/// Bytes buffered between the WebSocket and the adapter in each direction.
+const PIPE: usize = 64 << 10;
+
+/// Which protocol an upgrade is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Stomp,
+    Mqtt,
+}
+
+/// A WebSocket upgrade request: the key and the subprotocol chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upgrade {
+    pub target: Target,
+    pub key: String,
+    pub protocol: Option<&'static str>,
+}
+
+/// Recognises an upgrade to `/ws` or `/mqtt` in a parsed head; `None` for anything else.
+pub fn upgrade(method: &str, path: &str, head: &str) -> Option<Upgrade> {
+    let target = match path {
+        "/ws" | "/stomp" => Target::Stomp,
+        "/mqtt" => Target::Mqtt,
+        _ => return None,
+    };
+    if method != "GET" {
+        return None;
+    }
+    let header = |name: &str| {
+        head.split('\n').skip(1).find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().trim_end_matches('\r'))
+        })
+    };
+    if !header("upgrade")?.eq_ignore_ascii_case("websocket") {
+        return None;
+    }
+    let key = header("sec-websocket-key")?.to_string();
+    let offered: Vec<&str> = header("sec-websocket-protocol")
+        .map(|v| v.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    let supported: &[&'static str] = match target {
+        Target::Stomp => &["v12.stomp", "v11.stomp", "v10.stomp", "stomp"],
+        Target::Mqtt => &["mqtt", "mqttv3.1"],
+    };
+    let protocol = supported.iter().copied().find(|p| offered.contains(p));
+    Some(Upgrade {
+        target,
+        key,
+        protocol,
+    })
+}
+
+/// The `101 Switching Protocols` response.
+pub fn accept_response(u: &Upgrade) -> String {
+    let mut r = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n",
+        derive_accept_key(u.key.as_bytes())
+    );
+    if let Some(p) = u.protocol {
+        r.push_str(&format!("Sec-WebSocket-Protocol: {p}\r\n"));
+    }
+    r.push_str("\r\n");
+    r
+}
+
+/// Completes the upgrade on `stream` (`rest`: bytes read after the head) and serves the
+/// protocol over it until either side closes.
+pub async fn serve<S: Stream>(
+    mut stream: S,
+    rest: Vec<u8>,
+    u: Upgrade,
+    peer: SocketAddr,
+    ctx: ConnContext,
+) -> ConnResult {
+    stream.write_all(accept_response(&u).as_bytes()).await?;
+    let mut config = WebSocketConfig::default();
+    config.max_message_size = Some(MAX_MESSAGE);
+    config.max_frame_size = Some(MAX_MESSAGE);
+    let ws = WebSocketStream::from_partially_read(stream, rest, Role::Server, Some(config)).await;
+    let (adapter_side, pump_side) = tokio::io::duplex(PIPE);
+    let text = u.target == Target::Stomp;
+    let pump = tokio::spawn(bridge(ws, pump_side, text));
+    let served = match u.target {
+        Target::Stomp => crate::adapters::stomp(adapter_side, peer, ctx).await,
+        Target::Mqtt => crate::adapters::mqtt(adapter_side, peer, ctx).await,
+    };
+    // the adapter dropped its end: the bridge sees EOF, closes the WebSocket and ends
+    let _ = pump.await;
+    served.map(|r| Cow::Owned(format!("websocket: {r}")))
+}
+
+/// Moves WebSocket message payloads into the pipe and pipe bytes out as messages.
+async fn bridge<S: Stream>(
+    mut ws: WebSocketStream<S>,
+    mut pipe: tokio::io::DuplexStream,
+    text: bool,
+) {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        tokio::select! {
+            msg = ws.next() => match msg {
+                Some(Ok(Message::Binary(b))) => {
+                    if pipe.write_all(&b).await.is_err() { break; }
+                }
+                Some(Ok(Message::Text(t))) => {
+                    if pipe.write_all(t.as_bytes()).await.is_err() { break; }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                // pings are answered by tungstenite; pongs and raw frames need nothing
+                Some(Ok(_)) => {}
+            },
+            n = pipe.read(&mut buf) => match n {
+                Ok(0) | Err(_) => {
+                    let _ = ws.close(None).await;
+                    return;
+                }
+                Ok(n) => {
+                    let chunk = buf.get(..n).unwrap_or(&[]);
+                    let msg = match (text, std::str::from_utf8(chunk)) {
+                        (true, Ok(s)) => Message::text(s.to_string()),
+                        _ => Message::binary(chunk.to_vec()),
+                    };
+                    if ws.send(msg).await.is_err() { break; }
+                }
+            },
+        }
+    }
+    // the peer went away: closing our end of the pipe ends the adapter's connection
+    drop(pipe);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_upgrades_and_picks_a_subprotocol() {
+        let head = "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v10.stomp, v12.stomp\r\n\r\n";
+        let u = upgrade("GET", "/ws", head).expect("upgrade");
+        assert_eq!(u.target, Target::Stomp);
+        assert_eq!(u.protocol, Some("v12.stomp"));
+        // RFC 6455's example key and accept value
+        assert!(
+            accept_response(&u).contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n")
+        );
+        assert!(upgrade("GET", "/health", head).is_none());
+        assert!(upgrade("POST", "/ws", head).is_none());
+        assert!(upgrade("GET", "/ws", "GET /ws HTTP/1.1\r\nHost: x\r\n\r\n").is_none());
+        let m = upgrade("GET", "/mqtt", "GET /mqtt HTTP/1.1\r\nupgrade: WebSocket\r\nsec-websocket-key: k\r\nsec-websocket-protocol: mqtt\r\n\r\n").expect("mqtt");
+        assert_eq!((m.target, m.protocol), (Target::Mqtt, Some("mqtt")));
+    }
+}
