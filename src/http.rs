@@ -216,7 +216,7 @@ impl Service for Http {
 
 /// Serves one request on `stream` (plain TCP or TLS); a [`crate::listener::Handler`]
 /// for the plain listener.
-pub async fn serve<S: Stream>(mut stream: S, _peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+pub async fn serve<S: Stream>(mut stream: S, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
     let deadline = ctx.config.limits.handshake_timeout.get();
     let mut buf = Vec::with_capacity(1024);
     let head = tokio::select! {
@@ -241,22 +241,12 @@ pub async fn serve<S: Stream>(mut stream: S, _peer: SocketAddr, ctx: ConnContext
             )
         }
         Ok(Ok(Head::Complete(end))) => match parse_head(buf.get(..end).unwrap_or(&[])) {
-            Ok(req)
-                if crate::websocket::upgrade(
-                    req.method,
-                    req.path,
-                    std::str::from_utf8(buf.get(..end).unwrap_or(&[])).unwrap_or(""),
-                )
-                .is_some() =>
-            {
-                let head = std::str::from_utf8(buf.get(..end).unwrap_or(&[])).unwrap_or("");
-                let Some(u) = crate::websocket::upgrade(req.method, req.path, head) else {
-                    return Ok(Cow::Borrowed("not an upgrade"));
-                };
-                let rest = buf.get(end..).unwrap_or(&[]).to_vec();
-                return crate::websocket::serve(stream, rest, u, _peer, ctx).await;
-            }
             Ok(req) => {
+                let head = std::str::from_utf8(buf.get(..end).unwrap_or(&[])).unwrap_or("");
+                if let Some(u) = crate::websocket::upgrade(req.method, req.path, head) {
+                    let rest = buf.get(end..).unwrap_or(&[]).to_vec();
+                    return crate::websocket::serve(stream, rest, u, peer, ctx).await;
+                }
                 let (status, headers, body) = route(&req);
                 let outcome = format!("{} {} -> {}", req.method, req.path, status.code());
                 (
