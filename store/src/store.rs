@@ -148,6 +148,8 @@ const ID_BLOCK: QueueId = 1024;
 struct RegState {
     doc: Registry,
     next_free: QueueId,
+    /// (vhost, name) → id of every registered queue, durable or not.
+    by_name: HashMap<(String, String), QueueId>,
 }
 
 struct QueueState {
@@ -348,6 +350,11 @@ impl Store {
             queues: RwLock::new(queues),
             registry: Mutex::new(RegState {
                 next_free: registry.next_id,
+                by_name: registry
+                    .queues
+                    .iter()
+                    .map(|q| ((q.vhost.clone(), q.name.clone()), q.id))
+                    .collect(),
                 doc: registry,
             }),
             index,
@@ -502,13 +509,10 @@ impl Store {
 
     /// The id of a registered queue.
     pub fn find_queue(&self, vhost: &str, name: &str) -> Option<QueueId> {
-        self.inner
-            .queues
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .find(|q| q.rec.vhost == vhost && q.rec.name == name)
-            .map(|q| q.rec.id)
+        lock(&self.inner.registry)
+            .by_name
+            .get(&(vhost.to_string(), name.to_string()))
+            .copied()
     }
 
     /// Removes a queue and its files. Its messages stay in the commitlog until retention.
@@ -820,14 +824,9 @@ impl Inner {
             return Err(StoreError::Invalid("empty queue name".into()));
         }
         let mut reg = lock(&self.registry);
-        if let Some(q) = self
-            .queues
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .find(|q| q.rec.vhost == vhost && q.rec.name == name)
-        {
-            return Ok(q.rec.id);
+        let key = (vhost.to_string(), name.to_string());
+        if let Some(id) = reg.by_name.get(&key) {
+            return Ok(*id);
         }
         let id = reg.next_free;
         let next_free = id
@@ -859,6 +858,7 @@ impl Inner {
             reg.doc = doc;
         }
         reg.next_free = next_free;
+        reg.by_name.insert(key, id);
         self.queues
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -884,6 +884,12 @@ impl Inner {
             reg.doc = doc;
         } else if self.queue(queue).is_err() {
             return Err(StoreError::NotFound(format!("queue {queue}")));
+        }
+        if let Ok(q) = self.queue(queue) {
+            let key = (q.rec.vhost.clone(), q.rec.name.clone());
+            if reg.by_name.get(&key) == Some(&queue) {
+                reg.by_name.remove(&key);
+            }
         }
         // Take it out under the writer lock so no append is half-way into it.
         let q = {
