@@ -22,6 +22,10 @@ use crate::convert::short;
 use crate::errors::{self, AmqpError, Scope};
 use crate::AmqpConfig;
 
+/// The hasher for the session's per-delivery lookups (channel ids, consumer tags): a
+/// seeded foldhash, much cheaper than SipHash; keys come from this connection only.
+pub(crate) type FastHash = foldhash::fast::RandomState;
+
 /// Smallest frame-max a client may ask for (the spec's FRAME-MIN-SIZE).
 pub const FRAME_MIN_SIZE: u32 = 4096;
 
@@ -55,12 +59,13 @@ pub struct Session {
     heartbeat: u16,
     pub(crate) user: Option<User>,
     pub(crate) vhost: Option<Arc<Vhost>>,
-    pub(crate) channels: HashMap<u16, Channel>,
+    pub(crate) channels: HashMap<u16, Channel, FastHash>,
     /// Consumer tag → channel (tags are unique per connection here).
-    pub(crate) consumer_channels: HashMap<Arc<str>, u16>,
+    pub(crate) consumer_channels: HashMap<Arc<str>, u16, FastHash>,
     pub(crate) outbox: Arc<Outbox>,
     pub(crate) confirms: ConfirmQueue,
     pub(crate) out: Vec<Frame>,
+    encoder: codec::Encoder,
     pub(crate) ctag_seq: u64,
     blocked_capable: bool,
     published: bool,
@@ -148,11 +153,12 @@ impl Session {
             limits: Limits::PRE_TUNE,
             user: None,
             vhost: None,
-            channels: HashMap::new(),
-            consumer_channels: HashMap::new(),
+            channels: HashMap::default(),
+            consumer_channels: HashMap::default(),
             outbox,
             confirms: ConfirmQueue::default(),
             out: Vec::new(),
+            encoder: codec::Encoder::default(),
             ctag_seq: 0,
             blocked_capable: false,
             published: false,
@@ -203,7 +209,7 @@ impl Session {
     /// Encodes every pending frame into `buf`.
     pub fn write_to(&mut self, buf: &mut BytesMut) -> Result<(), EncodeError> {
         for f in self.out.drain(..) {
-            codec::encode(&f, buf)?;
+            self.encoder.encode(&f, buf)?;
         }
         Ok(())
     }
