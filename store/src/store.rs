@@ -421,6 +421,10 @@ impl Store {
     /// Acks entries of a queue (idempotent). The returned handle completes when the ack
     /// is durable; callers need not wait for it.
     pub fn ack(&self, queue: QueueId, offsets: &[u64]) -> Result<Durable> {
+        if let [o] = offsets {
+            // One ack per delivery (no-ack consumers, single acks): no sorting, no vectors.
+            return self.inner.ack_ranges(queue, &[(*o, o.saturating_add(1))]);
+        }
         let mut sorted = offsets.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
