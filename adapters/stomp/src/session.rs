@@ -473,7 +473,7 @@ impl Session {
         // validate now, even inside a transaction
         let dest = Destination::parse(required(&f, "destination")?)
             .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
-        mapping::properties_from_send(&f, &self.user)?;
+        let props = mapping::properties_from_send(&f, &self.user)?;
         if let Some(tx) = f.header("transaction") {
             let tx = tx.to_string();
             self.txs
@@ -488,7 +488,7 @@ impl Session {
             }
             return Ok(());
         }
-        let durable = self.publish(&f, dest)?;
+        let durable = self.publish(&f, dest, props)?;
         if let Some(r) = receipt {
             out.push(Action::Receipt {
                 durable,
@@ -499,9 +499,13 @@ impl Session {
     }
 
     /// Publishes a SEND; `Some` = wait on it before confirming.
-    fn publish(&mut self, f: &Frame, dest: Destination) -> Res<Option<DurableWait>> {
+    fn publish(
+        &mut self,
+        f: &Frame,
+        dest: Destination,
+        mut props: triad_core::Properties,
+    ) -> Res<Option<DurableWait>> {
         let vh = self.vhost()?;
-        let mut props = mapping::properties_from_send(f, &self.user)?;
         if let Some(rt) = props.reply_to.as_deref() {
             if let Some(t) = rt.strip_prefix("/temp-queue/") {
                 let t = t.to_string();
@@ -861,7 +865,8 @@ impl Session {
                 TxOp::Send(s) => {
                     let dest = Destination::parse(s.header("destination").unwrap_or(""))
                         .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
-                    if let Some(w) = self.publish(&s, dest)? {
+                    let props = mapping::properties_from_send(&s, &self.user)?;
+                    if let Some(w) = self.publish(&s, dest, props)? {
                         waits.push(w);
                     }
                 }
