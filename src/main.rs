@@ -274,7 +274,7 @@ async fn serve(
                     store_failed = Some(e);
                     break "store failure";
                 }
-                broker.set_alarms(monitor.check());
+                broker.set_alarms(monitor.check_with_store(broker.store()));
                 let b = Arc::clone(&broker);
                 // the core's timers may read the store: keep them off the async workers
                 let _ = tokio::task::spawn_blocking(move || b.tick()).await;

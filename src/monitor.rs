@@ -39,6 +39,27 @@ impl ResourceMonitor {
     }
 }
 
+impl ResourceMonitor {
+    /// [`ResourceMonitor::check`], plus the store's own report of a write refused for want
+    /// of space: segments are preallocated whole, so the store can be out of room while the
+    /// file system still has more than `disk_free_limit` free. The disk alarm then stays
+    /// raised (publishers blocked, not refused) until a whole segment fits above the limit
+    /// again; the store's next write tries anew.
+    pub fn check_with_store(&self, store: &triad_store::store::Store) -> Alarms {
+        let mut alarms = self.check();
+        if store.disk_full() {
+            let needed = store.segment_size().saturating_add(self.disk_free_limit);
+            if free_disk(&self.data_dir).is_some_and(|free| free >= needed) {
+                store.clear_disk_full();
+                tracing::info!("store: enough disk space for a new segment again");
+            } else {
+                alarms.disk = true;
+            }
+        }
+        alarms
+    }
+}
+
 fn total_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;

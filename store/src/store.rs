@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -180,6 +180,9 @@ struct Inner {
     flush: Arc<FlushShared>,
     /// Commitlog offset of the last checkpoint; the lock also serialises checkpoints.
     checkpoint: Mutex<u64>,
+    /// Set when a write failed for want of space (a new segment could not be
+    /// preallocated); the broker raises its disk alarm until enough space is free again.
+    disk_full: AtomicBool,
     stop: Mutex<bool>,
     stop_cv: Condvar,
     _lock: File,
@@ -362,6 +365,7 @@ impl Store {
             meta,
             flush,
             checkpoint: Mutex::new(ckpt_offset),
+            disk_full: AtomicBool::new(false),
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
             _lock: lock_file,
@@ -401,6 +405,24 @@ impl Store {
     /// must stop.
     pub fn health(&self) -> Result<()> {
         self.inner.flush.check()
+    }
+
+    /// Whether a write was refused for want of disk space (a new commitlog segment could
+    /// not be preallocated) since the last [`Store::clear_disk_full`]. The broker keeps its
+    /// disk alarm raised meanwhile, so publishers are blocked rather than refused.
+    pub fn disk_full(&self) -> bool {
+        self.inner.disk_full.load(Ordering::Acquire)
+    }
+
+    /// Forgets an earlier [`Store::disk_full`] (space was freed); the next write tries again.
+    pub fn clear_disk_full(&self) {
+        self.inner.disk_full.store(false, Ordering::Release);
+    }
+
+    /// The size every commitlog segment is preallocated to: the free space the store
+    /// needs before it can start its next segment.
+    pub fn segment_size(&self) -> u64 {
+        self.inner.cfg.segment_size
     }
 
     /// The store's metadata documents.
@@ -756,9 +778,9 @@ impl Inner {
         let store_ts = now_ms();
         let mut w = self.writer();
         let offs: Vec<u64> = qs.iter().map(|q| q.cq.next_offset()).collect();
-        let commit_offset = self.log.append(&mut w, len, |buf| {
+        let commit_offset = self.note_disk_full(self.log.append(&mut w, len, |buf| {
             record::encode_message(buf, msg, store_ts, &offs)
-        })?;
+        }))?;
         self.log.publish(&w);
         let entry = CqEntry {
             commit_offset,
@@ -789,6 +811,16 @@ impl Inner {
         })
     }
 
+    /// Remembers a write refused for want of space (see [`Store::disk_full`]).
+    fn note_disk_full<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(e @ StoreError::DiskFull { .. }) = &r {
+            if !self.disk_full.swap(true, Ordering::AcqRel) {
+                tracing::warn!(error = %e, "store: out of disk space; writes refused");
+            }
+        }
+        r
+    }
+
     fn ack_ranges(&self, queue: QueueId, ranges: &[(u64, u64)]) -> Result<Durable> {
         self.flush.check()?;
         let q = self.queue(queue)?;
@@ -809,9 +841,9 @@ impl Inner {
         let mut w = self.writer();
         let ts = now_ms();
         let len = record::ack_len(ranges.len()) as u64;
-        self.log.append(&mut w, len, |buf| {
+        self.note_disk_full(self.log.append(&mut w, len, |buf| {
             record::encode_ack(buf, ts, queue, ranges)
-        })?;
+        }))?;
         self.log.publish(&w);
         {
             let mut a = q.ack();
