@@ -51,6 +51,42 @@ pub struct Config {
     pub auth: Auth,
     pub limits: Limits,
     pub tls: TlsSection,
+    /// `[[users]]`: accounts besides the default user, with hashed passwords.
+    pub users: Vec<UserSection>,
+    /// `[[permissions]]`: what each user may do in each vhost.
+    pub permissions: Vec<PermissionSection>,
+    /// `[[vhosts]]`: vhosts created at startup besides `auth.default_vhost`.
+    pub vhosts: Vec<VhostSection>,
+}
+
+/// One `[[users]]` entry. The password is stored only as RabbitMQ's salted SHA-256
+/// hash (`triad hash-password` makes one; so does RabbitMQ).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserSection {
+    pub name: String,
+    /// base64(4-byte salt ++ SHA-256(salt ++ password)).
+    pub password_hash: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// One `[[permissions]]` entry: RabbitMQ's configure / write / read regexes.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionSection {
+    pub user: String,
+    pub vhost: String,
+    pub configure: String,
+    pub write: String,
+    pub read: String,
+}
+
+/// One `[[vhosts]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VhostSection {
+    pub name: String,
 }
 
 /// `HOST:PORT` to listen on per protocol; port 0 binds an ephemeral port. The TLS
@@ -184,6 +220,14 @@ pub struct Auth {
     /// Users that may only log in from a loopback address.
     pub loopback_users: Vec<String>,
     pub default_vhost: String,
+    /// How long a refused login waits before its answer (inside that connection's
+    /// task only): slows password guessing down.
+    pub failed_login_delay: HumanDuration,
+    /// STOMP CONNECT without `login` and MQTT CONNECT without a user name, over TLS
+    /// with a verified client certificate, log in as the certificate's CN (RabbitMQ's
+    /// `stomp.ssl_cert_login` / `mqtt.ssl_cert_login`). AMQP always offers EXTERNAL
+    /// when a verified certificate was presented.
+    pub ssl_cert_login: bool,
 }
 
 impl Default for Auth {
@@ -193,6 +237,8 @@ impl Default for Auth {
             default_pass: "guest".into(),
             loopback_users: vec!["guest".into()],
             default_vhost: "/".into(),
+            failed_login_delay: HumanDuration::secs(1),
+            ssl_cert_login: false,
         }
     }
 }
@@ -210,6 +256,10 @@ pub struct Limits {
     pub channel_max: u16,
     /// Open connections over all protocols; 0 = unlimited.
     pub max_connections: u32,
+    /// Open connections per user over all protocols; 0 = unlimited.
+    pub max_connections_per_user: u32,
+    /// Queues per vhost (server-named and internal ones included); 0 = unlimited.
+    pub max_queues_per_vhost: u32,
     /// Memory alarm: publishers are blocked while the broker's resident memory is above
     /// this fraction of the machine's RAM (RabbitMQ's `vm_memory_high_watermark`).
     pub memory_high_watermark: Ratio,
@@ -239,6 +289,8 @@ impl Default for Limits {
             heartbeat: HumanDuration::secs(60),
             channel_max: 2047,
             max_connections: 0,
+            max_connections_per_user: 0,
+            max_queues_per_vhost: 0,
             memory_high_watermark: Ratio(0.4),
             disk_free_limit: ByteSize::mib(50),
         }
@@ -334,6 +386,14 @@ impl Config {
         if a.default_vhost.is_empty() {
             return Err(invalid("auth.default_vhost", "", "must not be empty"));
         }
+        if a.failed_login_delay.get() > std::time::Duration::from_secs(60) {
+            return Err(invalid(
+                "auth.failed_login_delay",
+                a.failed_login_delay,
+                "must be at most 60s",
+            ));
+        }
+        self.validate_users()?;
 
         let m = &self.limits;
         if m.frame_max.bytes() < FRAME_MIN || m.frame_max.bytes() > u64::from(u32::MAX) {
@@ -430,23 +490,124 @@ impl Config {
         Ok(())
     }
 
-    /// The store settings this configuration asks for.
-    /// The core's settings. Until users can be configured (the security issue), the one
-    /// user is `auth.default_user` / `auth.default_pass`.
-    pub fn core_config(&self) -> triad_core::CoreConfig {
-        triad_core::CoreConfig {
-            users: vec![triad_core::UserConfig {
-                name: self.auth.default_user.clone(),
-                password: self.auth.default_pass.clone(),
-            }],
-            loopback_users: self.auth.loopback_users.clone(),
-            default_vhost: self.auth.default_vhost.clone(),
+    /// `[[users]]`, `[[permissions]]` and `[[vhosts]]`: names unique and known,
+    /// hashes and patterns well-formed.
+    fn validate_users(&self) -> Result<(), ConfigError> {
+        let mut vhosts = vec![self.auth.default_vhost.as_str()];
+        for v in &self.vhosts {
+            if v.name.is_empty() {
+                return Err(invalid("vhosts.name", "", "must not be empty"));
+            }
+            vhosts.push(&v.name);
+        }
+        let mut users = vec![self.auth.default_user.as_str()];
+        for u in &self.users {
+            if u.name.is_empty() {
+                return Err(invalid("users.name", "", "must not be empty"));
+            }
+            if self.users.iter().filter(|o| o.name == u.name).count() > 1 {
+                return Err(invalid("users.name", &u.name, "listed twice"));
+            }
+            triad_core::PasswordHash::parse(&u.password_hash).map_err(|e| {
+                invalid(
+                    "users.password_hash",
+                    &u.name,
+                    format!("{e} (make one with `triad hash-password`)"),
+                )
+            })?;
+            users.push(&u.name);
+        }
+        for p in &self.permissions {
+            if !users.contains(&p.user.as_str()) {
+                return Err(invalid(
+                    "permissions.user",
+                    &p.user,
+                    "no such user (add it under [[users]])",
+                ));
+            }
+            if !vhosts.contains(&p.vhost.as_str()) {
+                return Err(invalid(
+                    "permissions.vhost",
+                    &p.vhost,
+                    "no such vhost (add it under [[vhosts]])",
+                ));
+            }
+            let same = |o: &&PermissionSection| o.user == p.user && o.vhost == p.vhost;
+            if self.permissions.iter().filter(same).count() > 1 {
+                return Err(invalid(
+                    "permissions",
+                    format!("{}@{}", p.user, p.vhost),
+                    "listed twice for the same user and vhost",
+                ));
+            }
+            for (key, pattern) in [
+                ("permissions.configure", &p.configure),
+                ("permissions.write", &p.write),
+                ("permissions.read", &p.read),
+            ] {
+                triad_core::Pattern::new(pattern).map_err(|e| invalid(key, pattern, e.reason))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The core's settings: the `[[users]]` plus the default user (its password hashed
+    /// here, in memory; a `[[users]]` entry of the same name wins), the permissions
+    /// (the default user gets `.*` on the default vhost unless it has entries of its
+    /// own), vhosts and per-user / per-vhost limits. Fails only on what
+    /// [`Config::validate`] refuses.
+    pub fn core_config(&self) -> Result<triad_core::CoreConfig, ConfigError> {
+        let a = &self.auth;
+        let mut users = Vec::with_capacity(self.users.len() + 1);
+        for u in &self.users {
+            let hash = triad_core::PasswordHash::parse(&u.password_hash)
+                .map_err(|e| invalid("users.password_hash", &u.name, e.to_string()))?;
+            users.push(triad_core::UserConfig {
+                name: u.name.clone(),
+                password_hash: hash,
+                tags: u.tags.clone(),
+            });
+        }
+        if !users.iter().any(|u| u.name == a.default_user) {
+            users.push(triad_core::UserConfig::with_password(
+                &a.default_user,
+                &a.default_pass,
+            ));
+        }
+        let pattern = |key: &'static str, p: &str| {
+            triad_core::Pattern::new(p).map_err(|e| invalid(key, p, e.reason))
+        };
+        let mut permissions = Vec::with_capacity(self.permissions.len() + 1);
+        for p in &self.permissions {
+            permissions.push(triad_core::Permission {
+                user: p.user.clone(),
+                vhost: p.vhost.clone(),
+                configure: pattern("permissions.configure", &p.configure)?,
+                write: pattern("permissions.write", &p.write)?,
+                read: pattern("permissions.read", &p.read)?,
+            });
+        }
+        if !self.permissions.iter().any(|p| p.user == a.default_user) {
+            permissions.push(triad_core::Permission::full(
+                &a.default_user,
+                &a.default_vhost,
+            ));
+        }
+        Ok(triad_core::CoreConfig {
+            users,
+            loopback_users: a.loopback_users.clone(),
+            permissions,
+            default_vhost: a.default_vhost.clone(),
+            vhosts: self.vhosts.iter().map(|v| v.name.clone()).collect(),
+            max_connections_per_user: self.limits.max_connections_per_user,
+            max_queues_per_vhost: self.limits.max_queues_per_vhost as usize,
             max_message_size: usize::try_from(self.limits.max_message_size.bytes())
                 .unwrap_or(usize::MAX),
             ..triad_core::CoreConfig::default()
-        }
+        })
     }
 
+    /// The store settings this configuration asks for.
     pub fn store_config(&self, repair: bool) -> StoreConfig {
         let s = &self.store;
         let mut cfg = StoreConfig::new(&s.data_dir);
@@ -511,6 +672,120 @@ mod tests {
             Config::default()
         );
         Config::default().validate().expect("defaults are valid");
+    }
+
+    const ALICE: &str = "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR";
+
+    #[test]
+    fn users_permissions_and_vhosts() {
+        let c = parse(&format!(
+            r#"
+            [auth]
+            failed_login_delay = "0s"
+            ssl_cert_login = true
+            [limits]
+            max_connections_per_user = 3
+            max_queues_per_vhost = 100
+            [[users]]
+            name = "alice"
+            password_hash = "{ALICE}"
+            tags = ["administrator"]
+            [[vhosts]]
+            name = "staging"
+            [[permissions]]
+            user = "alice"
+            vhost = "staging"
+            configure = "^alice-.*"
+            write = ".*"
+            read = ".*"
+            "#
+        ))
+        .expect("parses");
+        c.validate().expect("valid");
+        assert!(c.auth.ssl_cert_login);
+        assert_eq!(c.limits.max_connections_per_user, 3);
+        let core = c.core_config().expect("core config");
+        assert_eq!(core.max_connections_per_user, 3);
+        assert_eq!(core.max_queues_per_vhost, 100);
+        assert_eq!(core.vhosts, vec!["staging".to_string()]);
+        let alice = core
+            .users
+            .iter()
+            .find(|u| u.name == "alice")
+            .expect("alice");
+        assert!(alice.password_hash.verify("test12"));
+        assert_eq!(alice.tags, vec!["administrator".to_string()]);
+        // the default user is still there, its password hashed in memory
+        let guest = core
+            .users
+            .iter()
+            .find(|u| u.name == "guest")
+            .expect("guest");
+        assert!(guest.password_hash.verify("guest"));
+        // alice: only what was configured; guest: everything on the default vhost
+        let p: Vec<_> = core
+            .permissions
+            .iter()
+            .map(|p| (p.user.as_str(), p.vhost.as_str(), p.configure.as_str()))
+            .collect();
+        assert_eq!(
+            p,
+            vec![("alice", "staging", "^alice-.*"), ("guest", "/", ".*")]
+        );
+
+        // a [[users]] entry named like the default user replaces it
+        let c = parse(&format!(
+            "[[users]]\nname = \"guest\"\npassword_hash = \"{ALICE}\"\n"
+        ))
+        .expect("parses");
+        let core = c.core_config().expect("core");
+        assert_eq!(core.users.len(), 1);
+        assert!(core.users[0].password_hash.verify("test12"));
+        assert!(!core.users[0].password_hash.verify("guest"));
+    }
+
+    #[test]
+    fn bad_users_and_permissions_are_refused() {
+        let check = |text: &str, key: &str| {
+            let e = parse(text).expect("parses").validate().unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { key: k, .. } if *k == key),
+                "{e}"
+            );
+        };
+        check(
+            "[[users]]\nname = \"bob\"\npassword_hash = \"secret\"\n",
+            "users.password_hash",
+        );
+        let bob = format!("[[users]]\nname = \"bob\"\npassword_hash = \"{ALICE}\"\n");
+        check(&format!("{bob}{bob}"), "users.name");
+        let perm = |user: &str, vhost: &str, configure: &str| {
+            format!(
+                "[[permissions]]\nuser = \"{user}\"\nvhost = \"{vhost}\"\nconfigure = \"{configure}\"\nwrite = \"\"\nread = \"\"\n"
+            )
+        };
+        check(&perm("carol", "/", ".*"), "permissions.user");
+        check(
+            &format!("{bob}{}", perm("bob", "other", ".*")),
+            "permissions.vhost",
+        );
+        check(
+            &format!("{bob}{}", perm("bob", "/", "(")),
+            "permissions.configure",
+        );
+        check(
+            &format!("{bob}{}{}", perm("bob", "/", ".*"), perm("bob", "/", "x")),
+            "permissions",
+        );
+        // a missing required key is a parse error naming it
+        let e = parse("[[users]]\nname = \"bob\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("password_hash"), "{e}");
+        let e = parse("[[users]]\nname = \"bob\"\npassword = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `password`"), "{e}");
     }
 
     #[test]
