@@ -574,3 +574,60 @@ fn mqtt_permissions_and_logins() {
         broker.log()
     );
 }
+
+// ---- pre-authentication sizes ---------------------------------------------------
+
+/// Reads until the peer closes; everything it sent.
+fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            // a reset after the close also ends it
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
+            Err(e) => panic!("peer did not close: {e}; got {out:?}"),
+        }
+    }
+}
+
+#[test]
+fn oversized_frames_before_login_are_refused_without_buffering() {
+    let broker = start();
+    // AMQP: before connection.tune-ok frames are limited to 8 KiB; the header of a
+    // 1 MiB frame is enough for connection.close 501 FRAME_ERROR
+    let mut s = TcpStream::connect(broker.amqp_addr()).expect("connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    s.write_all(b"AMQP\x00\x00\x09\x01").expect("header");
+    s.write_all(&[1, 0, 0, 0, 0x10, 0, 0])
+        .expect("frame header");
+    let got = read_to_close(&mut s);
+    let close = [0u8, 10, 0, 50, 0x01, 0xF5]; // connection.close, reply code 501
+    assert!(
+        got.windows(close.len()).any(|w| w == close),
+        "connection.close 501 expected: {got:?}"
+    );
+
+    // STOMP: 64 KiB before CONNECT is accepted
+    let mut s = TcpStream::connect(broker.stomp_addr()).expect("connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    let big = format!(
+        "CONNECT\naccept-version:1.2\nx:{}\n\n",
+        "a".repeat(70 << 10)
+    );
+    let _ = s.write_all(big.as_bytes());
+    let got = String::from_utf8_lossy(&read_to_close(&mut s)).into_owned();
+    assert!(got.starts_with("ERROR"), "{got}");
+
+    // MQTT: a CONNECT announcing 1 MiB is refused on its fixed header alone
+    let mut s = TcpStream::connect(broker.mqtt_addr()).expect("connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    s.write_all(&[0x10, 0x80, 0x80, 0x40])
+        .expect("fixed header");
+    let got = read_to_close(&mut s);
+    assert!(
+        got.is_empty(),
+        "no CONNACK for an oversized CONNECT: {got:?}"
+    );
+}
