@@ -246,7 +246,8 @@ impl Default for Auth {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Largest frame (AMQP frame, STOMP frame, MQTT packet) accepted after login.
+    /// Largest AMQP frame accepted after connection.tune (the `frame_max` offered).
+    /// STOMP and MQTT have fixed frame and packet limits (README, "Limits").
     pub frame_max: ByteSize,
     pub max_message_size: ByteSize,
     /// Deadline for a connection to complete its protocol handshake and login.
