@@ -55,6 +55,8 @@ pub struct Config {
     pub users: Vec<UserSection>,
     /// `[[permissions]]`: what each user may do in each vhost.
     pub permissions: Vec<PermissionSection>,
+    /// `[[topic_permissions]]`: routing keys per user, vhost and topic exchange.
+    pub topic_permissions: Vec<TopicPermissionSection>,
     /// `[[vhosts]]`: vhosts created at startup besides `auth.default_vhost`.
     pub vhosts: Vec<VhostSection>,
 }
@@ -78,6 +80,19 @@ pub struct PermissionSection {
     pub user: String,
     pub vhost: String,
     pub configure: String,
+    pub write: String,
+    pub read: String,
+}
+
+/// One `[[topic_permissions]]` entry: RabbitMQ's topic authorisation, regexes on the
+/// routing keys `user` may publish with (`write`) and bind with (`read`) on the topic
+/// exchange `exchange`. `{username}` and `{vhost}` are replaced before compiling.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicPermissionSection {
+    pub user: String,
+    pub vhost: String,
+    pub exchange: String,
     pub write: String,
     pub read: String,
 }
@@ -549,6 +564,35 @@ impl Config {
                 triad_core::Pattern::new(pattern).map_err(|e| invalid(key, pattern, e.reason))?;
             }
         }
+        for t in &self.topic_permissions {
+            if !users.contains(&t.user.as_str()) {
+                return Err(invalid("topic_permissions.user", &t.user, "no such user"));
+            }
+            if !vhosts.contains(&t.vhost.as_str()) {
+                return Err(invalid(
+                    "topic_permissions.vhost",
+                    &t.vhost,
+                    "no such vhost",
+                ));
+            }
+            let same = |o: &&TopicPermissionSection| {
+                o.user == t.user && o.vhost == t.vhost && o.exchange == t.exchange
+            };
+            if self.topic_permissions.iter().filter(same).count() > 1 {
+                return Err(invalid(
+                    "topic_permissions",
+                    format!("{}@{} on {}", t.user, t.vhost, t.exchange),
+                    "listed twice for the same user, vhost and exchange",
+                ));
+            }
+            for (key, pattern) in [
+                ("topic_permissions.write", &t.write),
+                ("topic_permissions.read", &t.read),
+            ] {
+                triad_core::TopicPermission::pattern(pattern, &t.user, &t.vhost)
+                    .map_err(|e| invalid(key, pattern, e.reason))?;
+            }
+        }
         Ok(())
     }
 
@@ -588,6 +632,20 @@ impl Config {
                 read: pattern("permissions.read", &p.read)?,
             });
         }
+        let mut topic_permissions = Vec::with_capacity(self.topic_permissions.len());
+        for t in &self.topic_permissions {
+            let topic = |key: &'static str, p: &str| {
+                triad_core::TopicPermission::pattern(p, &t.user, &t.vhost)
+                    .map_err(|e| invalid(key, p, e.reason))
+            };
+            topic_permissions.push(triad_core::TopicPermission {
+                user: t.user.clone(),
+                vhost: t.vhost.clone(),
+                exchange: t.exchange.clone(),
+                write: topic("topic_permissions.write", &t.write)?,
+                read: topic("topic_permissions.read", &t.read)?,
+            });
+        }
         if !self.permissions.iter().any(|p| p.user == a.default_user) {
             permissions.push(triad_core::Permission::full(
                 &a.default_user,
@@ -598,6 +656,7 @@ impl Config {
             users,
             loopback_users: a.loopback_users.clone(),
             permissions,
+            topic_permissions,
             default_vhost: a.default_vhost.clone(),
             vhosts: self.vhosts.iter().map(|v| v.name.clone()).collect(),
             max_connections_per_user: self.limits.max_connections_per_user,
@@ -732,6 +791,29 @@ mod tests {
         assert_eq!(
             p,
             vec![("alice", "staging", "^alice-.*"), ("guest", "/", ".*")]
+        );
+
+        // topic permissions: {username} expanded, checked against known users
+        let c = parse(&format!(
+            "[[users]]\nname = \"alice\"\npassword_hash = \"{ALICE}\"\n\
+             [[topic_permissions]]\nuser = \"alice\"\nvhost = \"/\"\nexchange = \"amq.topic\"\n\
+             write = \"^{{username}}\\\\.\"\nread = \"\"\n"
+        ))
+        .expect("parses");
+        c.validate().expect("valid");
+        let core = c.core_config().expect("core");
+        let t = &core.topic_permissions[0];
+        assert_eq!(t.write.as_str(), "^alice\\.");
+        assert_eq!(t.read.as_str(), "^$");
+        let bad = parse(
+            "[[topic_permissions]]\nuser = \"zed\"\nvhost = \"/\"\nexchange = \"x\"\nwrite = \"\"\nread = \"\"\n",
+        )
+        .expect("parses")
+        .validate()
+        .unwrap_err();
+        assert!(
+            matches!(&bad, ConfigError::Invalid { key, .. } if *key == "topic_permissions.user"),
+            "{bad}"
         );
 
         // a [[users]] entry named like the default user replaces it

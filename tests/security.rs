@@ -631,3 +631,85 @@ fn oversized_frames_before_login_are_refused_without_buffering() {
         "no CONNACK for an oversized CONNECT: {got:?}"
     );
 }
+
+// ---- topic permissions ------------------------------------------------------------
+
+#[tokio::test]
+async fn topic_permissions_per_protocol() {
+    let toml = format!(
+        "{}\n[[topic_permissions]]\nuser = \"alice\"\nvhost = \"/\"\nexchange = \"amq.topic\"\n\
+         write = \"^{{username}}\\\\.\"\nread = \"^(public|{{username}})\\\\.\"\n",
+        config("")
+    );
+    let broker = TestBroker::start_with_config(&toml);
+
+    // AMQP: binding keys against read, routing keys against write
+    let alice = amqp(&broker, "alice", "alice-pw", "/")
+        .await
+        .expect("alice");
+    let ch = alice.create_channel().await.expect("channel");
+    declare(&ch, "alice-t").await.expect("declare");
+    let bind = |ch: lapin::Channel, key: &'static str| async move {
+        ch.queue_bind(
+            "alice-t".into(),
+            "amq.topic".into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+    };
+    bind(ch.clone(), "public.#")
+        .await
+        .expect("public.# is readable");
+    bind(ch.clone(), "alice.*")
+        .await
+        .expect("alice.* is readable");
+    assert_refused(bind(ch.clone(), "#").await, "bind #", "ACCESS_REFUSED");
+    let ch = alice.create_channel().await.expect("channel");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let publish = |ch: lapin::Channel, key: &'static str| async move {
+        match ch
+            .basic_publish(
+                "amq.topic".into(),
+                key.into(),
+                BasicPublishOptions::default(),
+                b"m",
+                BasicProperties::default(),
+            )
+            .await
+        {
+            Ok(c) => c.await.map(|_| ()),
+            Err(e) => Err(e),
+        }
+    };
+    publish(ch.clone(), "alice.x")
+        .await
+        .expect("alice.x is writable");
+    let refused = publish(ch.clone(), "bob.x").await;
+    let after = declare(&ch, "alice-t").await.map(|_| ());
+    assert!(refused.is_err() || after.is_err(), "bob.x refused");
+
+    // STOMP: /topic/K publishes to amq.topic with key K
+    let mut s = stomp_connect(broker.stomp_addr(), "login:alice\npasscode:alice-pw\n");
+    assert!(stomp_read(&mut s).starts_with("CONNECTED"));
+    let r = stomp_send(&mut s, "SEND\ndestination:/topic/alice.y\nreceipt:1\n\nok");
+    assert!(r.starts_with("RECEIPT"), "{r}");
+    let r = stomp_send(&mut s, "SEND\ndestination:/topic/bob.y\nreceipt:2\n\nno");
+    assert!(r.contains("message:access_refused"), "{r}");
+    assert!(r.contains("topic 'bob.y'"), "{r}");
+
+    // MQTT: filters against read, topics against write (a/b is routing key a.b)
+    let (mut m, code) = mqtt_connect(broker.mqtt_addr(), "alice", Some(("alice", "alice-pw")));
+    assert_eq!(code, 0);
+    assert_eq!(mqtt_subscribe(&mut m, "public/#"), 1);
+    assert_eq!(mqtt_subscribe(&mut m, "#"), 0x80);
+    assert_eq!(mqtt_publish(&mut m, "alice/z"), Some(()));
+    assert_eq!(
+        mqtt_publish(&mut m, "bob/z"),
+        None,
+        "closed on a forbidden topic"
+    );
+}

@@ -18,7 +18,12 @@
 //! | `basic.consume` / `get`, `queue.purge` | | | queue |
 //!
 //! Passive declares need no permission. The default exchange is named `amq.default`
-//! for matching. A pattern matches anywhere in the name unless anchored (`^...$`), as
+//! for matching.
+//!
+//! Topic permissions (RabbitMQ's `topic_permissions`) narrow this further for topic
+//! exchanges: with an entry for (user, vhost, exchange), a publish's routing key must
+//! match its `write` pattern and a binding's key its `read` pattern (an MQTT
+//! subscription's filter, as a routing key, included). Without an entry, any key. A pattern matches anywhere in the name unless anchored (`^...$`), as
 //! RabbitMQ's `re:run`; an empty pattern matches nothing (RabbitMQ's special case).
 //!
 //! Patterns are compiled once, at startup, into DFAs (`regex-automata`): matching is
@@ -32,7 +37,9 @@ use regex_automata::dfa::{dense, Automaton};
 use regex_automata::Input;
 
 use crate::error::{CoreError, ResourceKind};
+use crate::routing::ExchangeKind;
 use crate::value::FieldTable;
+use crate::vhost::Vhost;
 
 /// The kind of access an operation needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,10 +177,40 @@ impl Permission {
     }
 }
 
+/// One `[[topic_permissions]]` entry: routing keys `user` may publish with (`write`)
+/// and bind with (`read`) on the topic exchange `exchange` of `vhost`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicPermission {
+    /// The user.
+    pub user: String,
+    /// The vhost.
+    pub vhost: String,
+    /// The topic exchange.
+    pub exchange: String,
+    /// Routing keys it may publish with.
+    pub write: Pattern,
+    /// Binding keys it may bind (subscribe) with.
+    pub read: Pattern,
+}
+
+impl TopicPermission {
+    /// Compiles a topic pattern: `{username}` and `{vhost}` are replaced first (as
+    /// RabbitMQ does), and `""` means `^$` (RabbitMQ's reading for topic patterns).
+    pub fn pattern(p: &str, user: &str, vhost: &str) -> Result<Pattern, PatternError> {
+        let expanded = p.replace("{username}", user).replace("{vhost}", vhost);
+        if expanded.is_empty() {
+            Pattern::new("^$")
+        } else {
+            Pattern::new(&expanded)
+        }
+    }
+}
+
 /// A user's rights in one vhost: what a connection that opened it checks against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VhostAccess {
     perm: Permission,
+    topics: Vec<TopicPermission>,
 }
 
 /// The name the default exchange is matched and reported under.
@@ -182,7 +219,20 @@ pub const DEFAULT_EXCHANGE: &str = "amq.default";
 impl VhostAccess {
     /// The rights `perm` gives.
     pub fn new(perm: Permission) -> VhostAccess {
-        VhostAccess { perm }
+        VhostAccess {
+            perm,
+            topics: Vec::new(),
+        }
+    }
+
+    /// With topic permissions (those for this user and vhost are kept).
+    pub fn with_topics(mut self, topics: &[TopicPermission]) -> VhostAccess {
+        self.topics = topics
+            .iter()
+            .filter(|t| t.user == self.perm.user && t.vhost == self.perm.vhost)
+            .cloned()
+            .collect();
+        self
     }
 
     /// Full rights (tests, internal users).
@@ -280,6 +330,54 @@ impl VhostAccess {
         self.check(Access::Write, ResourceKind::Exchange, exchange)
     }
 
+    /// `basic.publish` with its routing key: [`VhostAccess::publish`] plus, on a topic
+    /// exchange with a topic permission, its `write` pattern on the key.
+    pub fn publish_to(&self, vhost: &Vhost, exchange: &str, key: &str) -> Result<(), CoreError> {
+        self.publish(exchange)?;
+        self.topic(vhost, exchange, key, Access::Write)
+    }
+
+    /// `queue.bind` / `unbind` with its key: [`VhostAccess::queue_bind`] plus, on a
+    /// topic exchange with a topic permission, its `read` pattern on the key.
+    pub fn queue_bind_key(
+        &self,
+        vhost: &Vhost,
+        queue: &str,
+        exchange: &str,
+        key: &str,
+    ) -> Result<(), CoreError> {
+        self.queue_bind(queue, exchange)?;
+        self.topic(vhost, exchange, key, Access::Read)
+    }
+
+    fn topic(
+        &self,
+        vhost: &Vhost,
+        exchange: &str,
+        key: &str,
+        access: Access,
+    ) -> Result<(), CoreError> {
+        let Some(t) = self.topics.iter().find(|t| t.exchange == exchange) else {
+            return Ok(());
+        };
+        if vhost.exchange_kind(exchange) != Some(ExchangeKind::Topic) {
+            return Ok(());
+        }
+        let pattern = if access == Access::Write {
+            &t.write
+        } else {
+            &t.read
+        };
+        if pattern.is_match(key) {
+            return Ok(());
+        }
+        tracing::debug!(user = %self.perm.user, vhost = %self.perm.vhost, %access, exchange, key, "topic access refused");
+        Err(CoreError::AccessRefused(format!(
+            "{access} access to topic '{key}' in exchange '{exchange}' in vhost '{}' refused for user '{}'",
+            self.perm.vhost, self.perm.user
+        )))
+    }
+
     /// `basic.consume`, `basic.get` and `queue.purge`.
     pub fn consume(&self, queue: &str) -> Result<(), CoreError> {
         self.check(Access::Read, ResourceKind::Queue, queue)
@@ -373,5 +471,47 @@ mod tests {
         assert!(e.is_none());
         let e = access("", "", "").publish("").unwrap_err();
         assert!(e.to_string().contains("exchange 'amq.default'"), "{e}");
+    }
+
+    #[test]
+    fn topic_permissions_narrow_topic_exchanges_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sc = triad_store::store::StoreConfig::new(dir.path());
+        sc.segment_size = 1 << 20;
+        let store = std::sync::Arc::new(triad_store::store::Store::open(sc).unwrap());
+        let broker = crate::Broker::open(store, crate::CoreConfig::default()).unwrap();
+        let vh = broker.vhost("/").unwrap();
+        let topic = |ex: &str, w: &str, r: &str| TopicPermission {
+            user: "alice".into(),
+            vhost: "/".into(),
+            exchange: ex.into(),
+            write: TopicPermission::pattern(w, "alice", "/").unwrap(),
+            read: TopicPermission::pattern(r, "alice", "/").unwrap(),
+        };
+        let a = access(".*", ".*", ".*").with_topics(&[
+            topic("amq.topic", "^{username}\\.", "^(public|{username})\\."),
+            // amq.direct is not a topic exchange: its entry is never consulted
+            topic("amq.direct", "^$", "^$"),
+            // another user's entry is not kept
+            TopicPermission {
+                user: "bob".into(),
+                ..topic("amq.fanout", "", "")
+            },
+        ]);
+        assert!(a.publish_to(&vh, "amq.topic", "alice.x").is_ok());
+        let e = a.publish_to(&vh, "amq.topic", "bob.x").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "access refused: write access to topic 'bob.x' in exchange 'amq.topic' in vhost '/' refused for user 'alice'"
+        );
+        assert!(a.queue_bind_key(&vh, "q", "amq.topic", "public.#").is_ok());
+        assert!(a.queue_bind_key(&vh, "q", "amq.topic", "alice.*").is_ok());
+        assert!(a.queue_bind_key(&vh, "q", "amq.topic", "#").is_err());
+        assert!(a.publish_to(&vh, "amq.direct", "anything").is_ok());
+        assert!(a.publish_to(&vh, "", "q").is_ok());
+        // "" is ^$ for topic patterns: only the empty key
+        let b = access(".*", ".*", ".*").with_topics(&[topic("amq.topic", "", "")]);
+        assert!(b.publish_to(&vh, "amq.topic", "").is_ok());
+        assert!(b.publish_to(&vh, "amq.topic", "a").is_err());
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use triad_store::store::Store;
 
-use crate::access::{Permission, VhostAccess};
+use crate::access::{Permission, TopicPermission, VhostAccess};
 use crate::alarm::Alarms;
 use crate::error::CoreError;
 use crate::password::PasswordHash;
@@ -61,6 +61,8 @@ pub struct CoreConfig {
     /// What each user may do in each vhost; a user with no entry for a vhost cannot
     /// open it.
     pub permissions: Vec<Permission>,
+    /// Routing-key patterns per user, vhost and topic exchange.
+    pub topic_permissions: Vec<TopicPermission>,
     /// The vhost that always exists.
     pub default_vhost: String,
     /// More vhosts created at startup (idempotent).
@@ -82,6 +84,7 @@ impl Default for CoreConfig {
             users: vec![UserConfig::with_password("guest", "guest")],
             loopback_users: vec!["guest".into()],
             permissions: vec![Permission::full("guest", "/")],
+            topic_permissions: Vec::new(),
             default_vhost: "/".into(),
             vhosts: Vec::new(),
             max_connections_per_user: 0,
@@ -184,7 +187,7 @@ impl Broker {
             .map(|p| {
                 (
                     (p.user.clone(), p.vhost.clone()),
-                    Arc::new(VhostAccess::new(p.clone())),
+                    Arc::new(VhostAccess::new(p.clone()).with_topics(&cfg.topic_permissions)),
                 )
             })
             .collect();

@@ -43,7 +43,7 @@ pub mod routing;
 pub mod value;
 pub mod vhost;
 
-pub use access::{Access, Pattern, PatternError, Permission, VhostAccess};
+pub use access::{Access, Pattern, PatternError, Permission, TopicPermission, VhostAccess};
 pub use alarm::Alarms;
 pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig};
 pub use error::{CoreError, ResourceKind};

@@ -886,4 +886,9 @@ impl Vhost {
     pub fn has_exchange(&self, name: &str) -> bool {
         self.topology_read().exchange(name).is_some()
     }
+
+    /// An exchange's kind, if it exists.
+    pub fn exchange_kind(&self, name: &str) -> Option<ExchangeKind> {
+        self.topology_read().exchange(name).map(|x| x.kind)
+    }
 }

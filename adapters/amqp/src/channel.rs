@@ -418,7 +418,7 @@ impl Session {
             }
             queue::AMQPMethod::Bind(b) => {
                 let q = self.queue_name(id, b.queue.as_str())?;
-                access.queue_bind(&q, b.exchange.as_str())?;
+                access.queue_bind_key(&vhost, &q, b.exchange.as_str(), b.routing_key.as_str())?;
                 vhost.bind_queue(
                     &q,
                     b.exchange.as_str(),
@@ -430,7 +430,7 @@ impl Session {
             }
             queue::AMQPMethod::Unbind(b) => {
                 let q = self.queue_name(id, b.queue.as_str())?;
-                access.queue_bind(&q, b.exchange.as_str())?;
+                access.queue_bind_key(&vhost, &q, b.exchange.as_str(), b.routing_key.as_str())?;
                 vhost.unbind_queue(
                     &q,
                     b.exchange.as_str(),
@@ -511,7 +511,9 @@ impl Session {
             basic::AMQPMethod::Publish(p) => {
                 // Refused here, the channel closes and the content frames that follow
                 // are dropped.
-                self.access()?.publish(p.exchange.as_str())?;
+                let vhost = self.vhost_arc()?;
+                self.access()?
+                    .publish_to(&vhost, p.exchange.as_str(), p.routing_key.as_str())?;
                 let ch = self.chan(id)?;
                 ch.content = Some(Content {
                     exchange: p.exchange.as_str().to_owned(),

@@ -708,7 +708,10 @@ impl Conn {
                 .access
                 .queue_declare(&self.qname, &FieldTable::default())
                 .and_then(|()| self.access.consume(&self.qname))
-                .and_then(|()| self.access.queue_bind(&self.qname, "amq.topic"));
+                .and_then(|()| {
+                    self.access
+                        .queue_bind_key(&self.vhost, &self.qname, "amq.topic", &key)
+                });
             if let Err(e) = allowed {
                 tracing::debug!(filter, error = %e, "subscription refused");
                 codes.push(0x80);
@@ -771,7 +774,8 @@ impl Conn {
     ) -> Result<Vec<Durable>, MqttError> {
         // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
         // (MQTT 3.1.1 has no way to refuse one message).
-        self.access.publish("amq.topic")?;
+        self.access
+            .publish_to(&self.vhost, "amq.topic", &topic_to_routing_key(topic))?;
         let mut durables = Vec::new();
         if retain {
             // [MQTT-3.3.1-5], an empty payload clears [MQTT-3.3.1-10]

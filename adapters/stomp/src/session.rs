@@ -573,7 +573,7 @@ impl Session {
             Destination::AmqQueue(q) | Destination::ReplyQueue(q) => (String::new(), q),
             Destination::TempQueue(t) => (String::new(), self.temp_queue(&t)?),
         };
-        self.access()?.publish(&exchange)?;
+        self.access()?.publish_to(&vh, &exchange, &key)?;
         let published = vh.publish(Publish {
             exchange,
             routing_key: key,
@@ -819,7 +819,7 @@ impl Session {
             )
         };
         let name = vh.declare_queue(decl)?.name;
-        self.access()?.queue_bind(&name, exchange)?;
+        self.access()?.queue_bind_key(vh, &name, exchange, key)?;
         vh.bind_queue(&name, exchange, key, &FieldTable::new(), self.conn)?;
         Ok((name, durable_name))
     }
