@@ -262,8 +262,13 @@ impl Default for Auth {
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest AMQP frame accepted after connection.tune (the `frame_max` offered).
-    /// STOMP and MQTT have fixed frame and packet limits (README, "Limits").
     pub frame_max: ByteSize,
+    /// Largest STOMP frame (command, headers, body) after CONNECTED (RabbitMQ's
+    /// `stomp.max_frame_size`); before it, 64 KiB.
+    pub stomp_frame_max: ByteSize,
+    /// Largest MQTT packet (remaining length) after CONNACK (RabbitMQ's
+    /// `mqtt.max_packet_size_authenticated`); before it, 64 KiB.
+    pub mqtt_packet_max: ByteSize,
     pub max_message_size: ByteSize,
     /// Deadline for a connection to complete its protocol handshake and login.
     pub handshake_timeout: HumanDuration,
@@ -300,6 +305,8 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             frame_max: ByteSize::kib(128),
+            stomp_frame_max: ByteSize::mib(4),
+            mqtt_packet_max: ByteSize::mib(16),
             max_message_size: ByteSize::mib(16),
             handshake_timeout: HumanDuration::secs(10),
             heartbeat: HumanDuration::secs(60),
@@ -417,6 +424,21 @@ impl Config {
                 "limits.frame_max",
                 m.frame_max,
                 format!("must be between {} and 4 GiB", ByteSize(FRAME_MIN)),
+            ));
+        }
+        // Never below the pre-login limits; MQTT's remaining length is at most 2^28 - 1.
+        if m.stomp_frame_max.bytes() < 64 << 10 || m.stomp_frame_max.bytes() > 1 << 30 {
+            return Err(invalid(
+                "limits.stomp_frame_max",
+                m.stomp_frame_max,
+                "must be between 64 KiB and 1 GiB",
+            ));
+        }
+        if m.mqtt_packet_max.bytes() < 64 << 10 || m.mqtt_packet_max.bytes() >= 1 << 28 {
+            return Err(invalid(
+                "limits.mqtt_packet_max",
+                m.mqtt_packet_max,
+                "must be at least 64 KiB and below 256 MiB (MQTT's largest remaining length)",
             ));
         }
         if m.max_message_size.bytes() == 0 {
@@ -962,6 +984,14 @@ mod tests {
             "store.flush_interval",
         );
         check("[limits]\nframe_max = 100\n", "limits.frame_max");
+        check(
+            "[limits]\nstomp_frame_max = \"1 KiB\"\n",
+            "limits.stomp_frame_max",
+        );
+        check(
+            "[limits]\nmqtt_packet_max = \"256 MiB\"\n",
+            "limits.mqtt_packet_max",
+        );
         check("[limits]\nheartbeat = \"1500ms\"\n", "limits.heartbeat");
         check("[auth]\ndefault_vhost = \"\"\n", "auth.default_vhost");
         check("[listeners]\namqps = \"5671\"\n", "listeners.amqps");

@@ -482,8 +482,16 @@ fn mqtt_str(out: &mut Vec<u8>, s: &[u8]) {
 }
 
 fn mqtt_packet(first: u8, body: &[u8]) -> Vec<u8> {
-    assert!(body.len() < 128);
-    let mut p = vec![first, body.len() as u8];
+    let mut p = vec![first];
+    let mut n = body.len();
+    loop {
+        let digit = (n % 128) as u8;
+        n /= 128;
+        p.push(if n > 0 { digit | 0x80 } else { digit });
+        if n == 0 {
+            break;
+        }
+    }
     p.extend_from_slice(body);
     p
 }
@@ -523,10 +531,14 @@ fn mqtt_subscribe(s: &mut TcpStream, filter: &str) -> u8 {
 
 /// PUBLISH at QoS 1; `Some(())` on PUBACK, `None` when the broker closed instead.
 fn mqtt_publish(s: &mut TcpStream, topic: &str) -> Option<()> {
+    mqtt_publish_payload(s, topic, b"payload")
+}
+
+fn mqtt_publish_payload(s: &mut TcpStream, topic: &str, payload: &[u8]) -> Option<()> {
     let mut body = Vec::new();
     mqtt_str(&mut body, topic.as_bytes());
     body.extend_from_slice(&[0, 9]);
-    body.extend_from_slice(b"payload");
+    body.extend_from_slice(payload);
     s.write_all(&mqtt_packet(0x32, &body)).ok()?;
     let mut ack = [0u8; 4];
     s.read_exact(&mut ack).ok()?;
@@ -711,5 +723,42 @@ async fn topic_permissions_per_protocol() {
         mqtt_publish(&mut m, "bob/z"),
         None,
         "closed on a forbidden topic"
+    );
+}
+
+#[test]
+fn frame_limits_after_login_are_configurable() {
+    let broker = TestBroker::start_with_config(&config(
+        "stomp_frame_max = \"128 KiB\"\nmqtt_packet_max = \"128 KiB\"",
+    ));
+    let small = "x".repeat(100 << 10);
+    let big = "x".repeat(200 << 10);
+
+    let mut s = stomp_connect(broker.stomp_addr(), "login:alice\npasscode:alice-pw\n");
+    assert!(stomp_read(&mut s).starts_with("CONNECTED"));
+    let r = stomp_send(
+        &mut s,
+        &format!("SEND\ndestination:/queue/alice-big\nreceipt:1\n\n{small}"),
+    );
+    assert!(r.starts_with("RECEIPT"), "{}", &r[..r.len().min(200)]);
+    // refused on its declared content-length, before the body is sent or buffered
+    let head = format!(
+        "SEND\ndestination:/queue/alice-big\ncontent-length:{}\n\n",
+        big.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    let r = stomp_read(&mut s);
+    assert!(r.starts_with("ERROR"), "{r}");
+
+    let (mut m, code) = mqtt_connect(broker.mqtt_addr(), "alice", Some(("alice", "alice-pw")));
+    assert_eq!(code, 0);
+    assert_eq!(
+        mqtt_publish_payload(&mut m, "t", small.as_bytes()),
+        Some(())
+    );
+    assert_eq!(
+        mqtt_publish_payload(&mut m, "t", big.as_bytes()),
+        None,
+        "closed on a packet over mqtt_packet_max"
     );
 }
