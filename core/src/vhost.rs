@@ -145,12 +145,15 @@ pub(crate) fn doc_name(vhost: &str) -> String {
     format!("vhost-{hex}")
 }
 
+/// Queues by name, looked up on every publish: seeded foldhash rather than SipHash.
+type QueueMap = HashMap<String, Arc<Queue>, foldhash::fast::RandomState>;
+
 /// A virtual host.
 pub struct Vhost {
     name: String,
     store: Arc<Store>,
     topology: RwLock<Topology>,
-    queues: RwLock<HashMap<String, Arc<Queue>>>,
+    queues: RwLock<QueueMap>,
     window: usize,
     max_message_size: usize,
     /// `max_queues_per_vhost`; 0 = unlimited.
@@ -197,7 +200,7 @@ impl Vhost {
             name: name.to_string(),
             store: store.clone(),
             topology: RwLock::new(Topology::new()),
-            queues: RwLock::new(HashMap::new()),
+            queues: RwLock::new(QueueMap::default()),
             window,
             max_message_size,
             max_queues,
@@ -280,10 +283,10 @@ impl Vhost {
     fn topology_mut(&self) -> RwLockWriteGuard<'_, Topology> {
         self.topology.write().unwrap_or_else(|e| e.into_inner())
     }
-    fn queues_read(&self) -> RwLockReadGuard<'_, HashMap<String, Arc<Queue>>> {
+    fn queues_read(&self) -> RwLockReadGuard<'_, QueueMap> {
         self.queues.read().unwrap_or_else(|e| e.into_inner())
     }
-    fn queues_mut(&self) -> RwLockWriteGuard<'_, HashMap<String, Arc<Queue>>> {
+    fn queues_mut(&self) -> RwLockWriteGuard<'_, QueueMap> {
         self.queues.write().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -172,7 +172,8 @@ struct Inner {
     cfg: StoreConfig,
     log: CommitLog,
     writer: Mutex<Writer>,
-    queues: RwLock<HashMap<QueueId, Arc<QueueState>>>,
+    /// Looked up several times per message: foldhash, not SipHash.
+    queues: RwLock<HashMap<QueueId, Arc<QueueState>, foldhash::fast::RandomState>>,
     registry: Mutex<RegState>,
     index: IndexService,
     meta: MetaStore,
@@ -268,7 +269,7 @@ impl Store {
         }
         remove_orphans(&cq_root, &registry)?;
 
-        let mut queues = HashMap::new();
+        let mut queues = HashMap::with_hasher(foldhash::fast::RandomState::default());
         for rec in &registry.queues {
             let qdir = queue_dir(&cq_root, rec);
             let cq = ConsumeQueue::open(&qdir, cfg.cq_entries_per_file)?;
@@ -420,6 +421,10 @@ impl Store {
     /// Acks entries of a queue (idempotent). The returned handle completes when the ack
     /// is durable; callers need not wait for it.
     pub fn ack(&self, queue: QueueId, offsets: &[u64]) -> Result<Durable> {
+        if let [o] = offsets {
+            // One ack per delivery (no-ack consumers, single acks): no sorting, no vectors.
+            return self.inner.ack_ranges(queue, &[(*o, o.saturating_add(1))]);
+        }
         let mut sorted = offsets.to_vec();
         sorted.sort_unstable();
         sorted.dedup();

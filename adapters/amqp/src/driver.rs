@@ -115,7 +115,8 @@ where
     let mut fatal = false;
     let mut shutdown_seen = false;
     let mut alarms = ctx.broker.alarms();
-    let mut blocked = false;
+    // an alarm raised before this connection came is in force for it too
+    let mut blocked = alarms.borrow_and_update().any();
     let mut told_blocked = false;
     session.start();
 
@@ -172,13 +173,17 @@ where
             next = next.min(t + cfg.close_timeout);
         }
         let open = session.is_open();
-        if open && blocked != told_blocked {
-            session.set_blocked(if blocked {
+        // As RabbitMQ: only a connection that publishes is blocked and told so; one that
+        // only consumes is neither (lapin, for one, sends nothing while told blocked, so
+        // telling a consumer would stall its basic.consume).
+        let tell_blocked = blocked && session.has_published();
+        if open && tell_blocked != told_blocked {
+            session.set_blocked(if tell_blocked {
                 ctx.broker.current_alarms().reason()
             } else {
                 None
             });
-            told_blocked = blocked;
+            told_blocked = tell_blocked;
             continue;
         }
         // While an alarm is raised, a connection that publishes is not read from (its

@@ -24,6 +24,10 @@ use crate::convert::short;
 use crate::errors::{self, AmqpError, Scope};
 use crate::AmqpConfig;
 
+/// The hasher for the session's per-delivery lookups (channel ids, consumer tags): a
+/// seeded foldhash, much cheaper than SipHash; keys come from this connection only.
+pub(crate) type FastHash = foldhash::fast::RandomState;
+
 /// Smallest frame-max a client may ask for (the spec's FRAME-MIN-SIZE).
 pub const FRAME_MIN_SIZE: u32 = 4096;
 
@@ -63,12 +67,13 @@ pub struct Session {
     slot: Option<ConnectionSlot>,
     /// A login was refused: the driver waits `failed_login_delay` before answering.
     login_failed: bool,
-    pub(crate) channels: HashMap<u16, Channel>,
+    pub(crate) channels: HashMap<u16, Channel, FastHash>,
     /// Consumer tag → channel (tags are unique per connection here).
-    pub(crate) consumer_channels: HashMap<Arc<str>, u16>,
+    pub(crate) consumer_channels: HashMap<Arc<str>, u16, FastHash>,
     pub(crate) outbox: Arc<Outbox>,
     pub(crate) confirms: ConfirmQueue,
     pub(crate) out: Vec<Frame>,
+    encoder: codec::Encoder,
     pub(crate) ctag_seq: u64,
     blocked_capable: bool,
     published: bool,
@@ -159,11 +164,12 @@ impl Session {
             access: None,
             slot: None,
             login_failed: false,
-            channels: HashMap::new(),
-            consumer_channels: HashMap::new(),
+            channels: HashMap::default(),
+            consumer_channels: HashMap::default(),
             outbox,
             confirms: ConfirmQueue::default(),
             out: Vec::new(),
+            encoder: codec::Encoder::default(),
             ctag_seq: 0,
             blocked_capable: false,
             published: false,
@@ -214,7 +220,7 @@ impl Session {
     /// Encodes every pending frame into `buf`.
     pub fn write_to(&mut self, buf: &mut BytesMut) -> Result<(), EncodeError> {
         for f in self.out.drain(..) {
-            codec::encode(&f, buf)?;
+            self.encoder.encode(&f, buf)?;
         }
         Ok(())
     }

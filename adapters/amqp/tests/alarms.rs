@@ -112,3 +112,96 @@ async fn alarm_blocks_publishers_and_clearing_releases_them() {
         .collect();
     assert_eq!(got, expect, "nothing lost, in order");
 }
+
+/// Connections opened while an alarm is raised: one that only consumes is not told it is
+/// blocked and drains the queue; one that publishes is blocked (regression: the AMQP
+/// driver used to learn of alarms only when they changed, so a publisher that connected
+/// during an alarm was never blocked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_opened_during_an_alarm() {
+    let s = Server::start().await;
+    let publisher = s.connect().await;
+    let pch = publisher.create_channel().await.unwrap();
+    pch.queue_declare(
+        "backlog".into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    // confirmed, so the broker has read them before the alarm stops reading this publisher
+    pch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    for i in 0..3u8 {
+        pch.basic_publish(
+            "".into(),
+            "backlog".into(),
+            BasicPublishOptions::default(),
+            &[i],
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    s.broker.set_alarms(Alarms {
+        memory: true,
+        disk: false,
+    });
+    wait_until(|| publisher.status().blocked()).await;
+
+    let consumer_conn = s.connect().await;
+    let cch = tokio::time::timeout(Duration::from_secs(5), consumer_conn.create_channel())
+        .await
+        .expect("channel.open answered during the alarm")
+        .unwrap();
+    let mut c = tokio::time::timeout(
+        Duration::from_secs(5),
+        cch.basic_consume(
+            "backlog".into(),
+            "late".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await
+    .expect("basic.consume answered during the alarm")
+    .unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let d = tokio::time::timeout(Duration::from_secs(5), c.next())
+            .await
+            .expect("delivery during the alarm")
+            .unwrap()
+            .unwrap();
+        got.push(d.data);
+    }
+    assert_eq!(got, vec![vec![0u8], vec![1], vec![2]]);
+    assert!(!consumer_conn.status().blocked());
+
+    let late = s.connect().await;
+    let lch = late.create_channel().await.unwrap();
+    lch.basic_publish(
+        "".into(),
+        "backlog".into(),
+        BasicPublishOptions::default(),
+        b"late",
+        BasicProperties::default(),
+    )
+    .await
+    .unwrap();
+    wait_until(|| late.status().blocked()).await;
+    s.broker.set_alarms(Alarms::default());
+    wait_until(|| !late.status().blocked()).await;
+    let d = tokio::time::timeout(Duration::from_secs(5), c.next())
+        .await
+        .expect("the late publisher's message after the alarm")
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.data, b"late");
+}

@@ -292,6 +292,9 @@ fn text(raw: &[u8], escapes: Option<bool>) -> Result<String, DecodeError> {
     let Some(cr) = escapes else {
         return String::from_utf8(raw.to_vec()).map_err(|_| DecodeError::NotUtf8);
     };
+    if !raw.contains(&b'\\') {
+        return String::from_utf8(raw.to_vec()).map_err(|_| DecodeError::NotUtf8);
+    }
     let mut out = Vec::with_capacity(raw.len());
     let mut it = raw.iter();
     while let Some(b) = it.next() {
@@ -369,19 +372,33 @@ pub fn encode_with(frame: &Frame, out: &mut BytesMut, dialect: Dialect) {
 }
 
 fn put_text(out: &mut BytesMut, s: &str, escapes: Option<bool>, is_name: bool) {
-    for b in s.bytes() {
-        match (escapes, b) {
-            (Some(_), b'\\') => out.put_slice(b"\\\\"),
-            (Some(_), b'\n') => out.put_slice(b"\\n"),
-            (Some(true), b'\r') => out.put_slice(b"\\r"),
-            (Some(_), b':') => out.put_slice(b"\\c"),
-            // 1.1 cannot escape CR; unescaped ones would read as line ends
-            (Some(false), b'\r') => {}
-            (None, b'\n' | b'\r') => {}
-            (None, b':') if is_name => {}
-            _ => out.put_u8(b),
-        }
+    let bytes = s.as_bytes();
+    // Almost every header is plain: one branch-free scan, then one copy.
+    if !bytes.iter().fold(false, |any, &b| {
+        any | matches!(b, b'\\' | b'\n' | b'\r' | b':')
+    }) {
+        out.put_slice(bytes);
+        return;
     }
+    // Copy runs of plain bytes in one go; only the few special bytes are replaced.
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let replacement: &[u8] = match (escapes, b) {
+            (Some(_), b'\\') => b"\\\\",
+            (Some(_), b'\n') => b"\\n",
+            (Some(true), b'\r') => b"\\r",
+            (Some(_), b':') => b"\\c",
+            // 1.1 cannot escape CR; unescaped ones would read as line ends
+            (Some(false), b'\r') => b"",
+            (None, b'\n' | b'\r') => b"",
+            (None, b':') if is_name => b"",
+            _ => continue,
+        };
+        out.put_slice(bytes.get(start..i).unwrap_or_default());
+        out.put_slice(replacement);
+        start = i + 1;
+    }
+    out.put_slice(bytes.get(start..).unwrap_or_default());
 }
 
 /// A heart-beat: one EOL.

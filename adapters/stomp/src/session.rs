@@ -216,9 +216,9 @@ pub struct Session {
     login_failed: bool,
     user: String,
     heartbeat: (u64, u64),
-    subs: HashMap<String, Subscription>,
-    ledgers: HashMap<String, Ledger>,
-    ids: HashMap<String, (String, u64)>,
+    subs: HashMap<String, Subscription, foldhash::fast::RandomState>,
+    ledgers: HashMap<String, Ledger, foldhash::fast::RandomState>,
+    ids: HashMap<String, (String, u64), foldhash::fast::RandomState>,
     next_seq: u64,
     txs: HashMap<String, Vec<TxOp>>,
     temp_queues: HashMap<String, String>,
@@ -255,9 +255,9 @@ impl Session {
             login_failed: false,
             user: String::new(),
             heartbeat: (0, 0),
-            subs: HashMap::new(),
-            ledgers: HashMap::new(),
-            ids: HashMap::new(),
+            subs: HashMap::default(),
+            ledgers: HashMap::default(),
+            ids: HashMap::default(),
             next_seq: 1,
             txs: HashMap::new(),
             temp_queues: HashMap::new(),
@@ -527,7 +527,7 @@ impl Session {
         // validate now, even inside a transaction
         let dest = Destination::parse(required(&f, "destination")?)
             .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
-        mapping::properties_from_send(&f, &self.user)?;
+        let props = mapping::properties_from_send(&f, &self.user)?;
         if let Some(tx) = f.header("transaction") {
             let tx = tx.to_string();
             self.txs
@@ -542,7 +542,7 @@ impl Session {
             }
             return Ok(());
         }
-        let durable = self.publish(&f, dest)?;
+        let durable = self.publish(&f, dest, props)?;
         if let Some(r) = receipt {
             out.push(Action::Receipt {
                 durable,
@@ -553,9 +553,13 @@ impl Session {
     }
 
     /// Publishes a SEND; `Some` = wait on it before confirming.
-    fn publish(&mut self, f: &Frame, dest: Destination) -> Res<Option<DurableWait>> {
+    fn publish(
+        &mut self,
+        f: &Frame,
+        dest: Destination,
+        mut props: triad_core::Properties,
+    ) -> Res<Option<DurableWait>> {
         let vh = self.vhost()?;
-        let mut props = mapping::properties_from_send(f, &self.user)?;
         if let Some(rt) = props.reply_to.as_deref() {
             if let Some(t) = rt.strip_prefix("/temp-queue/") {
                 let t = t.to_string();
@@ -929,7 +933,8 @@ impl Session {
                 TxOp::Send(s) => {
                     let dest = Destination::parse(s.header("destination").unwrap_or(""))
                         .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
-                    if let Some(w) = self.publish(&s, dest)? {
+                    let props = mapping::properties_from_send(&s, &self.user)?;
+                    if let Some(w) = self.publish(&s, dest, props)? {
                         waits.push(w);
                     }
                 }

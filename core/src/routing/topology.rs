@@ -63,7 +63,7 @@ pub enum Declared {
 /// A vhost's exchanges and bindings.
 #[derive(Debug)]
 pub struct Topology {
-    exchanges: HashMap<String, Exchange>,
+    exchanges: HashMap<String, Exchange, foldhash::fast::RandomState>,
 }
 
 impl Default for Topology {
@@ -76,7 +76,7 @@ impl Topology {
     /// A topology holding the default exchange and the predeclared `amq.*` exchanges,
     /// all durable.
     pub fn new() -> Self {
-        let mut exchanges = HashMap::new();
+        let mut exchanges = HashMap::default();
         let all = std::iter::once((DEFAULT_EXCHANGE, ExchangeKind::Direct)).chain(PREDECLARED);
         for (name, kind) in all {
             exchanges.insert(
@@ -370,16 +370,24 @@ impl Topology {
                 "cannot publish to internal exchange '{exchange}'"
             )));
         }
+        if x.def.name == DEFAULT_EXCHANGE {
+            // The common case, without the bookkeeping of the general walk below.
+            return Ok(if queues.queue_exists(routing_key) {
+                vec![routing_key.to_owned()]
+            } else {
+                Vec::new()
+            });
+        }
         let mut out: Vec<String> = Vec::new();
-        let mut out_set: HashSet<&str> = HashSet::new();
-        let mut seen: HashSet<&str> = HashSet::new();
-        let mut work: VecDeque<&Exchange> = VecDeque::new();
+        let mut out_seen = Seen::default();
+        let mut seen = Seen::default();
         seen.insert(exchange);
-        work.push_back(x);
+        let mut work: VecDeque<&Exchange> = VecDeque::new();
+        let mut next_exchange = Some(x);
         let mut targets: Vec<&Destination> = Vec::new();
-        while let Some(x) = work.pop_front() {
+        while let Some(x) = next_exchange.take().or_else(|| work.pop_front()) {
             if x.def.name == DEFAULT_EXCHANGE {
-                if queues.queue_exists(routing_key) && out_set.insert(routing_key) {
+                if queues.queue_exists(routing_key) && out_seen.insert(routing_key) {
                     out.push(routing_key.to_owned());
                 }
                 continue;
@@ -400,8 +408,8 @@ impl Topology {
             for d in targets.drain(..) {
                 match d {
                     Destination::Queue(q) => {
-                        if !out_set.contains(q.as_str()) && queues.queue_exists(q) {
-                            out_set.insert(q.as_str());
+                        if !out_seen.contains(q.as_str()) && queues.queue_exists(q) {
+                            out_seen.insert(q.as_str());
                             out.push(q.clone());
                         }
                     }
@@ -416,6 +424,35 @@ impl Topology {
             }
         }
         Ok(out)
+    }
+}
+
+/// A set of names that stays a small vector (no hashing, one allocation at most) until it
+/// grows past [`Seen::SMALL`] entries: most routes reach one or a few queues.
+#[derive(Default)]
+struct Seen<'a> {
+    small: Vec<&'a str>,
+    large: HashSet<&'a str>,
+}
+
+impl<'a> Seen<'a> {
+    const SMALL: usize = 16;
+
+    fn contains(&self, name: &str) -> bool {
+        self.small.contains(&name) || self.large.contains(name)
+    }
+
+    /// Adds `name`; false if it was there already.
+    fn insert(&mut self, name: &'a str) -> bool {
+        if self.contains(name) {
+            return false;
+        }
+        if self.small.len() < Self::SMALL {
+            self.small.push(name);
+        } else {
+            self.large.insert(name);
+        }
+        true
     }
 }
 
