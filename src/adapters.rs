@@ -61,6 +61,8 @@ pub async fn amqp<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> C
         heartbeat: limits.heartbeat.get(),
         max_message_size: limits.max_message_size.bytes(),
         handshake_timeout: limits.handshake_timeout.get(),
+        failed_login_delay: ctx.config.auth.failed_login_delay.get(),
+        peer_cert_cn: ctx.peer_cert_cn.clone(),
         ..triad_amqp::AmqpConfig::default()
     };
     let actx = triad_amqp::AmqpContext {
@@ -80,6 +82,11 @@ pub async fn stomp<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> 
     sctx.default_user = ctx.config.auth.default_user.clone();
     sctx.default_pass = ctx.config.auth.default_pass.clone();
     sctx.handshake_timeout = ctx.config.limits.handshake_timeout.get();
+    sctx.limits.max_frame =
+        usize::try_from(ctx.config.limits.stomp_frame_max.bytes()).unwrap_or(usize::MAX);
+    sctx.failed_login_delay = ctx.config.auth.failed_login_delay.get();
+    sctx.ssl_cert_login = ctx.config.auth.ssl_cert_login;
+    sctx.peer_cert_cn = ctx.peer_cert_cn.clone();
     triad_stomp::serve(stream, peer, sctx)
         .await
         .map(|()| Cow::Borrowed("closed"))
@@ -95,9 +102,16 @@ pub async fn mqtt<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> C
         default_pass: ctx.config.auth.default_pass.clone(),
         limits: triad_mqtt::MqttLimits {
             connect_timeout: ctx.config.limits.handshake_timeout.get(),
+            max_packet_size: usize::try_from(ctx.config.limits.mqtt_packet_max.bytes())
+                .unwrap_or(usize::MAX),
             ..triad_mqtt::MqttLimits::default()
         },
         shutdown: ctx.shutdown.clone(),
+        login: triad_mqtt::MqttLogin {
+            failed_login_delay: ctx.config.auth.failed_login_delay.get(),
+            ssl_cert_login: ctx.config.auth.ssl_cert_login,
+            peer_cert_cn: ctx.peer_cert_cn.clone(),
+        },
     };
     triad_mqtt::serve(stream, peer, mctx)
         .await

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 use crate::config::Config;
 
@@ -53,6 +53,22 @@ pub struct Cli {
     /// Cut the commitlog at corruption inside a sealed segment instead of refusing to start.
     #[arg(long)]
     pub repair: bool,
+    /// A tool to run instead of the broker.
+    #[command(subcommand)]
+    pub command: Option<Tool>,
+}
+
+/// Tools that run instead of the broker.
+#[derive(Debug, Subcommand)]
+pub enum Tool {
+    /// Print a password hash for a `[[users]]` entry's `password_hash` (RabbitMQ's
+    /// format: base64 of a random 4-byte salt and SHA-256(salt ++ password)). Without
+    /// PASSWORD, the first line of standard input is the password (keeps it out of
+    /// the shell history and the process list).
+    HashPassword {
+        /// The password.
+        password: Option<String>,
+    },
 }
 
 impl Cli {
@@ -127,5 +143,20 @@ mod tests {
         assert_eq!(cfg.tls.ca_file, None);
         assert!(cli.repair);
         assert!(Cli::try_parse_from(["triad", "--amqp"]).is_err());
+        assert!(cli.command.is_none());
+    }
+
+    #[test]
+    fn hash_password_subcommand() {
+        let cli = Cli::try_parse_from(["triad", "hash-password", "s3cret"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Some(Tool::HashPassword { password: Some(ref p) }) if p == "s3cret"
+        ));
+        let cli = Cli::try_parse_from(["triad", "hash-password"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Some(Tool::HashPassword { password: None })
+        ));
     }
 }

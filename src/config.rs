@@ -51,6 +51,57 @@ pub struct Config {
     pub auth: Auth,
     pub limits: Limits,
     pub tls: TlsSection,
+    /// `[[users]]`: accounts besides the default user, with hashed passwords.
+    pub users: Vec<UserSection>,
+    /// `[[permissions]]`: what each user may do in each vhost.
+    pub permissions: Vec<PermissionSection>,
+    /// `[[topic_permissions]]`: routing keys per user, vhost and topic exchange.
+    pub topic_permissions: Vec<TopicPermissionSection>,
+    /// `[[vhosts]]`: vhosts created at startup besides `auth.default_vhost`.
+    pub vhosts: Vec<VhostSection>,
+}
+
+/// One `[[users]]` entry. The password is stored only as RabbitMQ's salted SHA-256
+/// hash (`triad hash-password` makes one; so does RabbitMQ).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserSection {
+    pub name: String,
+    /// base64(4-byte salt ++ SHA-256(salt ++ password)).
+    pub password_hash: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// One `[[permissions]]` entry: RabbitMQ's configure / write / read regexes.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionSection {
+    pub user: String,
+    pub vhost: String,
+    pub configure: String,
+    pub write: String,
+    pub read: String,
+}
+
+/// One `[[topic_permissions]]` entry: RabbitMQ's topic authorisation, regexes on the
+/// routing keys `user` may publish with (`write`) and bind with (`read`) on the topic
+/// exchange `exchange`. `{username}` and `{vhost}` are replaced before compiling.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicPermissionSection {
+    pub user: String,
+    pub vhost: String,
+    pub exchange: String,
+    pub write: String,
+    pub read: String,
+}
+
+/// One `[[vhosts]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VhostSection {
+    pub name: String,
 }
 
 /// `HOST:PORT` to listen on per protocol; port 0 binds an ephemeral port. The TLS
@@ -184,6 +235,14 @@ pub struct Auth {
     /// Users that may only log in from a loopback address.
     pub loopback_users: Vec<String>,
     pub default_vhost: String,
+    /// How long a refused login waits before its answer (inside that connection's
+    /// task only): slows password guessing down.
+    pub failed_login_delay: HumanDuration,
+    /// STOMP CONNECT without `login` and MQTT CONNECT without a user name, over TLS
+    /// with a verified client certificate, log in as the certificate's CN (RabbitMQ's
+    /// `stomp.ssl_cert_login` / `mqtt.ssl_cert_login`). AMQP always offers EXTERNAL
+    /// when a verified certificate was presented.
+    pub ssl_cert_login: bool,
 }
 
 impl Default for Auth {
@@ -193,6 +252,8 @@ impl Default for Auth {
             default_pass: "guest".into(),
             loopback_users: vec!["guest".into()],
             default_vhost: "/".into(),
+            failed_login_delay: HumanDuration::secs(1),
+            ssl_cert_login: false,
         }
     }
 }
@@ -200,8 +261,14 @@ impl Default for Auth {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Largest frame (AMQP frame, STOMP frame, MQTT packet) accepted after login.
+    /// Largest AMQP frame accepted after connection.tune (the `frame_max` offered).
     pub frame_max: ByteSize,
+    /// Largest STOMP frame (command, headers, body) after CONNECTED (RabbitMQ's
+    /// `stomp.max_frame_size`); before it, 64 KiB.
+    pub stomp_frame_max: ByteSize,
+    /// Largest MQTT packet (remaining length) after CONNACK (RabbitMQ's
+    /// `mqtt.max_packet_size_authenticated`); before it, 64 KiB.
+    pub mqtt_packet_max: ByteSize,
     pub max_message_size: ByteSize,
     /// Deadline for a connection to complete its protocol handshake and login.
     pub handshake_timeout: HumanDuration,
@@ -210,6 +277,10 @@ pub struct Limits {
     pub channel_max: u16,
     /// Open connections over all protocols; 0 = unlimited.
     pub max_connections: u32,
+    /// Open connections per user over all protocols; 0 = unlimited.
+    pub max_connections_per_user: u32,
+    /// Queues per vhost (server-named and internal ones included); 0 = unlimited.
+    pub max_queues_per_vhost: u32,
     /// Memory alarm: publishers are blocked while the broker's resident memory is above
     /// this fraction of the machine's RAM (RabbitMQ's `vm_memory_high_watermark`).
     pub memory_high_watermark: Ratio,
@@ -234,11 +305,15 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             frame_max: ByteSize::kib(128),
+            stomp_frame_max: ByteSize::mib(4),
+            mqtt_packet_max: ByteSize::mib(16),
             max_message_size: ByteSize::mib(16),
             handshake_timeout: HumanDuration::secs(10),
             heartbeat: HumanDuration::secs(60),
             channel_max: 2047,
             max_connections: 0,
+            max_connections_per_user: 0,
+            max_queues_per_vhost: 0,
             memory_high_watermark: Ratio(0.4),
             disk_free_limit: ByteSize::mib(50),
         }
@@ -334,6 +409,14 @@ impl Config {
         if a.default_vhost.is_empty() {
             return Err(invalid("auth.default_vhost", "", "must not be empty"));
         }
+        if a.failed_login_delay.get() > std::time::Duration::from_secs(60) {
+            return Err(invalid(
+                "auth.failed_login_delay",
+                a.failed_login_delay,
+                "must be at most 60s",
+            ));
+        }
+        self.validate_users()?;
 
         let m = &self.limits;
         if m.frame_max.bytes() < FRAME_MIN || m.frame_max.bytes() > u64::from(u32::MAX) {
@@ -341,6 +424,21 @@ impl Config {
                 "limits.frame_max",
                 m.frame_max,
                 format!("must be between {} and 4 GiB", ByteSize(FRAME_MIN)),
+            ));
+        }
+        // Never below the pre-login limits; MQTT's remaining length is at most 2^28 - 1.
+        if m.stomp_frame_max.bytes() < 64 << 10 || m.stomp_frame_max.bytes() > 1 << 30 {
+            return Err(invalid(
+                "limits.stomp_frame_max",
+                m.stomp_frame_max,
+                "must be between 64 KiB and 1 GiB",
+            ));
+        }
+        if m.mqtt_packet_max.bytes() < 64 << 10 || m.mqtt_packet_max.bytes() >= 1 << 28 {
+            return Err(invalid(
+                "limits.mqtt_packet_max",
+                m.mqtt_packet_max,
+                "must be at least 64 KiB and below 256 MiB (MQTT's largest remaining length)",
             ));
         }
         if m.max_message_size.bytes() == 0 {
@@ -430,23 +528,168 @@ impl Config {
         Ok(())
     }
 
-    /// The store settings this configuration asks for.
-    /// The core's settings. Until users can be configured (the security issue), the one
-    /// user is `auth.default_user` / `auth.default_pass`.
-    pub fn core_config(&self) -> triad_core::CoreConfig {
-        triad_core::CoreConfig {
-            users: vec![triad_core::UserConfig {
-                name: self.auth.default_user.clone(),
-                password: self.auth.default_pass.clone(),
-            }],
-            loopback_users: self.auth.loopback_users.clone(),
-            default_vhost: self.auth.default_vhost.clone(),
+    /// `[[users]]`, `[[permissions]]` and `[[vhosts]]`: names unique and known,
+    /// hashes and patterns well-formed.
+    fn validate_users(&self) -> Result<(), ConfigError> {
+        let mut vhosts = vec![self.auth.default_vhost.as_str()];
+        for v in &self.vhosts {
+            if v.name.is_empty() {
+                return Err(invalid("vhosts.name", "", "must not be empty"));
+            }
+            vhosts.push(&v.name);
+        }
+        let mut users = vec![self.auth.default_user.as_str()];
+        for u in &self.users {
+            if u.name.is_empty() {
+                return Err(invalid("users.name", "", "must not be empty"));
+            }
+            if self.users.iter().filter(|o| o.name == u.name).count() > 1 {
+                return Err(invalid("users.name", &u.name, "listed twice"));
+            }
+            triad_core::PasswordHash::parse(&u.password_hash).map_err(|e| {
+                invalid(
+                    "users.password_hash",
+                    &u.name,
+                    format!("{e} (make one with `triad hash-password`)"),
+                )
+            })?;
+            users.push(&u.name);
+        }
+        for p in &self.permissions {
+            if !users.contains(&p.user.as_str()) {
+                return Err(invalid(
+                    "permissions.user",
+                    &p.user,
+                    "no such user (add it under [[users]])",
+                ));
+            }
+            if !vhosts.contains(&p.vhost.as_str()) {
+                return Err(invalid(
+                    "permissions.vhost",
+                    &p.vhost,
+                    "no such vhost (add it under [[vhosts]])",
+                ));
+            }
+            let same = |o: &&PermissionSection| o.user == p.user && o.vhost == p.vhost;
+            if self.permissions.iter().filter(same).count() > 1 {
+                return Err(invalid(
+                    "permissions",
+                    format!("{}@{}", p.user, p.vhost),
+                    "listed twice for the same user and vhost",
+                ));
+            }
+            for (key, pattern) in [
+                ("permissions.configure", &p.configure),
+                ("permissions.write", &p.write),
+                ("permissions.read", &p.read),
+            ] {
+                triad_core::Pattern::new(pattern).map_err(|e| invalid(key, pattern, e.reason))?;
+            }
+        }
+        for t in &self.topic_permissions {
+            if !users.contains(&t.user.as_str()) {
+                return Err(invalid("topic_permissions.user", &t.user, "no such user"));
+            }
+            if !vhosts.contains(&t.vhost.as_str()) {
+                return Err(invalid(
+                    "topic_permissions.vhost",
+                    &t.vhost,
+                    "no such vhost",
+                ));
+            }
+            let same = |o: &&TopicPermissionSection| {
+                o.user == t.user && o.vhost == t.vhost && o.exchange == t.exchange
+            };
+            if self.topic_permissions.iter().filter(same).count() > 1 {
+                return Err(invalid(
+                    "topic_permissions",
+                    format!("{}@{} on {}", t.user, t.vhost, t.exchange),
+                    "listed twice for the same user, vhost and exchange",
+                ));
+            }
+            for (key, pattern) in [
+                ("topic_permissions.write", &t.write),
+                ("topic_permissions.read", &t.read),
+            ] {
+                triad_core::TopicPermission::pattern(pattern, &t.user, &t.vhost)
+                    .map_err(|e| invalid(key, pattern, e.reason))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The core's settings: the `[[users]]` plus the default user (its password hashed
+    /// here, in memory; a `[[users]]` entry of the same name wins), the permissions
+    /// (the default user gets `.*` on the default vhost unless it has entries of its
+    /// own), vhosts and per-user / per-vhost limits. Fails only on what
+    /// [`Config::validate`] refuses.
+    pub fn core_config(&self) -> Result<triad_core::CoreConfig, ConfigError> {
+        let a = &self.auth;
+        let mut users = Vec::with_capacity(self.users.len() + 1);
+        for u in &self.users {
+            let hash = triad_core::PasswordHash::parse(&u.password_hash)
+                .map_err(|e| invalid("users.password_hash", &u.name, e.to_string()))?;
+            users.push(triad_core::UserConfig {
+                name: u.name.clone(),
+                password_hash: hash,
+                tags: u.tags.clone(),
+            });
+        }
+        if !users.iter().any(|u| u.name == a.default_user) {
+            users.push(triad_core::UserConfig::with_password(
+                &a.default_user,
+                &a.default_pass,
+            ));
+        }
+        let pattern = |key: &'static str, p: &str| {
+            triad_core::Pattern::new(p).map_err(|e| invalid(key, p, e.reason))
+        };
+        let mut permissions = Vec::with_capacity(self.permissions.len() + 1);
+        for p in &self.permissions {
+            permissions.push(triad_core::Permission {
+                user: p.user.clone(),
+                vhost: p.vhost.clone(),
+                configure: pattern("permissions.configure", &p.configure)?,
+                write: pattern("permissions.write", &p.write)?,
+                read: pattern("permissions.read", &p.read)?,
+            });
+        }
+        let mut topic_permissions = Vec::with_capacity(self.topic_permissions.len());
+        for t in &self.topic_permissions {
+            let topic = |key: &'static str, p: &str| {
+                triad_core::TopicPermission::pattern(p, &t.user, &t.vhost)
+                    .map_err(|e| invalid(key, p, e.reason))
+            };
+            topic_permissions.push(triad_core::TopicPermission {
+                user: t.user.clone(),
+                vhost: t.vhost.clone(),
+                exchange: t.exchange.clone(),
+                write: topic("topic_permissions.write", &t.write)?,
+                read: topic("topic_permissions.read", &t.read)?,
+            });
+        }
+        if !self.permissions.iter().any(|p| p.user == a.default_user) {
+            permissions.push(triad_core::Permission::full(
+                &a.default_user,
+                &a.default_vhost,
+            ));
+        }
+        Ok(triad_core::CoreConfig {
+            users,
+            loopback_users: a.loopback_users.clone(),
+            permissions,
+            topic_permissions,
+            default_vhost: a.default_vhost.clone(),
+            vhosts: self.vhosts.iter().map(|v| v.name.clone()).collect(),
+            max_connections_per_user: self.limits.max_connections_per_user,
+            max_queues_per_vhost: self.limits.max_queues_per_vhost as usize,
             max_message_size: usize::try_from(self.limits.max_message_size.bytes())
                 .unwrap_or(usize::MAX),
             ..triad_core::CoreConfig::default()
-        }
+        })
     }
 
+    /// The store settings this configuration asks for.
     pub fn store_config(&self, repair: bool) -> StoreConfig {
         let s = &self.store;
         let mut cfg = StoreConfig::new(&s.data_dir);
@@ -511,6 +754,143 @@ mod tests {
             Config::default()
         );
         Config::default().validate().expect("defaults are valid");
+    }
+
+    const ALICE: &str = "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR";
+
+    #[test]
+    fn users_permissions_and_vhosts() {
+        let c = parse(&format!(
+            r#"
+            [auth]
+            failed_login_delay = "0s"
+            ssl_cert_login = true
+            [limits]
+            max_connections_per_user = 3
+            max_queues_per_vhost = 100
+            [[users]]
+            name = "alice"
+            password_hash = "{ALICE}"
+            tags = ["administrator"]
+            [[vhosts]]
+            name = "staging"
+            [[permissions]]
+            user = "alice"
+            vhost = "staging"
+            configure = "^alice-.*"
+            write = ".*"
+            read = ".*"
+            "#
+        ))
+        .expect("parses");
+        c.validate().expect("valid");
+        assert!(c.auth.ssl_cert_login);
+        assert_eq!(c.limits.max_connections_per_user, 3);
+        let core = c.core_config().expect("core config");
+        assert_eq!(core.max_connections_per_user, 3);
+        assert_eq!(core.max_queues_per_vhost, 100);
+        assert_eq!(core.vhosts, vec!["staging".to_string()]);
+        let alice = core
+            .users
+            .iter()
+            .find(|u| u.name == "alice")
+            .expect("alice");
+        assert!(alice.password_hash.verify("test12"));
+        assert_eq!(alice.tags, vec!["administrator".to_string()]);
+        // the default user is still there, its password hashed in memory
+        let guest = core
+            .users
+            .iter()
+            .find(|u| u.name == "guest")
+            .expect("guest");
+        assert!(guest.password_hash.verify("guest"));
+        // alice: only what was configured; guest: everything on the default vhost
+        let p: Vec<_> = core
+            .permissions
+            .iter()
+            .map(|p| (p.user.as_str(), p.vhost.as_str(), p.configure.as_str()))
+            .collect();
+        assert_eq!(
+            p,
+            vec![("alice", "staging", "^alice-.*"), ("guest", "/", ".*")]
+        );
+
+        // topic permissions: {username} expanded, checked against known users
+        let c = parse(&format!(
+            "[[users]]\nname = \"alice\"\npassword_hash = \"{ALICE}\"\n\
+             [[topic_permissions]]\nuser = \"alice\"\nvhost = \"/\"\nexchange = \"amq.topic\"\n\
+             write = \"^{{username}}\\\\.\"\nread = \"\"\n"
+        ))
+        .expect("parses");
+        c.validate().expect("valid");
+        let core = c.core_config().expect("core");
+        let t = &core.topic_permissions[0];
+        assert_eq!(t.write.as_str(), "^alice\\.");
+        assert_eq!(t.read.as_str(), "^$");
+        let bad = parse(
+            "[[topic_permissions]]\nuser = \"zed\"\nvhost = \"/\"\nexchange = \"x\"\nwrite = \"\"\nread = \"\"\n",
+        )
+        .expect("parses")
+        .validate()
+        .unwrap_err();
+        assert!(
+            matches!(&bad, ConfigError::Invalid { key, .. } if *key == "topic_permissions.user"),
+            "{bad}"
+        );
+
+        // a [[users]] entry named like the default user replaces it
+        let c = parse(&format!(
+            "[[users]]\nname = \"guest\"\npassword_hash = \"{ALICE}\"\n"
+        ))
+        .expect("parses");
+        let core = c.core_config().expect("core");
+        assert_eq!(core.users.len(), 1);
+        assert!(core.users[0].password_hash.verify("test12"));
+        assert!(!core.users[0].password_hash.verify("guest"));
+    }
+
+    #[test]
+    fn bad_users_and_permissions_are_refused() {
+        let check = |text: &str, key: &str| {
+            let e = parse(text).expect("parses").validate().unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { key: k, .. } if *k == key),
+                "{e}"
+            );
+        };
+        check(
+            "[[users]]\nname = \"bob\"\npassword_hash = \"secret\"\n",
+            "users.password_hash",
+        );
+        let bob = format!("[[users]]\nname = \"bob\"\npassword_hash = \"{ALICE}\"\n");
+        check(&format!("{bob}{bob}"), "users.name");
+        let perm = |user: &str, vhost: &str, configure: &str| {
+            format!(
+                "[[permissions]]\nuser = \"{user}\"\nvhost = \"{vhost}\"\nconfigure = \"{configure}\"\nwrite = \"\"\nread = \"\"\n"
+            )
+        };
+        check(&perm("carol", "/", ".*"), "permissions.user");
+        check(
+            &format!("{bob}{}", perm("bob", "other", ".*")),
+            "permissions.vhost",
+        );
+        check(
+            &format!("{bob}{}", perm("bob", "/", "(")),
+            "permissions.configure",
+        );
+        check(
+            &format!("{bob}{}{}", perm("bob", "/", ".*"), perm("bob", "/", "x")),
+            "permissions",
+        );
+        // a missing required key is a parse error naming it
+        let e = parse("[[users]]\nname = \"bob\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("password_hash"), "{e}");
+        let e = parse("[[users]]\nname = \"bob\"\npassword = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `password`"), "{e}");
     }
 
     #[test]
@@ -604,6 +984,14 @@ mod tests {
             "store.flush_interval",
         );
         check("[limits]\nframe_max = 100\n", "limits.frame_max");
+        check(
+            "[limits]\nstomp_frame_max = \"1 KiB\"\n",
+            "limits.stomp_frame_max",
+        );
+        check(
+            "[limits]\nmqtt_packet_max = \"256 MiB\"\n",
+            "limits.mqtt_packet_max",
+        );
         check("[limits]\nheartbeat = \"1500ms\"\n", "limits.heartbeat");
         check("[auth]\ndefault_vhost = \"\"\n", "auth.default_vhost");
         check("[listeners]\namqps = \"5671\"\n", "listeners.amqps");

@@ -113,8 +113,8 @@ pub struct ConnContext {
     pub mqtt: Arc<triad_mqtt::MqttState>,
     /// The subject CN of the client certificate the TLS handshake verified (`None` over
     /// plain TCP, without `tls.verify_peer`, or when the client sent no certificate).
-    /// Not read by the adapters yet: SASL EXTERNAL / CN-as-username login
-    /// (RabbitMQ's `ssl_cert_login_from = common_name`) is still to be built.
+    /// AMQP offers SASL EXTERNAL with it; STOMP and MQTT log in as it with
+    /// `auth.ssl_cert_login` (RabbitMQ's `ssl_cert_login_from = common_name`).
     pub peer_cert_cn: Option<String>,
 }
 

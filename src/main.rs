@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
-use triad::cli::Cli;
+use triad::cli::{Cli, Tool};
 use triad::config::{Config, ConfigError};
 use triad::listener::{ConnContext, Handler, Listener, Proto};
 use triad::tls::TlsHandler;
@@ -61,6 +61,9 @@ const HTTP_MAX_CONNECTIONS: usize = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(tool) = &cli.command {
+        return run_tool(tool);
+    }
     init_tracing();
     let config = match load_config(&cli) {
         Ok(c) => c,
@@ -83,6 +86,39 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("triad: error: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `triad hash-password`: prints the hash on stdout; exit code 2 on no password.
+fn run_tool(tool: &Tool) -> ExitCode {
+    match tool {
+        Tool::HashPassword { password } => {
+            let password = match password {
+                Some(p) => p.clone(),
+                None => {
+                    let mut line = String::new();
+                    if let Err(e) = std::io::stdin().read_line(&mut line) {
+                        eprintln!("triad: error: cannot read the password from stdin: {e}");
+                        return ExitCode::from(2);
+                    }
+                    line.trim_end_matches(['\n', '\r']).to_owned()
+                }
+            };
+            if password.is_empty() {
+                eprintln!("triad: error: empty password");
+                return ExitCode::from(2);
+            }
+            match triad_core::PasswordHash::new(&password) {
+                Ok(h) => {
+                    println!("{}", h.to_base64());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("triad: error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }
@@ -121,7 +157,10 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<ServerConfig>>) -> anyhow::Res
     let store = Store::open(config.store_config(cli.repair))
         .with_context(|| format!("cannot open the store in {}", s.data_dir.display()))?;
     let store = Arc::new(store);
-    let broker = triad_core::Broker::open(Arc::clone(&store), config.core_config())
+    let core_config = config
+        .core_config()
+        .context("invalid users or permissions")?;
+    let broker = triad_core::Broker::open(Arc::clone(&store), core_config)
         .context("cannot load the broker's topology from the store")?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -554,3 +554,174 @@ for version in (ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2):
         "{stdout}"
     );
 }
+
+/// Reads one AMQP frame: (type, payload without the frame-end octet).
+async fn amqp_frame<S: AsyncRead + Unpin>(s: &mut S) -> (u8, Vec<u8>) {
+    let mut head = [0u8; 7];
+    tokio::time::timeout(IO_TIMEOUT, s.read_exact(&mut head))
+        .await
+        .expect("frame in time")
+        .expect("frame header");
+    let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
+    assert!(size < 1 << 20, "frame size {size}");
+    let mut payload = vec![0u8; size + 1];
+    s.read_exact(&mut payload).await.expect("frame payload");
+    payload.pop();
+    (head[0], payload)
+}
+
+/// An AMQP method frame on channel 0.
+fn amqp_method(payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![1, 0, 0];
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    f.extend_from_slice(payload);
+    f.push(0xCE);
+    f
+}
+
+/// connection.start's mechanisms (the frame, searched as bytes), then SASL EXTERNAL
+/// through connection.open of `/`: the class/method ids of the last answer.
+async fn amqp_external<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> (bool, [u8; 4]) {
+    s.write_all(b"AMQP\x00\x00\x09\x01").await.expect("header");
+    let (_, start) = amqp_frame(s).await;
+    assert_eq!(&start[..4], &[0, 10, 0, 10], "connection.start");
+    let offers_external = start.windows(8).any(|w| w == b"EXTERNAL");
+    if !offers_external {
+        return (false, [0; 4]);
+    }
+    // start-ok: empty client properties, EXTERNAL, empty response, en_US
+    let mut p = vec![0, 10, 0, 11, 0, 0, 0, 0, 8];
+    p.extend_from_slice(b"EXTERNAL");
+    p.extend_from_slice(&[0, 0, 0, 0, 5]);
+    p.extend_from_slice(b"en_US");
+    s.write_all(&amqp_method(&p)).await.expect("start-ok");
+    let (_, answer) = amqp_frame(s).await;
+    if answer[..4] != [0, 10, 0, 30] {
+        return (true, [answer[0], answer[1], answer[2], answer[3]]);
+    }
+    // tune-ok (channel_max 0, frame_max 128 KiB, no heartbeat), then open "/"
+    let tune_ok = [0, 10, 0, 31, 0, 0, 0, 2, 0, 0, 0, 0];
+    s.write_all(&amqp_method(&tune_ok)).await.expect("tune-ok");
+    s.write_all(&amqp_method(&[0, 10, 0, 40, 1, b'/', 0, 0]))
+        .await
+        .expect("open");
+    let (_, answer) = amqp_frame(s).await;
+    (true, [answer[0], answer[1], answer[2], answer[3]])
+}
+
+/// STOMP SUBSCRIBE to `/queue/cn-q` with a receipt: the answer's command line.
+async fn stomp_subscribe<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> String {
+    assert_eq!(talk(s, STOMP_CONNECT, 10).await, b"CONNECTED\n");
+    // the rest of CONNECTED, up to its NUL
+    let mut b = [1u8; 1];
+    while b[0] != 0 {
+        s.read_exact(&mut b).await.expect("CONNECTED");
+    }
+    let sub = b"SUBSCRIBE\nid:0\ndestination:/queue/cn-q\nreceipt:r\n\n\x00";
+    let reply = talk(s, sub, 5).await;
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+/// MQTT CONNECT without a user name, then SUBSCRIBE `a/b` at QoS 0: (CONNACK code,
+/// SUBACK code).
+async fn mqtt_anonymous_subscribe<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> (u8, u8) {
+    let connack = talk(s, &MQTT_CONNECT, 4).await;
+    if connack[3] != 0 {
+        return (connack[3], 0);
+    }
+    let sub = [0x82, 8, 0, 1, 0, 3, b'a', b'/', b'b', 0];
+    let suback = talk(s, &sub, 5).await;
+    assert_eq!(&suback[..4], &[0x90, 3, 0, 1]);
+    (0, suback[4])
+}
+
+/// With a verified client certificate, AMQP offers SASL EXTERNAL and STOMP / MQTT
+/// (`auth.ssl_cert_login`) log in as the certificate's CN. The default user is given
+/// no rights here, so what works proves who logged in.
+#[tokio::test]
+async fn client_certificate_cn_logs_in() {
+    let pki = Pki::generate();
+    let hash = triad_core::PasswordHash::new("unused-password")
+        .expect("hash")
+        .to_base64();
+    let toml = format!(
+        r#"
+[auth]
+ssl_cert_login = true
+failed_login_delay = "0s"
+
+[tls]
+verify_peer = true
+
+[[users]]
+name = "triad-client"
+password_hash = "{hash}"
+
+[[permissions]]
+user = "triad-client"
+vhost = "/"
+configure = ".*"
+write = ".*"
+read = ".*"
+
+[[permissions]]
+user = "guest"
+vhost = "/"
+configure = ""
+write = ""
+read = ""
+"#
+    );
+    let broker =
+        TestBroker::start_with_tls(&toml, &pki.cert_file, &pki.key_file, Some(&pki.ca_file));
+    let with_cert = pki.connector(&TLS13, Some(pki.client.clone_key()));
+    let without = pki.connector(&TLS13, None);
+
+    // AMQP: EXTERNAL offered and accepted, connection.open-ok (10, 41)
+    let mut s = connect(&with_cert, broker.amqps_addr())
+        .await
+        .expect("amqps");
+    assert_eq!(amqp_external(&mut s).await, (true, [0, 10, 0, 41]));
+    // no certificate: no EXTERNAL
+    let mut s = connect(&without, broker.amqps_addr()).await.expect("amqps");
+    assert!(!amqp_external(&mut s).await.0);
+
+    // STOMP: as the CN, /queue/ may be declared and consumed; as guest it may not
+    let mut s = connect(&with_cert, broker.stomps_addr())
+        .await
+        .expect("stomps");
+    assert_eq!(stomp_subscribe(&mut s).await, "RECEI");
+    let mut s = connect(&without, broker.stomps_addr())
+        .await
+        .expect("stomps");
+    assert_eq!(stomp_subscribe(&mut s).await, "ERROR");
+
+    // MQTT: the CN's subscription is granted; guest's is refused
+    let mut s = connect(&with_cert, broker.mqtts_addr())
+        .await
+        .expect("mqtts");
+    assert_eq!(mqtt_anonymous_subscribe(&mut s).await, (0, 0));
+    let mut s = connect(&without, broker.mqtts_addr()).await.expect("mqtts");
+    assert_eq!(mqtt_anonymous_subscribe(&mut s).await, (0, 0x80));
+}
+
+/// EXTERNAL for a certificate whose CN is no user: 403 ACCESS_REFUSED
+/// (connection.close, 10/50).
+#[tokio::test]
+async fn external_login_needs_an_existing_user() {
+    let pki = Pki::generate();
+    let broker = TestBroker::start_with_tls(
+        "[tls]\nverify_peer = true\n[auth]\nfailed_login_delay = \"0s\"\n",
+        &pki.cert_file,
+        &pki.key_file,
+        Some(&pki.ca_file),
+    );
+    let c = pki.connector(&TLS13, Some(pki.client.clone_key()));
+    let mut s = connect(&c, broker.amqps_addr()).await.expect("amqps");
+    assert_eq!(amqp_external(&mut s).await, (true, [0, 10, 0, 50]));
+    assert!(
+        broker.log().contains("AMQP login refused"),
+        "{}",
+        broker.log()
+    );
+}

@@ -5,6 +5,9 @@ Fixtures:
   broker        the session broker (shared by most tests; tests use unique names)
   own_broker    a broker of the test's own, for tests that restart it (SIGTERM, then a
                 new process on the same data directory)
+  configured_broker
+                a factory: configured_broker(toml_text) starts a broker of the test's
+                own with that configuration file (users, permissions, limits)
   uid           a unique name fragment for queues, exchanges, topics, client ids
 
 Setting CONFORMANCE_EXTERNAL="amqp=H:P,stomp=H:P,mqtt=H:P" runs the suite against an
@@ -31,9 +34,14 @@ PROTOS = ("amqp", "stomp", "mqtt", "http")
 class Broker:
     """One Triad process; `restart()` stops it and starts a new one on the same data dir."""
 
-    def __init__(self, data_dir=None):
+    def __init__(self, data_dir=None, config=None):
         self.own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="triad-conformance-")
+        self.config_file = None
+        if config is not None:
+            self.config_file = os.path.join(self.data_dir, "triad.toml")
+            with open(self.config_file, "w") as f:
+                f.write(config)
         self.external = False
         self.proc = None
         self.log = []
@@ -43,6 +51,8 @@ class Broker:
     def _start(self):
         binary = os.environ["TRIAD_BIN"]
         args = [binary, "--data-dir", self.data_dir]
+        if self.config_file:
+            args += ["--config", self.config_file]
         for proto in PROTOS:
             args += [f"--{proto}-listen", "127.0.0.1:0"]
         env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"))
@@ -128,6 +138,22 @@ def own_broker():
     b = Broker()
     yield b
     b.cleanup()
+
+
+@pytest.fixture
+def configured_broker():
+    if os.environ.get("CONFORMANCE_EXTERNAL"):
+        pytest.skip("needs a broker started with its own configuration")
+    made = []
+
+    def make(config):
+        b = Broker(config=config)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.cleanup()
 
 
 @pytest.fixture

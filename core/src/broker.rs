@@ -3,13 +3,15 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 use triad_store::store::Store;
 
+use crate::access::{Permission, TopicPermission, VhostAccess};
 use crate::alarm::Alarms;
 use crate::error::CoreError;
+use crate::password::PasswordHash;
 use crate::vhost::Vhost;
 use crate::ResourceKind;
 
@@ -21,8 +23,32 @@ pub type ConnectionId = u64;
 pub struct UserConfig {
     /// Login name.
     pub name: String,
-    /// Password.
-    pub password: String,
+    /// Salted hash of the password (never the password itself).
+    pub password_hash: PasswordHash,
+    /// Free-form tags (`administrator`, `monitoring`, ...), as RabbitMQ's.
+    pub tags: Vec<String>,
+}
+
+impl UserConfig {
+    /// A user whose password is hashed here (the default user's, from the config).
+    pub fn with_password(name: &str, password: &str) -> UserConfig {
+        UserConfig {
+            name: name.to_owned(),
+            password_hash: PasswordHash::new(password)
+                .unwrap_or_else(|_| PasswordHash::with_salt(fallback_salt(), password)),
+            tags: Vec::new(),
+        }
+    }
+}
+
+/// A salt when the system's random generator fails (it does not on Linux): still
+/// different per process, so equal passwords do not give equal hashes across runs.
+fn fallback_salt() -> [u8; 4] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    let v = h.finish().to_le_bytes();
+    [v[0], v[1], v[2], v[3]]
 }
 
 /// Core settings.
@@ -32,8 +58,20 @@ pub struct CoreConfig {
     pub users: Vec<UserConfig>,
     /// Users who may log in from loopback addresses only (RabbitMQ's `loopback_users`).
     pub loopback_users: Vec<String>,
+    /// What each user may do in each vhost; a user with no entry for a vhost cannot
+    /// open it.
+    pub permissions: Vec<Permission>,
+    /// Routing-key patterns per user, vhost and topic exchange.
+    pub topic_permissions: Vec<TopicPermission>,
     /// The vhost that always exists.
     pub default_vhost: String,
+    /// More vhosts created at startup (idempotent).
+    pub vhosts: Vec<String>,
+    /// Open connections per user over all protocols; 0 = unlimited.
+    pub max_connections_per_user: u32,
+    /// Queues per vhost; 0 = unlimited. A declare past it is
+    /// [`CoreError::PreconditionFailed`] (RabbitMQ's vhost `max-queues`).
+    pub max_queues_per_vhost: usize,
     /// Largest message body accepted.
     pub max_message_size: usize,
     /// Ready entries a queue keeps in memory; the rest wait in the store.
@@ -43,12 +81,14 @@ pub struct CoreConfig {
 impl Default for CoreConfig {
     fn default() -> Self {
         CoreConfig {
-            users: vec![UserConfig {
-                name: "guest".into(),
-                password: "guest".into(),
-            }],
+            users: vec![UserConfig::with_password("guest", "guest")],
             loopback_users: vec!["guest".into()],
+            permissions: vec![Permission::full("guest", "/")],
+            topic_permissions: Vec::new(),
             default_vhost: "/".into(),
+            vhosts: Vec::new(),
+            max_connections_per_user: 0,
+            max_queues_per_vhost: 0,
             max_message_size: 16 << 20,
             queue_window: 2048,
         }
@@ -60,6 +100,8 @@ impl Default for CoreConfig {
 pub struct User {
     /// Login name.
     pub name: String,
+    /// Its tags.
+    pub tags: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -76,6 +118,30 @@ pub struct Broker {
     vhosts: RwLock<HashMap<String, Arc<Vhost>>>,
     next_conn: AtomicU64,
     alarms: tokio::sync::watch::Sender<Alarms>,
+    /// (user, vhost) -> rights, built once from `cfg.permissions`.
+    access: HashMap<(String, String), Arc<VhostAccess>>,
+    /// Open connections per user, for `max_connections_per_user`.
+    user_conns: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+/// A connection counted against its user's `max_connections_per_user`; dropping it
+/// gives the slot back. Adapters keep it as long as the connection is open.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    user: String,
+    counts: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = counts.get_mut(&self.user) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.user);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Broker {
@@ -88,13 +154,25 @@ impl Broker {
     /// Loads every vhost's durable topology and queues from the store.
     pub fn open(store: Arc<Store>, cfg: CoreConfig) -> Result<Arc<Broker>, CoreError> {
         let mut list: VhostList = store.meta().get(VHOSTS)?.unwrap_or_default();
-        if !list.vhosts.contains(&cfg.default_vhost) {
-            list.vhosts.push(cfg.default_vhost.clone());
+        let mut added = false;
+        for name in std::iter::once(&cfg.default_vhost).chain(&cfg.vhosts) {
+            if !list.vhosts.contains(name) {
+                list.vhosts.push(name.clone());
+                added = true;
+            }
+        }
+        if added {
             store.meta().put(VHOSTS, &list)?;
         }
         let mut vhosts = HashMap::new();
         for name in &list.vhosts {
-            let vh = Vhost::open(name, store.clone(), cfg.queue_window, cfg.max_message_size)?;
+            let vh = Vhost::open(
+                name,
+                store.clone(),
+                cfg.queue_window,
+                cfg.max_message_size,
+                cfg.max_queues_per_vhost,
+            )?;
             vhosts.insert(name.clone(), vh);
         }
         // store queues of vhosts that no longer exist
@@ -103,12 +181,24 @@ impl Broker {
                 store.delete_queue(q.id)?;
             }
         }
+        let access = cfg
+            .permissions
+            .iter()
+            .map(|p| {
+                (
+                    (p.user.clone(), p.vhost.clone()),
+                    Arc::new(VhostAccess::new(p.clone()).with_topics(&cfg.topic_permissions)),
+                )
+            })
+            .collect();
         Ok(Arc::new(Broker {
             store,
             cfg,
             vhosts: RwLock::new(vhosts),
             next_conn: AtomicU64::new(1),
             alarms: tokio::sync::watch::Sender::new(Alarms::default()),
+            access,
+            user_conns: Arc::new(Mutex::new(HashMap::new())),
         }))
     }
 
@@ -122,24 +212,92 @@ impl Broker {
         &self.cfg
     }
 
-    /// Checks a login. Refused logins get [`CoreError::AccessRefused`].
+    /// Checks a login by password. An unknown user or a wrong password is
+    /// [`CoreError::AccessRefused`]; a right password from a peer the user may not
+    /// log in from (`loopback_users`) is [`CoreError::NotAllowed`], so that MQTT can
+    /// answer 4 (bad user name or password) and 5 (not authorised) apart.
     pub fn authenticate(&self, user: &str, pass: &str, peer: IpAddr) -> Result<User, CoreError> {
-        let ok =
-            self.cfg.users.iter().any(|u| {
-                u.name == user && constant_time_eq(u.password.as_bytes(), pass.as_bytes())
-            });
-        if !ok {
-            return Err(CoreError::AccessRefused(format!(
+        let found = self.cfg.users.iter().find(|u| u.name == user);
+        // An unknown user costs the same hash as a known one: no timing oracle for
+        // which user names exist.
+        let ok = match found {
+            Some(u) => u.password_hash.verify(pass),
+            None => {
+                let _ = std::hint::black_box(PasswordHash::with_salt([0; 4], pass));
+                false
+            }
+        };
+        match found {
+            Some(u) if ok => self.admit(u, peer),
+            _ => Err(CoreError::AccessRefused(format!(
                 "login refused for user '{user}': invalid credentials"
-            )));
+            ))),
         }
-        if self.cfg.loopback_users.iter().any(|u| u == user) && !peer.is_loopback() {
-            return Err(CoreError::AccessRefused(format!(
-                "user '{user}' can only connect via localhost"
+    }
+
+    /// Logs a user in whose identity a verified TLS client certificate proves
+    /// (SASL EXTERNAL, STOMP / MQTT `ssl_cert_login`): the user must exist; no password.
+    pub fn authenticate_external(&self, user: &str, peer: IpAddr) -> Result<User, CoreError> {
+        match self.cfg.users.iter().find(|u| u.name == user) {
+            Some(u) => self.admit(u, peer),
+            None => Err(CoreError::AccessRefused(format!(
+                "login refused for certificate user '{user}': no such user"
+            ))),
+        }
+    }
+
+    fn admit(&self, u: &UserConfig, peer: IpAddr) -> Result<User, CoreError> {
+        if self.cfg.loopback_users.contains(&u.name) && !peer.is_loopback() {
+            return Err(CoreError::NotAllowed(format!(
+                "user '{}' can only connect via localhost",
+                u.name
             )));
         }
         Ok(User {
-            name: user.to_string(),
+            name: u.name.clone(),
+            tags: u.tags.clone(),
+        })
+    }
+
+    /// Opening `vhost` as `user`: its rights there, or [`CoreError::NotAllowed`] when
+    /// the vhost does not exist or the user has no permissions in it (AMQP 530 on
+    /// connection.open, STOMP ERROR, MQTT CONNACK 5).
+    pub fn vhost_access(&self, user: &User, vhost: &str) -> Result<Arc<VhostAccess>, CoreError> {
+        let refused = || {
+            tracing::info!(user = %user.name, vhost, "vhost access refused");
+            CoreError::NotAllowed(format!(
+                "access to vhost '{vhost}' refused for user '{}'",
+                user.name
+            ))
+        };
+        if !self.has_vhost(vhost) {
+            return Err(refused());
+        }
+        self.access
+            .get(&(user.name.clone(), vhost.to_owned()))
+            .cloned()
+            .ok_or_else(refused)
+    }
+
+    /// Counts a new connection of `user` against `max_connections_per_user`;
+    /// [`CoreError::NotAllowed`] when the user is at the limit.
+    pub fn connection_slot(&self, user: &User) -> Result<ConnectionSlot, CoreError> {
+        let max = self.cfg.max_connections_per_user;
+        let mut counts = self.user_conns.lock().unwrap_or_else(|e| e.into_inner());
+        let n = counts.entry(user.name.clone()).or_insert(0);
+        if max > 0 && *n >= max {
+            let n = *n;
+            drop(counts);
+            tracing::info!(user = %user.name, open = n, max, "connection limit reached for user");
+            return Err(CoreError::NotAllowed(format!(
+                "connection refused: user '{}' reached its connection limit ({max})",
+                user.name
+            )));
+        }
+        *n += 1;
+        Ok(ConnectionSlot {
+            user: user.name.clone(),
+            counts: Arc::clone(&self.user_conns),
         })
     }
 
@@ -180,6 +338,7 @@ impl Broker {
             self.store.clone(),
             self.cfg.queue_window,
             self.cfg.max_message_size,
+            self.cfg.max_queues_per_vhost,
         )?;
         vhosts.insert(name.to_string(), vh.clone());
         let mut names: Vec<String> = vhosts.keys().cloned().collect();
@@ -243,11 +402,4 @@ impl Broker {
             vh.tick();
         }
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -12,6 +12,9 @@
 //! - [`error`]: [`CoreError`], one variant per condition the adapters map.
 //! - [`alarm`]: memory and disk [`Alarms`] that block publishers.
 //! - [`broker`]: the [`Broker`]: users, vhosts, connections, timers.
+//! - [`access`]: permissions ([`VhostAccess`]): RabbitMQ's configure / write / read
+//!   regexes per user and vhost, checked per operation by every adapter.
+//! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
 //! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
 //!   requeue, TTL, length limits, dead-lettering.
@@ -26,6 +29,7 @@
 )]
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod alarm;
 pub mod broker;
 mod encoding;
@@ -33,16 +37,19 @@ pub mod envelope;
 pub mod error;
 pub mod message;
 pub mod outbox;
+pub mod password;
 pub mod queue;
 pub mod routing;
 pub mod value;
 pub mod vhost;
 
+pub use access::{Access, Pattern, PatternError, Permission, TopicPermission, VhostAccess};
 pub use alarm::Alarms;
-pub use broker::{Broker, ConnectionId, CoreConfig, User, UserConfig};
+pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig};
 pub use error::{CoreError, ResourceKind};
 pub use message::{Message, Properties};
 pub use outbox::{CreditGate, Delivery, OutEvent, Outbox};
+pub use password::{HashError, PasswordHash};
 pub use queue::{ConsumeRequest, ConsumerHandle, Queue, QueueArgs};
 pub use routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 pub use value::{FieldTable, FieldValue};

@@ -15,6 +15,7 @@ use triad_store::flush::Durable;
 use triad_store::record::{NewMessage, FLAG_PERSISTENT};
 use triad_store::store::Store;
 
+use crate::access::VhostAccess;
 use crate::encoding::{put_table, Reader};
 use crate::error::CoreError;
 use crate::message::Properties;
@@ -41,6 +42,9 @@ pub struct QueueDeclare {
     pub arguments: FieldTable,
     /// The declaring connection.
     pub conn: ConnectionId,
+    /// The declaring user's rights, checked once the name is known (a server-named
+    /// queue's generated one included); `None` = the broker's own declare.
+    pub access: Option<Arc<VhostAccess>>,
 }
 
 /// `queue.declare-ok`.
@@ -152,6 +156,8 @@ pub struct Vhost {
     queues: RwLock<QueueMap>,
     window: usize,
     max_message_size: usize,
+    /// `max_queues_per_vhost`; 0 = unlimited.
+    max_queues: usize,
     me: Weak<Vhost>,
     persist: Mutex<()>,
 }
@@ -187,6 +193,7 @@ impl Vhost {
         store: Arc<Store>,
         window: usize,
         max_message_size: usize,
+        max_queues: usize,
     ) -> Result<Arc<Vhost>, CoreError> {
         let doc: VhostDoc = store.meta().get(&doc_name(name))?.unwrap_or_default();
         let vh = Arc::new_cyclic(|me| Vhost {
@@ -196,6 +203,7 @@ impl Vhost {
             queues: RwLock::new(QueueMap::default()),
             window,
             max_message_size,
+            max_queues,
             me: me.clone(),
             persist: Mutex::new(()),
         });
@@ -479,6 +487,9 @@ impl Vhost {
                 "queue name longer than 255 bytes".into(),
             ));
         }
+        if let Some(access) = &d.access {
+            access.queue_declare(&name, &d.arguments)?;
+        }
         if let Some(q) = self.queue(&name) {
             self.check_exclusive(&q, d.conn)?;
             self.check_equivalent(&q, &d)?;
@@ -505,6 +516,13 @@ impl Vhost {
                     message_count: q.message_count(),
                     consumer_count: q.consumer_count(),
                 });
+            }
+            if self.max_queues > 0 && queues.len() >= self.max_queues {
+                tracing::info!(vhost = %self.name, queue = %name, max = self.max_queues, "queue limit reached");
+                return Err(CoreError::PreconditionFailed(format!(
+                    "cannot declare queue '{name}': queue limit in vhost '{}' ({}) is reached",
+                    self.name, self.max_queues
+                )));
             }
             let id = self.store.create_queue(&self.name, &name, durable)?;
             let q = Queue::new(
@@ -870,5 +888,10 @@ impl Vhost {
     /// Whether an exchange exists.
     pub fn has_exchange(&self, name: &str) -> bool {
         self.topology_read().exchange(name).is_some()
+    }
+
+    /// An exchange's kind, if it exists.
+    pub fn exchange_kind(&self, name: &str) -> Option<ExchangeKind> {
+        self.topology_read().exchange(name).map(|x| x.kind)
     }
 }

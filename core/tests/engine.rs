@@ -617,6 +617,10 @@ fn authentication_and_loopback_users() {
     ));
     assert!(matches!(
         e.broker.authenticate("guest", "guest", remote),
+        Err(CoreError::NotAllowed(_))
+    ));
+    assert!(matches!(
+        e.broker.authenticate("nobody", "guest", local),
         Err(CoreError::AccessRefused(_))
     ));
     assert!(matches!(

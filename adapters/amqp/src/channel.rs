@@ -9,7 +9,7 @@ use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPC
 use bytes::{Bytes, BytesMut};
 use triad_core::{
     ConsumeRequest, ConsumerHandle, CreditGate, Delivery, ExchangeDef, ExchangeKind, FieldValue,
-    Properties, Publish, Queue, QueueDeclare, Vhost,
+    Properties, Publish, Queue, QueueDeclare, Vhost, VhostAccess,
 };
 
 use crate::codec::{Frame, FRAME_OVERHEAD};
@@ -112,6 +112,13 @@ fn chan_err(code: u16, detail: impl std::fmt::Display) -> AmqpError {
 impl Session {
     fn vhost_arc(&self) -> Result<Arc<Vhost>, AmqpError> {
         self.vhost
+            .clone()
+            .ok_or_else(|| AmqpError::connection(errors::CHANNEL_ERROR, "no vhost"))
+    }
+
+    /// The user's rights in the open vhost.
+    fn access(&self) -> Result<Arc<VhostAccess>, AmqpError> {
+        self.access
             .clone()
             .ok_or_else(|| AmqpError::connection(errors::CHANNEL_ERROR, "no vhost"))
     }
@@ -298,6 +305,7 @@ impl Session {
 
     fn exchange_method(&mut self, id: u16, m: exchange::AMQPMethod) -> Result<(), AmqpError> {
         let vhost = self.vhost_arc()?;
+        let access = self.access()?;
         let (reply, nowait) = match m {
             exchange::AMQPMethod::Declare(d) => {
                 let kind = if d.passive {
@@ -313,6 +321,9 @@ impl Session {
                     internal: d.internal,
                     arguments: table_from_wire(&d.arguments),
                 };
+                if !d.passive {
+                    access.exchange_declare(&def.name, &def.arguments)?;
+                }
                 vhost.declare_exchange(def, d.passive)?;
                 (
                     exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}),
@@ -320,6 +331,7 @@ impl Session {
                 )
             }
             exchange::AMQPMethod::Delete(d) => {
+                access.exchange_delete(d.exchange.as_str())?;
                 vhost.delete_exchange(d.exchange.as_str(), d.if_unused)?;
                 (
                     exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}),
@@ -327,6 +339,7 @@ impl Session {
                 )
             }
             exchange::AMQPMethod::Bind(b) => {
+                access.exchange_bind(b.destination.as_str(), b.source.as_str())?;
                 vhost.bind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
@@ -336,6 +349,7 @@ impl Session {
                 (exchange::AMQPMethod::BindOk(exchange::BindOk {}), b.nowait)
             }
             exchange::AMQPMethod::Unbind(b) => {
+                access.exchange_bind(b.destination.as_str(), b.source.as_str())?;
                 vhost.unbind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
@@ -373,6 +387,7 @@ impl Session {
 
     fn queue_method(&mut self, id: u16, m: queue::AMQPMethod) -> Result<(), AmqpError> {
         let vhost = self.vhost_arc()?;
+        let access = self.access()?;
         let conn = self.conn;
         let (reply, nowait) = match m {
             queue::AMQPMethod::Declare(d) => {
@@ -389,6 +404,7 @@ impl Session {
                     auto_delete: d.auto_delete,
                     arguments: table_from_wire(&d.arguments),
                     conn,
+                    access: Some(access),
                 })?;
                 self.chan(id)?.last_queue = ok.name.clone();
                 (
@@ -402,6 +418,7 @@ impl Session {
             }
             queue::AMQPMethod::Bind(b) => {
                 let q = self.queue_name(id, b.queue.as_str())?;
+                access.queue_bind_key(&vhost, &q, b.exchange.as_str(), b.routing_key.as_str())?;
                 vhost.bind_queue(
                     &q,
                     b.exchange.as_str(),
@@ -413,6 +430,7 @@ impl Session {
             }
             queue::AMQPMethod::Unbind(b) => {
                 let q = self.queue_name(id, b.queue.as_str())?;
+                access.queue_bind_key(&vhost, &q, b.exchange.as_str(), b.routing_key.as_str())?;
                 vhost.unbind_queue(
                     &q,
                     b.exchange.as_str(),
@@ -424,6 +442,7 @@ impl Session {
             }
             queue::AMQPMethod::Purge(p) => {
                 let q = self.queue_name(id, p.queue.as_str())?;
+                access.consume(&q)?;
                 let n = vhost.purge_queue(&q, conn)?;
                 (
                     queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n }),
@@ -432,6 +451,7 @@ impl Session {
             }
             queue::AMQPMethod::Delete(d) => {
                 let q = self.queue_name(id, d.queue.as_str())?;
+                access.queue_delete(&q)?;
                 let n = vhost.delete_queue(&q, d.if_unused, d.if_empty, conn)?;
                 (
                     queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n }),
@@ -489,6 +509,11 @@ impl Session {
                 Ok(())
             }
             basic::AMQPMethod::Publish(p) => {
+                // Refused here, the channel closes and the content frames that follow
+                // are dropped.
+                let vhost = self.vhost_arc()?;
+                self.access()?
+                    .publish_to(&vhost, p.exchange.as_str(), p.routing_key.as_str())?;
                 let ch = self.chan(id)?;
                 ch.content = Some(Content {
                     exchange: p.exchange.as_str().to_owned(),
@@ -504,6 +529,7 @@ impl Session {
             basic::AMQPMethod::Get(g) => {
                 let vhost = self.vhost_arc()?;
                 let q = self.queue_name(id, g.queue.as_str())?;
+                self.access()?.consume(&q)?;
                 match vhost.get(&q, g.no_ack, self.conn)? {
                     None => self.send(
                         id,
@@ -573,6 +599,7 @@ impl Session {
     fn consume(&mut self, id: u16, c: basic::Consume) -> Result<(), AmqpError> {
         let vhost = self.vhost_arc()?;
         let q = self.queue_name(id, c.queue.as_str())?;
+        self.access()?.consume(&q)?;
         let tag = if c.consumer_tag.as_str().is_empty() {
             self.ctag_seq += 1;
             format!("amq.ctag-{}-{}", self.conn, self.ctag_seq)

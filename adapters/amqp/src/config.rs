@@ -19,6 +19,12 @@ pub struct AmqpConfig {
     pub close_timeout: Duration,
     /// Deliveries buffered per connection before queues stop handing it more.
     pub outbox_capacity: usize,
+    /// How long a refused login waits before its connection.close (in this
+    /// connection's task only). Default 1 s.
+    pub failed_login_delay: Duration,
+    /// This connection's verified TLS client certificate CN: SASL EXTERNAL is offered
+    /// and logs in as this user. `None` over plain TCP or without a certificate.
+    pub peer_cert_cn: Option<String>,
 }
 
 impl Default for AmqpConfig {
@@ -31,6 +37,8 @@ impl Default for AmqpConfig {
             handshake_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(3),
             outbox_capacity: 1024,
+            failed_login_delay: Duration::from_secs(1),
+            peer_cert_cn: None,
         }
     }
 }

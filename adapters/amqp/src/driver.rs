@@ -140,6 +140,13 @@ where
                 }
             }
         }
+        if session.take_login_failed() && !cfg.failed_login_delay.is_zero() {
+            // Slows password guessing down; only this connection's task waits.
+            tokio::select! {
+                _ = tokio::time::sleep(cfg.failed_login_delay) => {}
+                _ = ctx.shutdown.cancelled() => {}
+            }
+        }
         if session.has_output() {
             session.write_to(&mut wbuf)?;
             stream.write_all(&wbuf).await?;

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use amq_protocol::protocol::{connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable as WireTable, LongString};
 use bytes::BytesMut;
-use triad_core::{Broker, ConnectionId, OutEvent, Outbox, User, Vhost};
+use triad_core::{
+    Broker, ConnectionId, ConnectionSlot, CoreError, OutEvent, Outbox, User, Vhost, VhostAccess,
+};
 
 use crate::channel::Channel;
 use crate::codec::{self, EncodeError, Frame, FrameError, Limits};
@@ -59,6 +61,12 @@ pub struct Session {
     heartbeat: u16,
     pub(crate) user: Option<User>,
     pub(crate) vhost: Option<Arc<Vhost>>,
+    /// The user's rights in `vhost`, once open.
+    pub(crate) access: Option<Arc<VhostAccess>>,
+    /// Counted against the user's connection limit while open.
+    slot: Option<ConnectionSlot>,
+    /// A login was refused: the driver waits `failed_login_delay` before answering.
+    login_failed: bool,
     pub(crate) channels: HashMap<u16, Channel, FastHash>,
     /// Consumer tag → channel (tags are unique per connection here).
     pub(crate) consumer_channels: HashMap<Arc<str>, u16, FastHash>,
@@ -153,6 +161,9 @@ impl Session {
             limits: Limits::PRE_TUNE,
             user: None,
             vhost: None,
+            access: None,
+            slot: None,
+            login_failed: false,
             channels: HashMap::default(),
             consumer_channels: HashMap::default(),
             outbox,
@@ -223,15 +234,26 @@ impl Session {
         self.out.push(method(channel, class));
     }
 
-    /// Sends connection.start.
+    /// Whether a login was just refused (the driver delays the answer); clears it.
+    pub fn take_login_failed(&mut self) -> bool {
+        std::mem::take(&mut self.login_failed)
+    }
+
+    /// Sends connection.start. EXTERNAL is offered when the TLS handshake verified a
+    /// client certificate.
     pub fn start(&mut self) {
+        let mechanisms = if self.cfg.peer_cert_cn.is_some() {
+            "PLAIN AMQPLAIN EXTERNAL"
+        } else {
+            "PLAIN AMQPLAIN"
+        };
         self.send(
             0,
             AMQPClass::Connection(connection::AMQPMethod::Start(connection::Start {
                 version_major: 0,
                 version_minor: 9,
                 server_properties: server_properties(),
-                mechanisms: LongString::from("PLAIN AMQPLAIN"),
+                mechanisms: LongString::from(mechanisms),
                 locales: LongString::from("en_US"),
             })),
         );
@@ -389,12 +411,17 @@ impl Session {
             }
             (State::AwaitOpen, connection::AMQPMethod::Open(open)) => {
                 let name = open.virtual_host.as_str();
-                let vhost = self.broker.vhost(name).map_err(|_| {
-                    AmqpError::connection(errors::NOT_ALLOWED, format!("vhost '{name}' not found"))
-                        .on(cid, mid)
+                let (vhost, access, slot) = self.open_vhost(name).map_err(|e| {
+                    let detail = match e {
+                        CoreError::NotAllowed(s) => s,
+                        other => other.to_string(),
+                    };
+                    AmqpError::connection(errors::NOT_ALLOWED, detail).on(cid, mid)
                 })?;
                 tracing::debug!(conn = self.conn, vhost = name, "connection open");
                 self.vhost = Some(vhost);
+                self.access = Some(access);
+                self.slot = Some(slot);
                 self.state = State::Open;
                 self.send(
                     0,
@@ -428,6 +455,36 @@ impl Session {
         }
     }
 
+    /// connection.open: the vhost must exist, the user needs permissions in it and a
+    /// free connection slot (all 530 NOT_ALLOWED, as RabbitMQ).
+    fn open_vhost(
+        &self,
+        name: &str,
+    ) -> Result<(Arc<Vhost>, Arc<VhostAccess>, ConnectionSlot), CoreError> {
+        let user = self
+            .user
+            .as_ref()
+            .ok_or_else(|| CoreError::NotAllowed("not logged in".into()))?;
+        let access = self.broker.vhost_access(user, name)?;
+        let vhost = self.broker.vhost(name)?;
+        let slot = self.broker.connection_slot(user)?;
+        Ok((vhost, access, slot))
+    }
+
+    /// A refused login: logged with the peer and user name, answered with 403
+    /// ACCESS_REFUSED after `failed_login_delay` (RabbitMQ's text, which does not say
+    /// whether the user name or the password was wrong).
+    fn login_refused(&mut self, mechanism: &str, user: &str, why: &CoreError) -> AmqpError {
+        tracing::info!(peer = %self.peer, user, mechanism, reason = %why, "AMQP login refused");
+        self.login_failed = true;
+        AmqpError::connection(
+            errors::ACCESS_REFUSED,
+            format!(
+                "Login was refused using authentication mechanism {mechanism}. For details see the broker logfile."
+            ),
+        )
+    }
+
     fn start_ok(&mut self, ok: connection::StartOk) -> Result<(), AmqpError> {
         if let Some(AMQPValue::FieldTable(caps)) = ok.client_properties.inner().get("capabilities")
         {
@@ -436,9 +493,29 @@ impl Session {
                 Some(AMQPValue::Boolean(true))
             );
         }
-        let creds = match ok.mechanism.as_str() {
-            "PLAIN" => parse_plain(ok.response.as_bytes()),
-            "AMQPLAIN" => parse_amqplain(ok.response.as_bytes()),
+        let mechanism = ok.mechanism.as_str().to_owned();
+        let login = match mechanism.as_str() {
+            "EXTERNAL" => match self.cfg.peer_cert_cn.clone() {
+                Some(cn) => (cn, None),
+                None => {
+                    let why = CoreError::AccessRefused("no verified client certificate".into());
+                    return Err(self.login_refused(&mechanism, "", &why));
+                }
+            },
+            "PLAIN" | "AMQPLAIN" => {
+                let creds = if mechanism == "PLAIN" {
+                    parse_plain(ok.response.as_bytes())
+                } else {
+                    parse_amqplain(ok.response.as_bytes())
+                };
+                let Some((user, pass)) = creds else {
+                    return Err(AmqpError::connection(
+                        errors::ACCESS_REFUSED,
+                        "malformed authentication response",
+                    ));
+                };
+                (user, Some(pass))
+            }
             other => {
                 return Err(AmqpError::connection(
                     errors::COMMAND_INVALID,
@@ -446,16 +523,15 @@ impl Session {
                 ))
             }
         };
-        let Some((user, pass)) = creds else {
-            return Err(AmqpError::connection(
-                errors::ACCESS_REFUSED,
-                "malformed authentication response",
-            ));
+        let (name, pass) = login;
+        let result = match &pass {
+            Some(pass) => self.broker.authenticate(&name, pass, self.peer),
+            None => self.broker.authenticate_external(&name, self.peer),
         };
-        let user = self
-            .broker
-            .authenticate(&user, &pass, self.peer)
-            .map_err(|e| AmqpError::connection(errors::ACCESS_REFUSED, e))?;
+        let user = match result {
+            Ok(u) => u,
+            Err(e) => return Err(self.login_refused(&mechanism, &name, &e)),
+        };
         tracing::debug!(conn = self.conn, user = %user.name, "authenticated");
         self.user = Some(user);
         self.state = State::AwaitTuneOk;

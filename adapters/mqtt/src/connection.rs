@@ -8,7 +8,7 @@
 //! [MQTT-4.6.0-2].
 
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use triad_core::queue::Queue;
 use triad_core::{
-    ConnectionId, ConsumeRequest, FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish,
-    QueueDeclare, Vhost,
+    ConnectionId, ConnectionSlot, ConsumeRequest, CoreError, FieldTable, FieldValue, OutEvent,
+    Outbox, Properties, Publish, QueueDeclare, User, Vhost, VhostAccess,
 };
 use triad_store::flush::Durable;
 
@@ -150,34 +150,21 @@ where
         Ok(Err(e)) => return Err(e),
     };
 
-    // authentication
-    let ip = peer.ip();
+    // authentication, then the vhost (always the default one)
     let broker = ctx.broker.clone();
-    let login = match &connect.username {
-        None if ip.is_loopback() => broker
-            .authenticate(&ctx.default_user, &ctx.default_pass, ip)
-            .map_err(|_| NOT_AUTHORIZED),
-        None => Err(NOT_AUTHORIZED),
-        Some(u) => {
-            let pass = connect
-                .password
-                .as_ref()
-                .map(|p| String::from_utf8_lossy(p).into_owned())
-                .unwrap_or_default();
-            broker.authenticate(u, &pass, ip).map_err(|_| {
-                let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
-                if !ip.is_loopback() && broker.authenticate(u, &pass, loopback).is_ok() {
-                    NOT_AUTHORIZED
-                } else {
-                    BAD_LOGIN
+    let vhost_name = broker.default_vhost().to_string();
+    let (user, access, _slot) = match login(&ctx, peer, &connect, &vhost_name) {
+        Ok(l) => l,
+        Err((code, why)) => {
+            let user = connect.username.as_deref().unwrap_or("");
+            tracing::info!(%peer, user, code, reason = %why, "MQTT login refused");
+            if !ctx.login.failed_login_delay.is_zero() {
+                // Slows password guessing down; only this connection's task waits.
+                tokio::select! {
+                    _ = tokio::time::sleep(ctx.login.failed_login_delay) => {}
+                    _ = ctx.shutdown.cancelled() => {}
                 }
-            })
-        }
-    };
-    let user = match login {
-        Ok(u) => u,
-        Err(code) => {
-            tracing::info!(%peer, user = connect.username.as_deref().unwrap_or(""), code, "MQTT login refused");
+            }
             refuse(&mut stream, code).await?;
             return Ok(());
         }
@@ -204,7 +191,6 @@ where
     }
     tracing::Span::current().record("client", client_id.as_str());
 
-    let vhost_name = broker.default_vhost().to_string();
     let vs = match ctx.state.vhost_state(&vhost_name) {
         Ok(v) => v,
         Err(e) => {
@@ -264,6 +250,7 @@ where
     };
 
     let mut c = Conn {
+        access,
         state: ctx.state.clone(),
         vs: vs.clone(),
         vhost: vs.vhost.clone(),
@@ -367,6 +354,58 @@ where
     }
 }
 
+/// Logs a CONNECT in: user name and password; no user name: the certificate's CN
+/// (with `ssl_cert_login`) or, from loopback peers, the default user. Then the vhost's
+/// permissions and the user's connection limit. Refusals carry their CONNACK code:
+/// 4 for a bad user name or password, 5 for everything else.
+fn login(
+    ctx: &MqttContext,
+    peer: SocketAddr,
+    connect: &Connect,
+    vhost: &str,
+) -> Result<(User, Arc<VhostAccess>, ConnectionSlot), (u8, CoreError)> {
+    let ip = peer.ip();
+    let broker = &ctx.broker;
+    let code = |e: CoreError| match e {
+        CoreError::AccessRefused(_) => (BAD_LOGIN, e),
+        e => (NOT_AUTHORIZED, e),
+    };
+    let cert_cn = ctx
+        .login
+        .peer_cert_cn
+        .as_deref()
+        .filter(|_| ctx.login.ssl_cert_login);
+    let user = match (&connect.username, cert_cn) {
+        (Some(u), _) => {
+            let pass = connect
+                .password
+                .as_ref()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .unwrap_or_default();
+            broker.authenticate(u, &pass, ip).map_err(code)?
+        }
+        (None, Some(cn)) => broker
+            .authenticate_external(cn, ip)
+            .map_err(|e| (NOT_AUTHORIZED, e))?,
+        (None, None) if ip.is_loopback() => broker
+            .authenticate(&ctx.default_user, &ctx.default_pass, ip)
+            .map_err(|e| (NOT_AUTHORIZED, e))?,
+        (None, None) => {
+            return Err((
+                NOT_AUTHORIZED,
+                CoreError::NotAllowed("anonymous login from a non-loopback peer".into()),
+            ))
+        }
+    };
+    let access = broker
+        .vhost_access(&user, vhost)
+        .map_err(|e| (NOT_AUTHORIZED, e))?;
+    let slot = broker
+        .connection_slot(&user)
+        .map_err(|e| (NOT_AUTHORIZED, e))?;
+    Ok((user, access, slot))
+}
+
 /// Declares the session's queue; returns (session present, session state).
 fn open_session(
     state: &MqttState,
@@ -417,6 +456,8 @@ struct Pending {
 }
 
 struct Conn {
+    /// The user's rights in the vhost.
+    access: Arc<VhostAccess>,
     state: Arc<MqttState>,
     vs: Arc<VhostState>,
     vhost: Arc<Vhost>,
@@ -661,6 +702,21 @@ impl Conn {
                 continue;
             }
             let key = topic_to_routing_key(&filter);
+            // RabbitMQ's MQTT plugin: configure and read on the subscription queue,
+            // write on it and read on amq.topic for the binding.
+            let allowed = self
+                .access
+                .queue_declare(&self.qname, &FieldTable::default())
+                .and_then(|()| self.access.consume(&self.qname))
+                .and_then(|()| {
+                    self.access
+                        .queue_bind_key(&self.vhost, &self.qname, "amq.topic", &key)
+                });
+            if let Err(e) = allowed {
+                tracing::debug!(filter, error = %e, "subscription refused");
+                codes.push(0x80);
+                continue;
+            }
             if let Err(e) = self.vhost.bind_queue(
                 &self.qname,
                 "amq.topic",
@@ -716,6 +772,10 @@ impl Conn {
         qos: u8,
         retain: bool,
     ) -> Result<Vec<Durable>, MqttError> {
+        // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
+        // (MQTT 3.1.1 has no way to refuse one message).
+        self.access
+            .publish_to(&self.vhost, "amq.topic", &topic_to_routing_key(topic))?;
         let mut durables = Vec::new();
         if retain {
             // [MQTT-3.3.1-5], an empty payload clears [MQTT-3.3.1-10]

@@ -94,6 +94,30 @@ pub struct MqttContext {
     pub limits: MqttLimits,
     /// Cancelled at broker shutdown.
     pub shutdown: CancellationToken,
+    /// Login settings of this connection.
+    pub login: MqttLogin,
+}
+
+/// How a connection may log in, besides user name and password.
+#[derive(Debug, Clone)]
+pub struct MqttLogin {
+    /// How long a refused CONNECT waits for its CONNACK (this connection only).
+    pub failed_login_delay: Duration,
+    /// CONNECT without a user name logs in as `peer_cert_cn` when there is one
+    /// (RabbitMQ's `mqtt.ssl_cert_login`).
+    pub ssl_cert_login: bool,
+    /// This connection's verified TLS client certificate CN.
+    pub peer_cert_cn: Option<String>,
+}
+
+impl Default for MqttLogin {
+    fn default() -> Self {
+        MqttLogin {
+            failed_login_delay: Duration::from_secs(1),
+            ssl_cert_login: false,
+            peer_cert_cn: None,
+        }
+    }
 }
 
 /// Why a connection ended other than by DISCONNECT or the peer closing.

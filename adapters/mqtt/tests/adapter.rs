@@ -47,6 +47,7 @@ fn context(broker: Arc<Broker>) -> MqttContext {
             ..MqttLimits::default()
         },
         shutdown: CancellationToken::new(),
+        login: Default::default(),
     }
 }
 

@@ -43,6 +43,12 @@ pub struct StompContext {
     pub outbox_capacity: usize,
     /// Cancelled at broker shutdown.
     pub shutdown: CancellationToken,
+    /// How long a refused CONNECT waits for its ERROR (this connection only).
+    pub failed_login_delay: Duration,
+    /// CONNECT without `login` logs in as the certificate's CN (`ssl_cert_login`).
+    pub ssl_cert_login: bool,
+    /// This connection's verified TLS client certificate CN.
+    pub peer_cert_cn: Option<String>,
 }
 
 impl StompContext {
@@ -59,6 +65,9 @@ impl StompContext {
             handshake_timeout: Duration::from_secs(10),
             outbox_capacity: 1024,
             shutdown,
+            failed_login_delay: Duration::from_secs(1),
+            ssl_cert_login: false,
+            peer_cert_cn: None,
         }
     }
 
@@ -72,6 +81,8 @@ impl StompContext {
             limits: self.limits,
             unauthenticated_limits: self.unauthenticated_limits,
             outbox_capacity: self.outbox_capacity,
+            ssl_cert_login: self.ssl_cert_login,
+            peer_cert_cn: self.peer_cert_cn.clone(),
         }
     }
 }
@@ -189,6 +200,13 @@ where
                 if let Some(p) = receipts.pop_front() {
                     codec::encode_with(&p.frame, &mut wbuf, dialect);
                 }
+            }
+        }
+        if session.take_login_failed() && !ctx.failed_login_delay.is_zero() {
+            // Slows password guessing down; only this connection's task waits.
+            tokio::select! {
+                _ = tokio::time::sleep(ctx.failed_login_delay) => {}
+                _ = ctx.shutdown.cancelled() => {}
             }
         }
         if !wbuf.is_empty() {

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use triad_core::{
-    Broker, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Delivery, FieldTable,
-    FieldValue, OutEvent, Outbox, Publish, Queue, QueueDeclare, Vhost,
+    Broker, ConnectionId, ConnectionSlot, ConsumeRequest, ConsumerHandle, CoreError, Delivery,
+    FieldTable, FieldValue, OutEvent, Outbox, Publish, Queue, QueueDeclare, Vhost, VhostAccess,
 };
 
 use crate::codec::{DecodeError, Dialect, Limits};
@@ -106,6 +106,11 @@ pub struct SessionConfig {
     pub unauthenticated_limits: Limits,
     /// Deliveries buffered for the socket before queues are told to wait.
     pub outbox_capacity: usize,
+    /// CONNECT without `login` logs in as `peer_cert_cn` when there is one
+    /// (RabbitMQ's `stomp.ssl_cert_login`).
+    pub ssl_cert_login: bool,
+    /// This connection's verified TLS client certificate CN.
+    pub peer_cert_cn: Option<String>,
 }
 
 impl Default for SessionConfig {
@@ -118,6 +123,8 @@ impl Default for SessionConfig {
             limits: Limits::AUTHENTICATED,
             unauthenticated_limits: Limits::UNAUTHENTICATED,
             outbox_capacity: 1024,
+            ssl_cert_login: false,
+            peer_cert_cn: None,
         }
     }
 }
@@ -201,6 +208,12 @@ pub struct Session {
     phase: Phase,
     version: Version,
     vhost: Option<Arc<Vhost>>,
+    /// The user's rights in `vhost`.
+    access: Option<Arc<VhostAccess>>,
+    /// Counted against the user's connection limit while connected.
+    slot: Option<ConnectionSlot>,
+    /// A login was just refused: the driver delays the ERROR.
+    login_failed: bool,
     user: String,
     heartbeat: (u64, u64),
     subs: HashMap<String, Subscription, foldhash::fast::RandomState>,
@@ -237,6 +250,9 @@ impl Session {
             phase: Phase::AwaitingConnect,
             version: Version::V10,
             vhost: None,
+            access: None,
+            slot: None,
+            login_failed: false,
             user: String::new(),
             heartbeat: (0, 0),
             subs: HashMap::default(),
@@ -271,6 +287,11 @@ impl Session {
     /// The vhost's name, once connected.
     pub fn vhost_name(&self) -> Option<&str> {
         self.vhost.as_ref().map(|v| v.name())
+    }
+
+    /// Whether a login was just refused (the driver waits before the ERROR); clears it.
+    pub fn take_login_failed(&mut self) -> bool {
+        std::mem::take(&mut self.login_failed)
     }
 
     /// Frame limits in force now.
@@ -405,25 +426,49 @@ impl Session {
             }
         };
         let peer_ip = self.peer.ip();
-        let user = match f.header("login") {
-            Some(login) => {
+        let cert_cn = self
+            .cfg
+            .peer_cert_cn
+            .as_deref()
+            .filter(|_| self.cfg.ssl_cert_login);
+        let (name, login) = match (f.header("login"), cert_cn) {
+            (Some(login), _) => (
+                login,
                 self.broker
-                    .authenticate(login, f.header("passcode").unwrap_or(""), peer_ip)
-            }
-            None if peer_ip.is_loopback() => {
+                    .authenticate(login, f.header("passcode").unwrap_or(""), peer_ip),
+            ),
+            (None, Some(cn)) => (cn, self.broker.authenticate_external(cn, peer_ip)),
+            (None, None) if peer_ip.is_loopback() => (
+                self.cfg.default_user.as_str(),
                 self.broker
-                    .authenticate(&self.cfg.default_user, &self.cfg.default_pass, peer_ip)
+                    .authenticate(&self.cfg.default_user, &self.cfg.default_pass, peer_ip),
+            ),
+            (None, None) => (
+                "",
+                Err(CoreError::AccessRefused(
+                    "CONNECT without login is only accepted from loopback peers".into(),
+                )),
+            ),
+        };
+        let user = match login {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::info!(peer = %self.peer, user = name, reason = %e, "STOMP login refused");
+                self.login_failed = true;
+                return Err(Fail::new("Bad CONNECT", format!("Access refused: {e}")));
             }
-            None => Err(CoreError::AccessRefused(
-                "CONNECT without login is only accepted from loopback peers".into(),
-            )),
-        }
-        .map_err(|e| Fail::new("Bad CONNECT", format!("Access refused: {e}")))?;
+        };
         let vhost_name = match f.header("host") {
             Some(h) if self.broker.has_vhost(h) => h.to_string(),
             _ => self.broker.default_vhost().to_string(),
         };
+        let refused = |e: CoreError| Fail::new("Bad CONNECT", format!("Access refused: {e}"));
+        let access = self
+            .broker
+            .vhost_access(&user, &vhost_name)
+            .map_err(refused)?;
         let vhost = self.broker.vhost(&vhost_name)?;
+        let slot = self.broker.connection_slot(&user).map_err(refused)?;
         if version >= Version::V11 {
             if let Some(hb) = f.header("heart-beat") {
                 let (cx, cy) = parse_heartbeat(hb).ok_or_else(|| {
@@ -441,6 +486,8 @@ impl Session {
         self.version = version;
         self.user = user.name;
         self.vhost = Some(vhost);
+        self.access = Some(access);
+        self.slot = Some(slot);
         self.phase = Phase::Connected;
         let mut c = Frame::new(Command::Connected)
             .with("version", version.as_str())
@@ -464,6 +511,13 @@ impl Session {
 
     fn vhost(&self) -> Res<Arc<Vhost>> {
         self.vhost
+            .clone()
+            .ok_or_else(|| Fail::new("not connected", "no vhost"))
+    }
+
+    /// The user's rights in the vhost.
+    fn access(&self) -> Res<Arc<VhostAccess>> {
+        self.access
             .clone()
             .ok_or_else(|| Fail::new("not connected", "no vhost"))
     }
@@ -523,6 +577,7 @@ impl Session {
             Destination::AmqQueue(q) | Destination::ReplyQueue(q) => (String::new(), q),
             Destination::TempQueue(t) => (String::new(), self.temp_queue(&t)?),
         };
+        self.access()?.publish_to(&vh, &exchange, &key)?;
         let published = vh.publish(Publish {
             exchange,
             routing_key: key,
@@ -536,14 +591,18 @@ impl Session {
         }))
     }
 
-    /// Declares durable queue `q` unless it exists already.
+    /// Declares durable queue `q` unless it exists already. Configure permission on
+    /// it is needed either way (RabbitMQ declares on every use of `/queue/`).
     fn ensure_queue(&self, vh: &Vhost, q: &str, arguments: FieldTable) -> Res {
+        let access = self.access()?;
+        access.queue_declare(q, &arguments)?;
         if vh.queue(q).is_none() {
             vh.declare_queue(QueueDeclare {
                 name: q.to_string(),
                 durable: true,
                 arguments,
                 conn: self.conn,
+                access: Some(access),
                 ..Default::default()
             })?;
         }
@@ -557,12 +616,15 @@ impl Session {
             return Ok(q.clone());
         }
         let vh = self.vhost()?;
+        let access = self.access()?;
         let ok = vh.declare_queue(QueueDeclare {
             exclusive: true,
             auto_delete: true,
             conn: self.conn,
+            access: Some(access.clone()),
             ..Default::default()
         })?;
+        access.consume(&ok.name)?;
         let id = format!("/temp-queue/{t}");
         let consumer = vh.consume(
             &ok.name,
@@ -673,6 +735,7 @@ impl Session {
                     exclusive: true,
                     auto_delete: true,
                     conn: self.conn,
+                    access: self.access.clone(),
                     ..Default::default()
                 })?;
                 self.temp_queues.insert(t.clone(), ok.name.clone());
@@ -693,6 +756,7 @@ impl Session {
                 q
             }
         };
+        self.access()?.consume(&queue)?;
         let consumer = vh.consume(
             &queue,
             self.consume_request(&id, mode, prefetch, exclusive, priority),
@@ -739,6 +803,7 @@ impl Session {
                     durable: true,
                     arguments,
                     conn: self.conn,
+                    access: self.access.clone(),
                     ..Default::default()
                 },
                 Some(name),
@@ -751,12 +816,14 @@ impl Session {
                     auto_delete: true,
                     arguments,
                     conn: self.conn,
+                    access: self.access.clone(),
                     ..Default::default()
                 },
                 None,
             )
         };
         let name = vh.declare_queue(decl)?.name;
+        self.access()?.queue_bind_key(vh, &name, exchange, key)?;
         vh.bind_queue(&name, exchange, key, &FieldTable::new(), self.conn)?;
         Ok((name, durable_name))
     }
@@ -781,6 +848,7 @@ impl Session {
         sub.consumer.cancel();
         let delete = f.header("durable") == Some("true") || f.header("persistent") == Some("true");
         if let (true, Some(q)) = (delete, sub.durable_queue) {
+            self.access()?.queue_delete(&q)?;
             self.vhost()?.delete_queue(&q, false, false, self.conn)?;
         }
         Ok(())

@@ -44,6 +44,11 @@ pub fn open_broker(dir: &Path) -> Arc<Broker> {
         store,
         CoreConfig {
             queue_window: 64,
+            // guest may open every vhost the tests create
+            permissions: vec![
+                triad_core::Permission::full("guest", "/"),
+                triad_core::Permission::full("guest", "tenant"),
+            ],
             ..CoreConfig::default()
         },
     )
