@@ -22,6 +22,10 @@ use crate::codec::{self, HeaderCheck, PROTOCOL_HEADER};
 use crate::session::{Session, State};
 use crate::AmqpConfig;
 
+/// How long the last bytes to a peer (connection.close at shutdown, TLS close_notify)
+/// may take before the connection is dropped without them.
+const LAST_WORDS: Duration = Duration::from_secs(1);
+
 /// What a connection task needs.
 #[derive(Clone, Debug)]
 pub struct AmqpContext {
@@ -91,7 +95,8 @@ where
     )
     .await;
     session.teardown();
-    let _ = stream.shutdown().await;
+    // bounded: a TLS close_notify cannot be written to a peer that does not read
+    let _ = tokio::time::timeout(LAST_WORDS, stream.shutdown()).await;
     result
 }
 
@@ -141,7 +146,20 @@ where
         }
         if session.has_output() {
             session.write_to(&mut wbuf)?;
-            stream.write_all(&wbuf).await?;
+            // A peer that does not read must not hold up the broker's shutdown: the
+            // write yields to the shutdown token, and the last words (connection.close
+            // 320) get a bounded attempt.
+            if ctx.shutdown.is_cancelled() {
+                let last_words = tokio::time::timeout(LAST_WORDS, stream.write_all(&wbuf));
+                if !matches!(last_words.await, Ok(Ok(()))) {
+                    return Ok(());
+                }
+            } else {
+                tokio::select! {
+                    r = stream.write_all(&wbuf) => r?,
+                    _ = ctx.shutdown.cancelled() => return Ok(()),
+                }
+            }
             wbuf.clear();
             last_write = Instant::now();
         }
@@ -229,7 +247,10 @@ where
                     }
                     if now >= last_write + hb / 2 {
                         codec::encode(&codec::Frame::Heartbeat(0), &mut wbuf)?;
-                        stream.write_all(&wbuf).await?;
+                        tokio::select! {
+                            r = stream.write_all(&wbuf) => r?,
+                            _ = ctx.shutdown.cancelled() => return Ok(()),
+                        }
                         wbuf.clear();
                         last_write = now;
                     }
