@@ -3,7 +3,8 @@
 #   1. the read-only gate: rustfmt and clippy, warnings are errors
 #   2. cargo test --workspace (units, store crash tests, whole-broker tests)
 #   3. conformance/: third-party clients against a broker started on free ports
-# It installs what it needs (a Python venv with pinned client libraries).
+#   4. fuzz/run.sh: each decoder's libFuzzer target for FUZZ_SECS seconds (default 60)
+# It installs what it needs (a Python venv with pinned client libraries, cargo-fuzz).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -16,3 +17,6 @@ cargo test --workspace
 
 echo "== conformance"
 conformance/run.sh
+
+echo "== fuzz (${FUZZ_SECS:-60} s per target)"
+fuzz/run.sh
