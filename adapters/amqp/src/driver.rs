@@ -100,6 +100,31 @@ where
     result
 }
 
+/// Writes `buf`. Once shutdown is requested the write gets [`LAST_WORDS`] more to
+/// finish (so the connection.close 320 still follows a frame in progress), but a peer
+/// that does not read cannot hold up the broker's shutdown. `Ok(false)`: gave up.
+async fn write_bounded<S>(
+    stream: &mut S,
+    buf: &[u8],
+    shutdown: &CancellationToken,
+) -> std::io::Result<bool>
+where
+    S: AsyncWrite + Unpin,
+{
+    let write = stream.write_all(buf);
+    tokio::pin!(write);
+    if !shutdown.is_cancelled() {
+        tokio::select! {
+            r = &mut write => return r.map(|()| true),
+            _ = shutdown.cancelled() => {}
+        }
+    }
+    match tokio::time::timeout(LAST_WORDS, write).await {
+        Ok(r) => r.map(|()| true),
+        Err(_) => Ok(false),
+    }
+}
+
 async fn connection_loop<S>(
     stream: &mut S,
     rbuf: &mut BytesMut,
@@ -146,19 +171,8 @@ where
         }
         if session.has_output() {
             session.write_to(&mut wbuf)?;
-            // A peer that does not read must not hold up the broker's shutdown: the
-            // write yields to the shutdown token, and the last words (connection.close
-            // 320) get a bounded attempt.
-            if ctx.shutdown.is_cancelled() {
-                let last_words = tokio::time::timeout(LAST_WORDS, stream.write_all(&wbuf));
-                if !matches!(last_words.await, Ok(Ok(()))) {
-                    return Ok(());
-                }
-            } else {
-                tokio::select! {
-                    r = stream.write_all(&wbuf) => r?,
-                    _ = ctx.shutdown.cancelled() => return Ok(()),
-                }
+            if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
+                return Ok(());
             }
             wbuf.clear();
             last_write = Instant::now();
@@ -247,9 +261,8 @@ where
                     }
                     if now >= last_write + hb / 2 {
                         codec::encode(&codec::Frame::Heartbeat(0), &mut wbuf)?;
-                        tokio::select! {
-                            r = stream.write_all(&wbuf) => r?,
-                            _ = ctx.shutdown.cancelled() => return Ok(()),
+                        if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
+                            return Ok(());
                         }
                         wbuf.clear();
                         last_write = now;
