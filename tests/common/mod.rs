@@ -447,3 +447,8 @@ pub fn parse_listening(line: &str) -> Option<(String, SocketAddr)> {
     let addr = words.find_map(|w| w.strip_prefix("addr="))?.parse().ok()?;
     Some((proto, addr))
 }
+
+/// lapin helpers: connect, declare a durable queue, drain a queue (see `amqp.rs`).
+pub mod amqp;
+/// Raw STOMP and MQTT clients, a seeded RNG and an RSS reader (see `raw.rs`).
+pub mod raw;

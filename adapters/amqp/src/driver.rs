@@ -22,6 +22,10 @@ use crate::codec::{self, HeaderCheck, PROTOCOL_HEADER};
 use crate::session::{Session, State};
 use crate::AmqpConfig;
 
+/// How long the last bytes to a peer (connection.close at shutdown, TLS close_notify)
+/// may take before the connection is dropped without them.
+const LAST_WORDS: Duration = Duration::from_secs(1);
+
 /// What a connection task needs.
 #[derive(Clone, Debug)]
 pub struct AmqpContext {
@@ -91,8 +95,34 @@ where
     )
     .await;
     session.teardown();
-    let _ = stream.shutdown().await;
+    // bounded: a TLS close_notify cannot be written to a peer that does not read
+    let _ = tokio::time::timeout(LAST_WORDS, stream.shutdown()).await;
     result
+}
+
+/// Writes `buf`. Once shutdown is requested the write gets [`LAST_WORDS`] more to
+/// finish (so the connection.close 320 still follows a frame in progress), but a peer
+/// that does not read cannot hold up the broker's shutdown. `Ok(false)`: gave up.
+async fn write_bounded<S>(
+    stream: &mut S,
+    buf: &[u8],
+    shutdown: &CancellationToken,
+) -> std::io::Result<bool>
+where
+    S: AsyncWrite + Unpin,
+{
+    let write = stream.write_all(buf);
+    tokio::pin!(write);
+    if !shutdown.is_cancelled() {
+        tokio::select! {
+            r = &mut write => return r.map(|()| true),
+            _ = shutdown.cancelled() => {}
+        }
+    }
+    match tokio::time::timeout(LAST_WORDS, write).await {
+        Ok(r) => r.map(|()| true),
+        Err(_) => Ok(false),
+    }
 }
 
 async fn connection_loop<S>(
@@ -149,7 +179,9 @@ where
         }
         if session.has_output() {
             session.write_to(&mut wbuf)?;
-            stream.write_all(&wbuf).await?;
+            if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
+                return Ok(());
+            }
             wbuf.clear();
             last_write = Instant::now();
         }
@@ -241,7 +273,9 @@ where
                     }
                     if now >= last_write + hb / 2 {
                         codec::encode(&codec::Frame::Heartbeat(0), &mut wbuf)?;
-                        stream.write_all(&wbuf).await?;
+                        if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
+                            return Ok(());
+                        }
                         wbuf.clear();
                         last_write = now;
                     }

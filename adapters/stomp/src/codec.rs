@@ -336,8 +336,10 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
 
 /// Appends a frame. A `content-length` header is added when the body is not empty and
 /// the frame has none, so bodies may hold NULs. Under [`Dialect::V10`] and for
-/// CONNECT/CONNECTED, which cannot escape, CR and LF are dropped from headers and ':'
-/// from names, so the output always frames correctly.
+/// CONNECT/CONNECTED, which cannot escape, CR and LF are dropped from header values;
+/// in names they (and ':') become '_', so the output always frames correctly and a
+/// name never turns into another one (dropping the CR of `conte\rnt-length` would
+/// make it a second, first-wins `content-length`).
 pub fn encode_with(frame: &Frame, out: &mut BytesMut, dialect: Dialect) {
     let escapes = match dialect {
         _ if !frame.command.escapes_headers() => None,
@@ -388,10 +390,13 @@ fn put_text(out: &mut BytesMut, s: &str, escapes: Option<bool>, is_name: bool) {
             (Some(_), b'\n') => b"\\n",
             (Some(true), b'\r') => b"\\r",
             (Some(_), b':') => b"\\c",
+            // what cannot be escaped: a name keeps a placeholder, so that it cannot
+            // become another name (a value is never looked up by what it spells)
+            (Some(false), b'\r') | (None, b'\n' | b'\r') if is_name => b"_",
+            (None, b':') if is_name => b"_",
             // 1.1 cannot escape CR; unescaped ones would read as line ends
             (Some(false), b'\r') => b"",
             (None, b'\n' | b'\r') => b"",
-            (None, b':') if is_name => b"",
             _ => continue,
         };
         out.put_slice(bytes.get(start..i).unwrap_or_default());

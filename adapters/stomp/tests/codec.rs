@@ -287,6 +287,45 @@ fn connect_frames_are_not_escaped_on_the_wire() {
     assert_eq!(&out[..], b"MESSAGE\nk:a:b\n\n\0");
 }
 
+/// Regression (found by `fuzz/` target `stomp_decode`): a header name holding a CR
+/// that 1.1 cannot escape was written with the CR dropped, so `conte\rnt-length`
+/// (sent escaped by a 1.2 publisher) reached a 1.1 subscriber as a second
+/// `content-length`; the first one wins, so the body could end early and its rest be
+/// read as further frames.
+#[test]
+fn unescapable_bytes_in_names_never_make_another_header() {
+    // the fuzzer's input, minimized: decodes under 1.1, re-encodes, decodes again
+    let input = b"SEND\nconte\r\rnt-length:\r\rtA\rbx\n\n\0";
+    let mut buf = BytesMut::from(&input[..]);
+    let f = decode_with(&mut buf, &Limits::AUTHENTICATED, Dialect::V11)
+        .unwrap()
+        .unwrap();
+    let mut wire = BytesMut::new();
+    encode_with(&f, &mut wire, Dialect::V11);
+    let again = decode_with(&mut wire, &Limits::AUTHENTICATED, Dialect::V11)
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.header("content-length"), None);
+    // a frame smuggled in a body after an injected `content-length:0`
+    for (dialect, name) in [
+        (Dialect::V11, "conte\rnt-length"),
+        (Dialect::V10, "conte\nnt-length"),
+        (Dialect::V10, "content-length:"),
+    ] {
+        let f = Frame::new(Command::Message)
+            .with(name, "0")
+            .with_body(&b"\0MESSAGE\nsmuggled:1\n\n"[..]);
+        let mut wire = BytesMut::new();
+        encode_with(&f, &mut wire, dialect);
+        let mut frames = Vec::new();
+        while let Some(f) = decode_with(&mut wire, &Limits::AUTHENTICATED, dialect).unwrap() {
+            frames.push(f);
+        }
+        assert_eq!(frames.len(), 1, "{name:?} under {dialect:?}: {frames:?}");
+        assert_eq!(&frames[0].body[..], &b"\0MESSAGE\nsmuggled:1\n\n"[..]);
+    }
+}
+
 #[test]
 fn limits_apply_before_buffering() {
     let l = Limits::UNAUTHENTICATED;
