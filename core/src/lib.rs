@@ -42,7 +42,7 @@ pub use alarm::Alarms;
 pub use broker::{Broker, ConnectionId, CoreConfig, User, UserConfig};
 pub use error::{CoreError, ResourceKind};
 pub use message::{Message, Properties};
-pub use outbox::{CreditGate, Delivery, OutEvent, Outbox};
+pub use outbox::{Backpressure, CreditGate, Delivery, OutEvent, Outbox};
 pub use queue::{ConsumeRequest, ConsumerHandle, Queue, QueueArgs};
 pub use routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 pub use value::{FieldTable, FieldValue};

@@ -6,6 +6,13 @@
 //! UNSUBACK of a persistent session) wait for the store's [`Durable`]; every response
 //! goes through one ordered queue, so they leave in the order the requests came
 //! [MQTT-4.6.0-2].
+//!
+//! Publisher flow control: a publish that went to a queue whose consumers fall behind
+//! comes back from the core with a [`Backpressure`]; its PUBACK / PUBREC (or, at QoS 0,
+//! an empty entry) waits in the same ordered queue until the backlog drains or
+//! [`FLOW_MAX_WAIT`] passes. The socket is still read meanwhile (acks of this client's
+//! own deliveries must get through, or two clients feeding each other would deadlock)
+//! until [`MAX_PENDING`] responses wait; a client's in-flight window stops it sooner.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -19,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use triad_core::queue::Queue;
 use triad_core::{
-    ConnectionId, ConsumeRequest, FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish,
-    QueueDeclare, Vhost,
+    Backpressure, ConnectionId, ConsumeRequest, FieldTable, FieldValue, OutEvent, Outbox,
+    Properties, Publish, QueueDeclare, Vhost,
 };
 use triad_store::flush::Durable;
 
@@ -37,6 +44,11 @@ type Target = (Arc<Queue>, u64);
 
 /// Responses waiting for the store before the socket is no longer read.
 const MAX_PENDING: usize = 1024;
+
+/// Longest a publish is held back by a throttled queue. Bounded so that a consumer that
+/// never acks (or a cycle of clients that publish to each other) slows its publishers
+/// down to their in-flight window per this period instead of stopping them.
+const FLOW_MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// CONNACK return codes.
 const ACCEPTED: u8 = 0;
@@ -410,10 +422,21 @@ fn open_session(
     }
 }
 
-/// Responses waiting for the store.
+/// Responses waiting for the store or for publisher flow control.
 struct Pending {
     durables: Vec<Durable>,
     packets: Vec<Packet>,
+    /// Held until the queues are clear again or the deadline passes.
+    throttle: Option<(Backpressure, tokio::time::Instant)>,
+}
+
+impl Pending {
+    fn ready(&self) -> bool {
+        self.durables.iter().all(|d| d.is_durable())
+            && self.throttle.as_ref().is_none_or(|(b, deadline)| {
+                b.is_clear() || tokio::time::Instant::now() >= *deadline
+            })
+    }
 }
 
 struct Conn {
@@ -430,11 +453,18 @@ struct Conn {
     limits: Limits,
 }
 
-/// Completes when the oldest pending response's messages are on disk.
-async fn front_durable(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
+/// Completes when the oldest pending response's messages are on disk and its queues
+/// are no longer throttled (or it waited long enough).
+async fn front_ready(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
     if let Some(p) = pending.front_mut() {
         for d in p.durables.iter_mut() {
             d.await.map_err(|e| MqttError::Store(e.to_string()))?;
+        }
+        if let Some((b, deadline)) = &p.throttle {
+            tokio::select! {
+                _ = b.wait() => {}
+                _ = tokio::time::sleep_until(*deadline) => {}
+            }
         }
     }
     Ok(())
@@ -531,7 +561,7 @@ impl Conn {
                     Err(e) => break End::Error(e.into()),
                 },
                 _ = outbox.notified() => {}
-                r = front_durable(&mut self.pending), if !self.pending.is_empty() => {
+                r = front_ready(&mut self.pending), if !self.pending.is_empty() => {
                     if let Err(e) = r {
                         break End::Error(e);
                     }
@@ -543,20 +573,41 @@ impl Conn {
 
     /// Queues responses behind any that wait for the store.
     fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durable>) {
+        self.respond_after(packets, durables, None);
+    }
+
+    /// Queues responses behind any that wait, also held by `throttle` (flow control).
+    fn respond_after(
+        &mut self,
+        packets: Vec<Packet>,
+        durables: Vec<Durable>,
+        throttle: Option<Backpressure>,
+    ) {
         let durables: Vec<Durable> = durables.into_iter().filter(|d| !d.is_durable()).collect();
-        if self.pending.is_empty() && durables.is_empty() {
+        let throttle = throttle
+            .filter(|b| !b.is_clear())
+            .map(|b| (b, tokio::time::Instant::now() + FLOW_MAX_WAIT));
+        if packets.is_empty() && durables.is_empty() && throttle.is_none() {
+            return;
+        }
+        if self.pending.is_empty() && durables.is_empty() && throttle.is_none() {
             for p in &packets {
                 codec::encode(p, &mut self.wbuf);
             }
         } else {
-            self.pending.push_back(Pending { durables, packets });
+            self.pending.push_back(Pending {
+                durables,
+                packets,
+                throttle,
+            });
         }
     }
 
-    /// Encodes the responses whose messages are now on disk, in order.
+    /// Encodes the responses whose messages are now on disk (and not held by flow
+    /// control), in order.
     fn flush_pending(&mut self) {
         while let Some(front) = self.pending.front() {
-            if !front.durables.iter().all(|d| d.is_durable()) {
+            if !front.ready() {
                 return;
             }
             if let Some(p) = self.pending.pop_front() {
@@ -576,11 +627,12 @@ impl Conn {
                     self.respond(vec![Packet::PubRec(p.pkid)], Vec::new());
                     return Ok(false);
                 }
-                let durables = self.publish_in(&p.topic, p.payload, p.qos, p.retain)?;
+                let (durables, throttle) = self.publish_in(&p.topic, p.payload, p.qos, p.retain)?;
                 match p.qos {
-                    1 => self.respond(vec![Packet::PubAck(p.pkid)], durables),
-                    2 => self.respond(vec![Packet::PubRec(p.pkid)], durables),
-                    _ => {}
+                    1 => self.respond_after(vec![Packet::PubAck(p.pkid)], durables, throttle),
+                    2 => self.respond_after(vec![Packet::PubRec(p.pkid)], durables, throttle),
+                    // nothing to hold back but the reading of more publishes
+                    _ => self.respond_after(Vec::new(), Vec::new(), throttle),
                 }
             }
             Packet::PubAck(id) => {
@@ -715,7 +767,7 @@ impl Conn {
         payload: Bytes,
         qos: u8,
         retain: bool,
-    ) -> Result<Vec<Durable>, MqttError> {
+    ) -> Result<(Vec<Durable>, Option<Backpressure>), MqttError> {
         let mut durables = Vec::new();
         if retain {
             // [MQTT-3.3.1-5], an empty payload clears [MQTT-3.3.1-10]
@@ -739,7 +791,7 @@ impl Conn {
         })?;
         durables.extend(published.durable);
         self.state.stats.received.fetch_add(1, Ordering::Relaxed);
-        Ok(durables)
+        Ok((durables, published.backpressure))
     }
 
     /// Turns deliveries from the subscription queue into PUBLISH packets.
