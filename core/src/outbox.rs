@@ -36,11 +36,11 @@ pub struct Delivery {
     /// Whether it may have been delivered before.
     pub redelivered: bool,
     /// Exchange it was published to.
-    pub exchange: String,
+    pub exchange: Arc<str>,
     /// Routing key it was published with.
-    pub routing_key: String,
-    /// Its properties.
-    pub properties: Properties,
+    pub routing_key: Arc<str>,
+    /// Its properties (shared by every copy of a message delivered as it is published).
+    pub properties: Arc<Properties>,
     /// Its body (shares the store's mapping).
     pub body: Bytes,
     /// For `get`: messages left in the queue after this one.

@@ -184,6 +184,9 @@ struct Entry {
 struct Consumer {
     id: ConsumerId,
     conn: ConnectionId,
+    /// Transient messages are acked as they are handed over (see
+    /// [`ConsumerHandle::ack_transient_on_delivery`]).
+    ack_transient: bool,
     tag: Arc<str>,
     no_ack: bool,
     exclusive: bool,
@@ -205,9 +208,20 @@ struct Ready {
     offset: u64,
     entry: Entry,
     body: Bytes,
-    exchange: String,
-    routing_key: String,
-    properties: Properties,
+    exchange: Arc<str>,
+    routing_key: Arc<str>,
+    properties: Arc<Properties>,
+}
+
+/// A message as it was just published, decoded once for all the queues it went to: a
+/// copy dispatched while it is being enqueued is built from this (reference counts)
+/// instead of a store read, a checksum and an envelope decode per queue.
+#[derive(Debug, Clone)]
+pub(crate) struct Hot {
+    pub exchange: Arc<str>,
+    pub routing_key: Arc<str>,
+    pub properties: Arc<Properties>,
+    pub body: Bytes,
 }
 
 impl Ready {
@@ -241,6 +255,9 @@ struct State {
     loaded_upto: u64,
     /// Entries below this were in the queue when it was opened.
     recovered_next: u64,
+    /// One past the highest consume-queue entry announced by `enqueue` (or found at
+    /// open): `fill` loads up to here.
+    cq_next: u64,
     unacked: HashMap<u64, Unacked>,
     /// Ready messages, loaded or not.
     ready_count: u64,
@@ -352,6 +369,14 @@ impl ConsumerHandle {
     pub fn cancel(&self) {
         self.queue.cancel(self.id);
     }
+
+    /// From now on, transient (non-persistent) messages are acked as they are handed to
+    /// this consumer (`Delivery::needs_ack` false), persistent ones still need an ack.
+    /// For MQTT, where a transient message is QoS 0 and so delivered at most once: the
+    /// ack round trip per copy is saved.
+    pub fn ack_transient_on_delivery(&self) {
+        self.queue.set_ack_transient(self.id);
+    }
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -389,6 +414,7 @@ impl Queue {
             ready: BTreeMap::new(),
             loaded_upto: head,
             recovered_next: next,
+            cq_next: next,
             unacked: HashMap::new(),
             ready_count: (pending.len() - transient.len()) as u64,
             ready_bytes,
@@ -489,9 +515,9 @@ impl Queue {
         if st.ready.len() >= self.window / 2 {
             return;
         }
-        let Ok(next) = self.store.queue_next_offset(self.id) else {
-            return;
-        };
+        // every append reaches `enqueue` (which raises `cq_next`) after it is in the
+        // consume queue, so this bound saves a store lookup per dispatch
+        let next = st.cq_next;
         while st.ready.len() < self.window && st.loaded_upto < next {
             let off = st.loaded_upto;
             st.loaded_upto += 1;
@@ -538,6 +564,7 @@ impl Queue {
         commit_offset: u64,
         tag: u64,
         publisher: Option<ConnectionId>,
+        hot: Option<&Hot>,
     ) -> bool {
         let mut after = After::default();
         let wait;
@@ -548,6 +575,7 @@ impl Queue {
             }
             st.ready_count += 1;
             st.ready_bytes += tag_len(tag);
+            st.cq_next = st.cq_next.max(offset + 1);
             if st.loaded_upto == offset && st.ready.len() < self.window {
                 st.loaded_upto += 1;
                 st.ready.insert(
@@ -560,7 +588,7 @@ impl Queue {
                 );
             }
             self.enforce_limits(&mut st, &mut after);
-            self.dispatch(&mut st, &mut after);
+            self.dispatch_hot(&mut st, &mut after, hot.map(|h| (offset, h)));
             self.flow_check(&mut st, &mut after);
             if !st.throttled
                 && st.ready_count + st.unacked.len() as u64 > FLOW_HIGH + st.credit
@@ -700,6 +728,11 @@ impl Queue {
     /// Hands ready messages to consumers with credit, round robin within the highest
     /// consumer priority.
     fn dispatch(&self, st: &mut State, after: &mut After) {
+        self.dispatch_hot(st, after, None);
+    }
+
+    /// [`Queue::dispatch`], with the message at queue offset `hot.0` already decoded.
+    fn dispatch_hot(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
         let Some(me) = self.me() else {
             return;
         };
@@ -714,7 +747,7 @@ impl Queue {
             let Some(ci) = self.pick_consumer(st) else {
                 return;
             };
-            let Some(m) = self.take_next(st, after) else {
+            let Some(m) = self.take_next(st, after, hot) else {
                 continue;
             };
             let (key, e) = ((255 - self.priority_of(m.entry.tag), m.offset), m.entry);
@@ -722,7 +755,8 @@ impl Queue {
             let Some(c) = st.consumers.get_mut(ci) else {
                 return;
             };
-            let delivery = m.into_delivery(c.tag.clone(), me.clone(), 0, !c.no_ack);
+            let no_ack = c.no_ack || (c.ack_transient && e.tag & TAG_PERSISTENT == 0);
+            let delivery = m.into_delivery(c.tag.clone(), me.clone(), 0, !no_ack);
             if !c.outbox.push(OutEvent::Deliver(delivery)) {
                 // filled up since pick_consumer looked: put it back, wait for room
                 c.outbox.wait_for_room(&me);
@@ -732,7 +766,7 @@ impl Queue {
                 return;
             }
             let _ = self.store.mark_delivered(self.id, off);
-            if c.no_ack {
+            if no_ack {
                 after.acks.push(off);
             } else {
                 c.unacked += 1;
@@ -755,13 +789,31 @@ impl Queue {
 
     /// Takes the next ready message out of the window, loaded and not expired (expired
     /// and unreadable ones on the way are dropped or dead-lettered). `None`: empty.
-    fn take_next(&self, st: &mut State, after: &mut After) -> Option<Ready> {
+    fn take_next(
+        &self,
+        st: &mut State,
+        after: &mut After,
+        hot: Option<(u64, &Hot)>,
+    ) -> Option<Ready> {
         loop {
             self.fill(st);
             let (key, e) = st.ready.pop_first()?;
             let off = key.1;
             st.ready_count = st.ready_count.saturating_sub(1);
             st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+            // just published: no need to read it back (TTL checks need the record)
+            if let Some((_, h)) = hot.filter(|(o, _)| *o == off) {
+                if e.tag & TAG_HAS_TTL == 0 && self.args.message_ttl.is_none() {
+                    return Some(Ready {
+                        offset: off,
+                        entry: e,
+                        body: h.body.clone(),
+                        exchange: h.exchange.clone(),
+                        routing_key: h.routing_key.clone(),
+                        properties: h.properties.clone(),
+                    });
+                }
+            }
             let Some((rec, exchange, routing_key, properties)) = self.load(off, &e, after) else {
                 continue;
             };
@@ -778,7 +830,7 @@ impl Queue {
                 body: rec.body,
                 exchange,
                 routing_key,
-                properties,
+                properties: Arc::new(properties),
             });
         }
     }
@@ -790,7 +842,7 @@ impl Queue {
         off: u64,
         e: &Entry,
         after: &mut After,
-    ) -> Option<(StoredRecord, String, String, Properties)> {
+    ) -> Option<(StoredRecord, Arc<str>, Arc<str>, Properties)> {
         let rec = match self.store.read(e.commit_offset) {
             Ok(r) => r,
             Err(err) => {
@@ -799,7 +851,7 @@ impl Queue {
                 return None;
             }
         };
-        match envelope::decode(&rec.properties) {
+        match envelope::decode_shared(&rec.properties) {
             Ok((x, rk, p)) => Some((rec, x, rk, p)),
             Err(err) => {
                 tracing::warn!(queue = %self.name, offset = off, error = %err, "dropping a message with undecodable properties");
@@ -886,6 +938,7 @@ impl Queue {
             st.consumers.push(Consumer {
                 id,
                 conn: req.conn,
+                ack_transient: false,
                 tag: tag.clone(),
                 no_ack: req.no_ack,
                 exclusive: req.exclusive,
@@ -903,6 +956,12 @@ impl Queue {
         }
         self.finish(after);
         Ok(handle)
+    }
+
+    fn set_ack_transient(&self, id: ConsumerId) {
+        if let Some(c) = lock(&self.state).consumers.iter_mut().find(|c| c.id == id) {
+            c.ack_transient = true;
+        }
     }
 
     fn cancel(&self, id: ConsumerId) {
@@ -983,7 +1042,7 @@ impl Queue {
                 return None;
             }
             st.last_used = Instant::now();
-            out = self.take_next(&mut st, &mut after).map(|m| {
+            out = self.take_next(&mut st, &mut after, None).map(|m| {
                 let off = m.offset;
                 let _ = self.store.mark_delivered(self.id, off);
                 if no_ack {
@@ -1021,6 +1080,7 @@ impl Queue {
                     acks_range = Some((st.loaded_upto, next));
                 }
                 st.loaded_upto = next;
+                st.cq_next = st.cq_next.max(next);
             }
             st.ready_count = 0;
             st.ready_bytes = 0;

@@ -19,7 +19,9 @@ use crate::encoding::{put_table, Reader};
 use crate::error::CoreError;
 use crate::message::Properties;
 use crate::outbox::{Backpressure, Delivery};
-use crate::queue::{make_tag, now_ms, ConsumeRequest, ConsumerHandle, Queue, QueueArgs, QueueSpec};
+use crate::queue::{
+    make_tag, now_ms, ConsumeRequest, ConsumerHandle, Hot, Queue, QueueArgs, QueueSpec,
+};
 use crate::routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 use crate::value::FieldTable;
 use crate::{envelope, ConnectionId};
@@ -825,9 +827,15 @@ impl Vhost {
             body,
         })?;
         let wants_disk = persistent && targets.iter().any(|q| q.durable());
+        let hot = Hot {
+            exchange: Arc::from(exchange),
+            routing_key: Arc::from(routing_key),
+            properties: Arc::new(props.clone()),
+            body: body.clone(),
+        };
         let mut throttled = Vec::new();
         for (q, (_, off)) in targets.iter().zip(&appended.queue_offsets) {
-            if q.enqueue(*off, appended.commit_offset, tag, publisher) {
+            if q.enqueue(*off, appended.commit_offset, tag, publisher, Some(&hot)) {
                 throttled.push(q.clone());
             }
         }

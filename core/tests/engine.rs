@@ -160,8 +160,8 @@ fn publish_consume_ack_through_default_and_topic_exchanges() {
     let _c = consume(&v, &q, "c1", 0, &o);
     let ds = drain(&o);
     assert_eq!(bodies(&ds), ["direct", "topic"]);
-    assert_eq!(ds[1].exchange, "amq.topic");
-    assert_eq!(ds[1].routing_key, "orders.new.eu");
+    assert_eq!(&*ds[1].exchange, "amq.topic");
+    assert_eq!(&*ds[1].routing_key, "orders.new.eu");
     assert!(!ds[0].redelivered);
     let queue = ds[0].queue.clone();
     assert_eq!(queue.unacked_count(), 2);

@@ -284,6 +284,7 @@ where
         qname,
         clean: connect.clean_session,
         session,
+        topic_cache: None,
         pending: VecDeque::new(),
         wbuf: BytesMut::with_capacity(4096),
         limits: Limits {
@@ -325,6 +326,8 @@ where
             return Ok(());
         }
     };
+    // a transient message is QoS 0 here: delivered at most once, no ack per copy
+    consumer.ack_transient_on_delivery();
     ctx.state.stats.connected.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(
         clean = connect.clean_session,
@@ -448,6 +451,9 @@ struct Conn {
     qname: String,
     clean: bool,
     session: Session<Target>,
+    /// The last routing key delivered, its MQTT topic and the QoS granted for it
+    /// (cleared when the subscriptions change): fan-out delivers one key many times.
+    topic_cache: Option<(Arc<str>, String, Option<u8>)>,
     pending: VecDeque<Pending>,
     wbuf: BytesMut,
     limits: Limits,
@@ -657,8 +663,12 @@ impl Conn {
             Packet::PubComp(id) => {
                 self.session.on_pubcomp(id);
             }
-            Packet::Subscribe(s) => self.subscribe(s)?,
+            Packet::Subscribe(s) => {
+                self.topic_cache = None;
+                self.subscribe(s)?
+            }
             Packet::Unsubscribe(u) => {
+                self.topic_cache = None;
                 for f in &u.filters {
                     if self.session.subs.remove(f).is_some() {
                         let key = topic_to_routing_key(f);
@@ -807,11 +817,24 @@ impl Conn {
                     continue;
                 }
             };
-            let topic = routing_key_to_topic(&d.routing_key);
-            let Some(granted) = self.session.granted_for(&topic) else {
+            let cached = self
+                .topic_cache
+                .as_ref()
+                .is_some_and(|(rk, _, _)| **rk == *d.routing_key);
+            if !cached {
+                let topic = routing_key_to_topic(&d.routing_key);
+                let granted = self.session.granted_for(&topic);
+                self.topic_cache = Some((d.routing_key.clone(), topic, granted));
+            }
+            let Some((_, topic, granted)) = &self.topic_cache else {
+                continue;
+            };
+            let Some(granted) = *granted else {
                 // routed by the topic exchange but not matched by MQTT rules
-                acks.push(d.offset);
-                ack_queue.get_or_insert_with(|| d.queue.clone());
+                if d.needs_ack {
+                    acks.push(d.offset);
+                    ack_queue.get_or_insert_with(|| d.queue.clone());
+                }
                 continue;
             };
             let msg_qos = d
@@ -823,31 +846,34 @@ impl Conn {
                 .unwrap_or(if d.properties.is_persistent() { 1 } else { 0 });
             let qos = msg_qos.min(granted);
             let pkid = if qos == 0 {
-                acks.push(d.offset);
-                ack_queue.get_or_insert_with(|| d.queue.clone());
+                if d.needs_ack {
+                    acks.push(d.offset);
+                    ack_queue.get_or_insert_with(|| d.queue.clone());
+                }
                 0
             } else {
                 match self.session.alloc_id() {
                     Some(id) => {
-                        self.session
-                            .sent(id, qos, Some((d.queue.clone(), d.offset)));
+                        // a transient message was acked on delivery: nothing to ack
+                        let target = d.needs_ack.then(|| (d.queue.clone(), d.offset));
+                        self.session.sent(id, qos, target);
                         id
                     }
                     None => {
-                        d.queue.nack(&[d.offset], true);
+                        if d.needs_ack {
+                            d.queue.nack(&[d.offset], true);
+                        }
                         continue;
                     }
                 }
             };
-            codec::encode(
-                &Packet::Publish(codec::Publish {
-                    dup: qos > 0 && d.redelivered,
-                    qos,
-                    retain: false,
-                    topic,
-                    pkid,
-                    payload: d.body,
-                }),
+            codec::encode_publish(
+                qos > 0 && d.redelivered,
+                qos,
+                false,
+                topic,
+                pkid,
+                &d.body,
                 &mut self.wbuf,
             );
             self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
