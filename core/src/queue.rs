@@ -273,6 +273,9 @@ struct State {
     throttled: bool,
     /// Sum of the consumers' prefetch limits (what they may hold unacked).
     credit: u64,
+    /// Publishers waiting for the throttle to lift: made by the first one to wait, so
+    /// a queue that never throttles (most MQTT session queues) does not carry it.
+    flow: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// Work to do once the queue's lock is released.
@@ -301,8 +304,6 @@ pub struct Queue {
     vhost: Weak<Vhost>,
     me: Weak<Queue>,
     state: Mutex<State>,
-    /// Notified when the queue stops throttling its publishers.
-    flow: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Queue {
@@ -426,6 +427,7 @@ impl Queue {
             deleted: false,
             throttled: false,
             credit: 0,
+            flow: None,
         };
         Ok(Arc::new_cyclic(|me| Queue {
             name: spec.name,
@@ -441,7 +443,6 @@ impl Queue {
             vhost,
             me: me.clone(),
             state: Mutex::new(state),
-            flow: tokio::sync::Notify::new(),
         }))
     }
 
@@ -612,7 +613,7 @@ impl Queue {
                 || st.ready_count + st.unacked.len() as u64 <= FLOW_LOW + st.credit)
         {
             st.throttled = false;
-            after.flow_clear = true;
+            after.flow_clear = st.flow.is_some();
         }
     }
 
@@ -621,10 +622,21 @@ impl Queue {
         !lock(&self.state).throttled
     }
 
+    fn wake_flow(&self) {
+        let flow = lock(&self.state).flow.clone();
+        if let Some(n) = flow {
+            n.notify_waiters();
+        }
+    }
+
     /// Completes once the queue no longer throttles its publishers (cancel-safe).
     pub(crate) async fn wait_flow(&self) {
+        let flow = lock(&self.state)
+            .flow
+            .get_or_insert_with(|| Arc::new(tokio::sync::Notify::new()))
+            .clone();
         loop {
-            let mut n = std::pin::pin!(self.flow.notified());
+            let mut n = std::pin::pin!(flow.notified());
             n.as_mut().enable();
             if self.flow_clear() {
                 return;
@@ -871,7 +883,7 @@ impl Queue {
             flow_clear,
         } = after;
         if flow_clear {
-            self.flow.notify_waiters();
+            self.wake_flow();
         }
         if !dead.is_empty() {
             if let Some(vh) = self.vhost.upgrade() {
@@ -1107,7 +1119,9 @@ impl Queue {
             c.outbox
                 .push_control(OutEvent::Cancelled { tag: c.tag.clone() });
         }
-        self.flow.notify_waiters();
+        if let Some(n) = &st.flow {
+            n.notify_waiters();
+        }
         u32::try_from(st.ready_count).unwrap_or(u32::MAX)
     }
 

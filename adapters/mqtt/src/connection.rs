@@ -425,6 +425,9 @@ fn open_session(
     }
 }
 
+/// A routing key, its MQTT topic and the QoS granted for it (`None`: no filter matches).
+type TopicCache = (Arc<str>, String, Option<u8>);
+
 /// Responses waiting for the store or for publisher flow control.
 struct Pending {
     durables: Vec<Durable>,
@@ -453,7 +456,8 @@ struct Conn {
     session: Session<Target>,
     /// The last routing key delivered, its MQTT topic and the QoS granted for it
     /// (cleared when the subscriptions change): fan-out delivers one key many times.
-    topic_cache: Option<(Arc<str>, String, Option<u8>)>,
+    /// Boxed: an idle connection keeps a pointer, not the entry.
+    topic_cache: Option<Box<TopicCache>>,
     pending: VecDeque<Pending>,
     wbuf: BytesMut,
     limits: Limits,
@@ -467,10 +471,15 @@ async fn front_ready(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
             d.await.map_err(|e| MqttError::Store(e.to_string()))?;
         }
         if let Some((b, deadline)) = &p.throttle {
-            tokio::select! {
-                _ = b.wait() => {}
-                _ = tokio::time::sleep_until(*deadline) => {}
-            }
+            // boxed: the timer and the queue waits would otherwise widen every
+            // connection task by their size, throttled or not (idle RSS per connection)
+            Box::pin(async move {
+                tokio::select! {
+                    _ = b.wait() => {}
+                    _ = tokio::time::sleep_until(*deadline) => {}
+                }
+            })
+            .await;
         }
     }
     Ok(())
@@ -819,14 +828,14 @@ impl Conn {
             };
             let cached = self
                 .topic_cache
-                .as_ref()
+                .as_deref()
                 .is_some_and(|(rk, _, _)| **rk == *d.routing_key);
             if !cached {
                 let topic = routing_key_to_topic(&d.routing_key);
                 let granted = self.session.granted_for(&topic);
-                self.topic_cache = Some((d.routing_key.clone(), topic, granted));
+                self.topic_cache = Some(Box::new((d.routing_key.clone(), topic, granted)));
             }
-            let Some((_, topic, granted)) = &self.topic_cache else {
+            let Some((_, topic, granted)) = self.topic_cache.as_deref() else {
                 continue;
             };
             let Some(granted) = *granted else {
