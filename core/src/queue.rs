@@ -36,7 +36,8 @@ const TAG_PERSISTENT: u64 = 1 << 41;
 
 /// Publisher flow control (RabbitMQ's credit flow, applied to consumer backlog): once a
 /// queue with consumers holds more than this many messages (ready + unacked) beyond its
-/// consumers' credit (the sum of their prefetch limits), a publish routed to it carries
+/// consumers' credit (the sum of their prefetch limits, the in-memory window for a
+/// consumer without one), a publish routed to it carries
 /// a [`Backpressure`](crate::outbox::Backpressure) that the adapter waits on before
 /// acknowledging it or reading more from that publisher. Small on purpose: at 30k
 /// deliveries/s per queue, 128 messages are 4 ms of queueing; an MQTT QoS 1 run
@@ -617,6 +618,16 @@ impl Queue {
         }
     }
 
+    /// What a consumer may hold unacked, for flow control: its prefetch, or the
+    /// in-memory window when it has no limit (it acks in its own time, e.g. in batches).
+    fn credit_of(&self, prefetch: u32) -> u64 {
+        if prefetch == 0 {
+            self.window as u64
+        } else {
+            u64::from(prefetch)
+        }
+    }
+
     /// Whether publishers may go on (the queue is not throttled).
     pub(crate) fn flow_clear(&self) -> bool {
         !lock(&self.state).throttled
@@ -946,7 +957,7 @@ impl Queue {
             let id = st.next_consumer;
             st.next_consumer += 1;
             let tag: Arc<str> = Arc::from(req.tag.as_str());
-            st.credit += u64::from(req.prefetch);
+            st.credit += self.credit_of(req.prefetch);
             st.consumers.push(Consumer {
                 id,
                 conn: req.conn,
@@ -982,7 +993,11 @@ impl Queue {
             let mut st = lock(&self.state);
             let before = st.consumers.len();
             st.consumers.retain(|c| c.id != id);
-            st.credit = st.consumers.iter().map(|c| u64::from(c.prefetch)).sum();
+            st.credit = st
+                .consumers
+                .iter()
+                .map(|c| self.credit_of(c.prefetch))
+                .sum();
             if st.consumers.len() != before {
                 st.last_used = Instant::now();
                 after.cancelled_all = st.consumers.is_empty() && st.had_consumers && !st.deleted;
