@@ -40,10 +40,11 @@ const TAG_PERSISTENT: u64 = 1 << 41;
 /// consumer without one), a publish routed to it carries
 /// a [`Backpressure`](crate::outbox::Backpressure) that the adapter waits on before
 /// acknowledging it or reading more from that publisher. Small on purpose: at 30k
-/// deliveries/s per queue, 128 messages are 4 ms of queueing; an MQTT QoS 1 run
-/// (`mqtt-qos1-64`) kept its throughput with 128, 256 or 1,024 and had p99 latency of
-/// about 20 ms, 30 ms and 100-130 ms respectively.
-pub const FLOW_HIGH: u64 = 128;
+/// deliveries/s per queue, 64 messages are 2 ms of queueing. An MQTT QoS 1 run
+/// (`mqtt-qos1-64`, 4 publishers with 100 in flight each) kept its throughput with 64,
+/// 128, 256 or 1,024; p99 was 5-11 ms with 64 against 11-22 ms with 128 (alternated),
+/// and 19-26, 28-30 and 98-130 ms with 128, 256 and 1,024 in an earlier, busier session.
+pub const FLOW_HIGH: u64 = 64;
 /// The backlog (beyond the consumers' credit) at which a throttled queue lets its
 /// publishers go again.
 pub const FLOW_LOW: u64 = FLOW_HIGH / 2;
