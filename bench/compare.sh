@@ -19,6 +19,7 @@
 #   mqtt-qos1-64                the same at QoS 1 (100 in flight per publisher)
 #   mqtt-fanout-50              1 publisher at 2,000 msgs/s -> 50 subscribers of one topic,
 #                               64 B, QoS 0 (rate-limited: compare p99 and CPU/msg)
+#   mqtt-fanout-50-max          the same without a rate limit (throughput; p99 is queueing)
 #   mqtt-idle-10k               10,000 idle MQTT connections held 5 s
 #
 # Triad: built here (cargo build --release) and started once, on ephemeral loopback ports
@@ -53,7 +54,7 @@ else
 fi
 TRIAD_BIN=${TRIAD_BIN:-target/release/triad}
 B=target/release/triad-bench
-ALL="amqp-transient-16 amqp-transient-1k amqp-persistent-confirm-1k amqp-fanout-10 stomp-1k mqtt-qos0-64 mqtt-qos1-64 mqtt-fanout-50 mqtt-idle-10k"
+ALL="amqp-transient-16 amqp-transient-1k amqp-persistent-confirm-1k amqp-fanout-10 stomp-1k mqtt-qos0-64 mqtt-qos1-64 mqtt-fanout-50 mqtt-fanout-50-max mqtt-idle-10k"
 
 [ $# -gt 0 ] || { sed -n 2,40p "$0"; exit 2; }
 SCENARIOS=("$@")
@@ -144,6 +145,7 @@ scenario() {
     mqtt-qos0-64) echo "mqtt|mqtt --qos 0 --size 64 --publishers 4 --subscribers 4 --topics 4 $d" ;;
     mqtt-qos1-64) echo "mqtt|mqtt --qos 1 --size 64 --publishers 4 --subscribers 4 --topics 4 $d" ;;
     mqtt-fanout-50) echo "mqtt|mqtt --qos 0 --size 64 --publishers 1 --subscribers 50 --rate 2000 $d" ;;
+    mqtt-fanout-50-max) echo "mqtt|mqtt --qos 0 --size 64 --publishers 1 --subscribers 50 $d" ;;
     mqtt-idle-10k) echo "mqtt|mqtt-idle --connections 10000 --hold 5" ;;
     esac
 }

@@ -5,6 +5,8 @@
 //! varint length + exchange, varint length + routing key, Properties::encode
 //! ```
 
+use std::sync::Arc;
+
 use crate::encoding::{put_bytes, Reader};
 use crate::error::CoreError;
 use crate::message::Properties;
@@ -27,6 +29,21 @@ pub fn decode(bytes: &[u8]) -> Result<(String, String, Properties), CoreError> {
     Ok((exchange, routing_key, Properties::decode(rest)?))
 }
 
+/// [`decode`] into shared strings, as deliveries carry them.
+pub(crate) fn decode_shared(bytes: &[u8]) -> Result<(Arc<str>, Arc<str>, Properties), CoreError> {
+    let mut r = Reader::new(bytes);
+    let exchange = shared_str(r.bytes()?)?;
+    let routing_key = shared_str(r.bytes()?)?;
+    let rest = r.take(r.remaining())?;
+    Ok((exchange, routing_key, Properties::decode(rest)?))
+}
+
+fn shared_str(b: &[u8]) -> Result<Arc<str>, CoreError> {
+    std::str::from_utf8(b)
+        .map(Arc::from)
+        .map_err(|_| CoreError::InvalidEncoding("string is not UTF-8"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,7 +56,14 @@ mod tests {
             ..Default::default()
         };
         let b = encode("amq.topic", "a.b", &p).unwrap();
-        assert_eq!(decode(&b).unwrap(), ("amq.topic".into(), "a.b".into(), p));
+        assert_eq!(
+            decode(&b).unwrap(),
+            ("amq.topic".into(), "a.b".into(), p.clone())
+        );
+        assert_eq!(
+            decode_shared(&b).unwrap(),
+            ("amq.topic".into(), "a.b".into(), p)
+        );
         for i in 0..b.len() {
             let _ = decode(&b[..i]);
         }

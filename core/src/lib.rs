@@ -48,7 +48,7 @@ pub use alarm::Alarms;
 pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig};
 pub use error::{CoreError, ResourceKind};
 pub use message::{Message, Properties};
-pub use outbox::{CreditGate, Delivery, OutEvent, Outbox};
+pub use outbox::{Backpressure, CreditGate, Delivery, OutEvent, Outbox};
 pub use password::{HashError, PasswordHash};
 pub use queue::{ConsumeRequest, ConsumerHandle, Queue, QueueArgs};
 pub use routing::{Destination, ExchangeDef, ExchangeKind, Topology};

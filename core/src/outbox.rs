@@ -7,6 +7,11 @@
 //! drained below half, it wakes the registered queues, which resume. So a peer that does
 //! not read its socket stops its deliveries instead of growing the broker's memory.
 //!
+//! The other direction, publisher flow control: a publish routed to a queue whose
+//! consumers fall behind (see [`FLOW_HIGH`](crate::queue::FLOW_HIGH)) comes back with a
+//! [`Backpressure`]; the publishing connection holds its acks (or stops reading) until
+//! it clears, so a fast publisher cannot run arbitrarily far ahead of its consumers.
+//!
 //! A [`CreditGate`] is a channel-wide unacked limit (AMQP `basic.qos` with
 //! `global = true`) shared by all consumers of a channel, with the same wake-up scheme.
 
@@ -31,11 +36,11 @@ pub struct Delivery {
     /// Whether it may have been delivered before.
     pub redelivered: bool,
     /// Exchange it was published to.
-    pub exchange: String,
+    pub exchange: Arc<str>,
     /// Routing key it was published with.
-    pub routing_key: String,
-    /// Its properties.
-    pub properties: Properties,
+    pub routing_key: Arc<str>,
+    /// Its properties (shared by every copy of a message delivered as it is published).
+    pub properties: Arc<Properties>,
     /// Its body (shares the store's mapping).
     pub body: Bytes,
     /// For `get`: messages left in the queue after this one.
@@ -245,6 +250,33 @@ impl CreditGate {
         let ws = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
         for q in ws.into_iter().filter_map(|w| w.upgrade()) {
             q.kick();
+        }
+    }
+}
+
+/// The throttled queues a publish went to: wait for [`Backpressure::wait`] (or check
+/// [`Backpressure::is_clear`]) before acknowledging the publish or reading more from its
+/// publisher. Adapters should bound the wait (a consumer that never acks would otherwise
+/// stop its publishers for good).
+#[derive(Debug, Clone)]
+pub struct Backpressure {
+    queues: Vec<Arc<Queue>>,
+}
+
+impl Backpressure {
+    pub(crate) fn new(queues: Vec<Arc<Queue>>) -> Backpressure {
+        Backpressure { queues }
+    }
+
+    /// Whether every queue has drained back below its low-water mark.
+    pub fn is_clear(&self) -> bool {
+        self.queues.iter().all(|q| q.flow_clear())
+    }
+
+    /// Completes once [`Backpressure::is_clear`] (cancel-safe).
+    pub async fn wait(&self) {
+        for q in &self.queues {
+            q.wait_flow().await;
         }
     }
 }

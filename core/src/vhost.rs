@@ -19,8 +19,10 @@ use crate::access::VhostAccess;
 use crate::encoding::{put_table, Reader};
 use crate::error::CoreError;
 use crate::message::Properties;
-use crate::outbox::Delivery;
-use crate::queue::{make_tag, now_ms, ConsumeRequest, ConsumerHandle, Queue, QueueArgs, QueueSpec};
+use crate::outbox::{Backpressure, Delivery};
+use crate::queue::{
+    make_tag, now_ms, ConsumeRequest, ConsumerHandle, Hot, Queue, QueueArgs, QueueSpec,
+};
 use crate::routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 use crate::value::FieldTable;
 use crate::{envelope, ConnectionId};
@@ -85,6 +87,9 @@ pub struct Published {
     /// `Some`: confirm once this completes (persistent message in a durable queue);
     /// `None`: confirm at once.
     pub durable: Option<Durable>,
+    /// `Some`: a queue it went to is throttled (its consumers fall behind); hold the
+    /// publisher (delay its ack or stop reading from it) until this clears.
+    pub backpressure: Option<Backpressure>,
 }
 
 #[derive(Serialize, Deserialize, Default)]
@@ -776,7 +781,14 @@ impl Vhost {
             )));
         }
         let targets = self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())?;
-        self.publish_to(targets, &p.exchange, &p.routing_key, &p.properties, &p.body)
+        self.publish_to(
+            targets,
+            &p.exchange,
+            &p.routing_key,
+            &p.properties,
+            &p.body,
+            Some(p.conn),
+        )
     }
 
     fn publish_to(
@@ -786,12 +798,14 @@ impl Vhost {
         routing_key: &str,
         props: &Properties,
         body: &Bytes,
+        publisher: Option<ConnectionId>,
     ) -> Result<Published, CoreError> {
         if targets.is_empty() {
             return Ok(Published {
                 routed: false,
                 rejected: false,
                 durable: None,
+                backpressure: None,
             });
         }
         let mut rejected = false;
@@ -808,6 +822,7 @@ impl Vhost {
                 routed: true,
                 rejected,
                 durable: None,
+                backpressure: None,
             });
         }
         let persistent = props.delivery_mode == Some(2);
@@ -833,13 +848,23 @@ impl Vhost {
             body,
         })?;
         let wants_disk = persistent && targets.iter().any(|q| q.durable());
+        let hot = Hot {
+            exchange: Arc::from(exchange),
+            routing_key: Arc::from(routing_key),
+            properties: Arc::new(props.clone()),
+            body: body.clone(),
+        };
+        let mut throttled = Vec::new();
         for (q, (_, off)) in targets.iter().zip(&appended.queue_offsets) {
-            q.enqueue(*off, appended.commit_offset, tag);
+            if q.enqueue(*off, appended.commit_offset, tag, publisher, Some(&hot)) {
+                throttled.push(q.clone());
+            }
         }
         Ok(Published {
             routed: true,
             rejected,
             durable: wants_disk.then_some(appended.durable),
+            backpressure: (!throttled.is_empty()).then(|| Backpressure::new(throttled)),
         })
     }
 
@@ -859,7 +884,7 @@ impl Vhost {
                 return;
             }
         };
-        if let Err(e) = self.publish_to(targets, &dlx, &key, &props, &rec.body) {
+        if let Err(e) = self.publish_to(targets, &dlx, &key, &props, &rec.body, None) {
             tracing::warn!(queue = from.name(), error = %e, "dead-lettering failed; message dropped");
         }
     }

@@ -160,8 +160,8 @@ fn publish_consume_ack_through_default_and_topic_exchanges() {
     let _c = consume(&v, &q, "c1", 0, &o);
     let ds = drain(&o);
     assert_eq!(bodies(&ds), ["direct", "topic"]);
-    assert_eq!(ds[1].exchange, "amq.topic");
-    assert_eq!(ds[1].routing_key, "orders.new.eu");
+    assert_eq!(&*ds[1].exchange, "amq.topic");
+    assert_eq!(&*ds[1].routing_key, "orders.new.eu");
     assert!(!ds[0].redelivered);
     let queue = ds[0].queue.clone();
     assert_eq!(queue.unacked_count(), 2);
@@ -672,4 +672,70 @@ fn message_priority_is_ignored_without_x_max_priority_even_beyond_the_window() {
         .collect();
     let expect: Vec<String> = (0..300).map(|i| i.to_string()).collect();
     assert_eq!(got, expect);
+}
+
+fn publish_from(v: &Vhost, key: &str, conn: u64) -> triad_core::Published {
+    v.publish(Publish {
+        exchange: String::new(),
+        routing_key: key.into(),
+        properties: Properties::default(),
+        body: Bytes::from_static(b"x"),
+        conn,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn poll_once(f: std::pin::Pin<&mut impl std::future::Future<Output = ()>>) -> bool {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    f.poll(&mut cx).is_ready()
+}
+
+#[test]
+fn a_queue_behind_its_consumers_throttles_other_publishers_until_it_drains() {
+    use triad_core::queue::{FLOW_HIGH, FLOW_LOW};
+    let e = env();
+    let v = vh(&e);
+    let q = declare(&v, "flow", false, FieldTable::default());
+    // no consumer: never throttled, however deep
+    for _ in 0..FLOW_HIGH + 10 {
+        assert!(publish_from(&v, &q, 2).backpressure.is_none());
+    }
+    let o = Outbox::new(100_000);
+    let prefetch = 8u32;
+    let c = consume(&v, &q, "c", prefetch, &o); // consumer on connection 1
+    let bp = publish_from(&v, &q, 2)
+        .backpressure
+        .expect("a publish beyond the high-water mark is throttled");
+    assert!(!bp.is_clear());
+    // the consuming connection itself is never held (it must read its acks)
+    assert!(publish_from(&v, &q, 1).backpressure.is_none());
+    let wait = bp.clone();
+    let mut fut = std::pin::pin!(wait.wait());
+    assert!(!poll_once(fut.as_mut()));
+    // ack until the backlog (ready + unacked beyond the credit) reaches the low mark
+    let mut backlog = FLOW_HIGH + 12;
+    while backlog > FLOW_LOW + u64::from(prefetch) {
+        let ds = drain(&o);
+        assert!(!ds.is_empty());
+        for d in ds {
+            assert!(!bp.is_clear() || backlog <= FLOW_LOW + u64::from(prefetch));
+            d.queue.ack(&[d.offset]);
+            backlog -= 1;
+        }
+    }
+    assert!(bp.is_clear());
+    assert!(poll_once(fut.as_mut()), "the waiting publisher is woken");
+    assert!(publish_from(&v, &q, 2).backpressure.is_none());
+
+    // throttled again, then the consumer goes away: publishers are released
+    for _ in 0..FLOW_HIGH + 10 {
+        publish_from(&v, &q, 2);
+    }
+    let bp = publish_from(&v, &q, 2).backpressure.expect("throttled");
+    c.cancel();
+    assert!(
+        bp.is_clear(),
+        "a queue without consumers does not hold publishers"
+    );
 }

@@ -102,6 +102,13 @@ impl CqFile {
             });
         }
         let map = MmapRaw::map_raw(&f).map_err(StoreError::at(&path))?;
+        if create {
+            // A new file is written at its tail and read back from the page cache: without
+            // this, each first touch reads ahead and zeroes pages of the unwritten extent
+            // (~100 ms for the first message to 50 new MQTT subscription queues). Files
+            // opened again at recovery keep the default readahead for their sequential scan.
+            let _ = map.advise(memmap2::Advice::Random);
+        }
         if map.len() as u64 != len {
             return Err(StoreError::Corrupt {
                 path,

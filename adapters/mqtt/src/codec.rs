@@ -514,6 +514,35 @@ fn str_len(s: &[u8]) -> usize {
     2 + s.len().min(u16::MAX as usize)
 }
 
+/// Encodes a PUBLISH from borrowed parts (what `encode` does for [`Packet::Publish`],
+/// without building the packet: the delivery path shares topic and payload).
+pub fn encode_publish(
+    dup: bool,
+    qos: u8,
+    retain: bool,
+    topic: &str,
+    pkid: u16,
+    payload: &[u8],
+    out: &mut BytesMut,
+) {
+    let mut b1 = 0x30 | (qos << 1);
+    if dup {
+        b1 |= 0x08;
+    }
+    if retain {
+        b1 |= 0x01;
+    }
+    let len = str_len(topic.as_bytes()) + if qos > 0 { 2 } else { 0 } + payload.len();
+    out.reserve(5 + len);
+    out.put_u8(b1);
+    put_len(out, len);
+    put_str(out, topic.as_bytes());
+    if qos > 0 {
+        out.put_u16(pkid);
+    }
+    out.extend_from_slice(payload);
+}
+
 /// Appends the encoding of `p` to `out`. Strings longer than 65,535 bytes are cut (the
 /// server only encodes strings it decoded or built within that bound); a remaining
 /// length beyond the protocol's cap is the caller's bug and is clamped by the server's
@@ -564,22 +593,7 @@ pub fn encode(p: &Packet, out: &mut BytesMut) {
             out.extend_from_slice(&[0x20, 2, *session_present as u8, *code]);
         }
         Packet::Publish(p) => {
-            let mut b1 = 0x30 | (p.qos << 1);
-            if p.dup {
-                b1 |= 0x08;
-            }
-            if p.retain {
-                b1 |= 0x01;
-            }
-            let len = str_len(p.topic.as_bytes()) + if p.qos > 0 { 2 } else { 0 } + p.payload.len();
-            out.reserve(5 + len);
-            out.put_u8(b1);
-            put_len(out, len);
-            put_str(out, p.topic.as_bytes());
-            if p.qos > 0 {
-                out.put_u16(p.pkid);
-            }
-            out.extend_from_slice(&p.payload);
+            encode_publish(p.dup, p.qos, p.retain, &p.topic, p.pkid, &p.payload, out)
         }
         Packet::PubAck(id) => ack(out, 0x40, *id),
         Packet::PubRec(id) => ack(out, 0x50, *id),

@@ -6,6 +6,13 @@
 //! UNSUBACK of a persistent session) wait for the store's [`Durable`]; every response
 //! goes through one ordered queue, so they leave in the order the requests came
 //! [MQTT-4.6.0-2].
+//!
+//! Publisher flow control: a publish that went to a queue whose consumers fall behind
+//! comes back from the core with a [`Backpressure`]; its PUBACK / PUBREC (or, at QoS 0,
+//! an empty entry) waits in the same ordered queue until the backlog drains or
+//! [`FLOW_MAX_WAIT`] passes. The socket is still read meanwhile (acks of this client's
+//! own deliveries must get through, or two clients feeding each other would deadlock)
+//! until [`MAX_PENDING`] responses wait; a client's in-flight window stops it sooner.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -19,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use triad_core::queue::Queue;
 use triad_core::{
-    ConnectionId, ConnectionSlot, ConsumeRequest, CoreError, FieldTable, FieldValue, OutEvent,
-    Outbox, Properties, Publish, QueueDeclare, User, Vhost, VhostAccess,
+    Backpressure, ConnectionId, ConnectionSlot, ConsumeRequest, CoreError, FieldTable, FieldValue,
+    OutEvent, Outbox, Properties, Publish, QueueDeclare, User, Vhost, VhostAccess,
 };
 use triad_store::flush::Durable;
 
@@ -37,6 +44,11 @@ type Target = (Arc<Queue>, u64);
 
 /// Responses waiting for the store before the socket is no longer read.
 const MAX_PENDING: usize = 1024;
+
+/// Longest a publish is held back by a throttled queue. Bounded so that a consumer that
+/// never acks (or a cycle of clients that publish to each other) slows its publishers
+/// down to their in-flight window per this period instead of stopping them.
+const FLOW_MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// CONNACK return codes.
 const ACCEPTED: u8 = 0;
@@ -259,6 +271,7 @@ where
         qname,
         clean: connect.clean_session,
         session,
+        topic_cache: None,
         pending: VecDeque::new(),
         wbuf: BytesMut::with_capacity(4096),
         limits: Limits {
@@ -300,6 +313,8 @@ where
             return Ok(());
         }
     };
+    // a transient message is QoS 0 here: delivered at most once, no ack per copy
+    consumer.ack_transient_on_delivery();
     ctx.state.stats.connected.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(
         clean = connect.clean_session,
@@ -449,10 +464,24 @@ fn open_session(
     }
 }
 
-/// Responses waiting for the store.
+/// A routing key, its MQTT topic and the QoS granted for it (`None`: no filter matches).
+type TopicCache = (Arc<str>, String, Option<u8>);
+
+/// Responses waiting for the store or for publisher flow control.
 struct Pending {
     durables: Vec<Durable>,
     packets: Vec<Packet>,
+    /// Held until the queues are clear again or the deadline passes.
+    throttle: Option<(Backpressure, tokio::time::Instant)>,
+}
+
+impl Pending {
+    fn ready(&self) -> bool {
+        self.durables.iter().all(|d| d.is_durable())
+            && self.throttle.as_ref().is_none_or(|(b, deadline)| {
+                b.is_clear() || tokio::time::Instant::now() >= *deadline
+            })
+    }
 }
 
 struct Conn {
@@ -466,16 +495,32 @@ struct Conn {
     qname: String,
     clean: bool,
     session: Session<Target>,
+    /// The last routing key delivered, its MQTT topic and the QoS granted for it
+    /// (cleared when the subscriptions change): fan-out delivers one key many times.
+    /// Boxed: an idle connection keeps a pointer, not the entry.
+    topic_cache: Option<Box<TopicCache>>,
     pending: VecDeque<Pending>,
     wbuf: BytesMut,
     limits: Limits,
 }
 
-/// Completes when the oldest pending response's messages are on disk.
-async fn front_durable(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
+/// Completes when the oldest pending response's messages are on disk and its queues
+/// are no longer throttled (or it waited long enough).
+async fn front_ready(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
     if let Some(p) = pending.front_mut() {
         for d in p.durables.iter_mut() {
             d.await.map_err(|e| MqttError::Store(e.to_string()))?;
+        }
+        if let Some((b, deadline)) = &p.throttle {
+            // boxed: the timer and the queue waits would otherwise widen every
+            // connection task by their size, throttled or not (idle RSS per connection)
+            Box::pin(async move {
+                tokio::select! {
+                    _ = b.wait() => {}
+                    _ = tokio::time::sleep_until(*deadline) => {}
+                }
+            })
+            .await;
         }
     }
     Ok(())
@@ -572,7 +617,7 @@ impl Conn {
                     Err(e) => break End::Error(e.into()),
                 },
                 _ = outbox.notified() => {}
-                r = front_durable(&mut self.pending), if !self.pending.is_empty() => {
+                r = front_ready(&mut self.pending), if !self.pending.is_empty() => {
                     if let Err(e) = r {
                         break End::Error(e);
                     }
@@ -584,20 +629,41 @@ impl Conn {
 
     /// Queues responses behind any that wait for the store.
     fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durable>) {
+        self.respond_after(packets, durables, None);
+    }
+
+    /// Queues responses behind any that wait, also held by `throttle` (flow control).
+    fn respond_after(
+        &mut self,
+        packets: Vec<Packet>,
+        durables: Vec<Durable>,
+        throttle: Option<Backpressure>,
+    ) {
         let durables: Vec<Durable> = durables.into_iter().filter(|d| !d.is_durable()).collect();
-        if self.pending.is_empty() && durables.is_empty() {
+        let throttle = throttle
+            .filter(|b| !b.is_clear())
+            .map(|b| (b, tokio::time::Instant::now() + FLOW_MAX_WAIT));
+        if packets.is_empty() && durables.is_empty() && throttle.is_none() {
+            return;
+        }
+        if self.pending.is_empty() && durables.is_empty() && throttle.is_none() {
             for p in &packets {
                 codec::encode(p, &mut self.wbuf);
             }
         } else {
-            self.pending.push_back(Pending { durables, packets });
+            self.pending.push_back(Pending {
+                durables,
+                packets,
+                throttle,
+            });
         }
     }
 
-    /// Encodes the responses whose messages are now on disk, in order.
+    /// Encodes the responses whose messages are now on disk (and not held by flow
+    /// control), in order.
     fn flush_pending(&mut self) {
         while let Some(front) = self.pending.front() {
-            if !front.durables.iter().all(|d| d.is_durable()) {
+            if !front.ready() {
                 return;
             }
             if let Some(p) = self.pending.pop_front() {
@@ -617,11 +683,12 @@ impl Conn {
                     self.respond(vec![Packet::PubRec(p.pkid)], Vec::new());
                     return Ok(false);
                 }
-                let durables = self.publish_in(&p.topic, p.payload, p.qos, p.retain)?;
+                let (durables, throttle) = self.publish_in(&p.topic, p.payload, p.qos, p.retain)?;
                 match p.qos {
-                    1 => self.respond(vec![Packet::PubAck(p.pkid)], durables),
-                    2 => self.respond(vec![Packet::PubRec(p.pkid)], durables),
-                    _ => {}
+                    1 => self.respond_after(vec![Packet::PubAck(p.pkid)], durables, throttle),
+                    2 => self.respond_after(vec![Packet::PubRec(p.pkid)], durables, throttle),
+                    // nothing to hold back but the reading of more publishes
+                    _ => self.respond_after(Vec::new(), Vec::new(), throttle),
                 }
             }
             Packet::PubAck(id) => {
@@ -646,8 +713,12 @@ impl Conn {
             Packet::PubComp(id) => {
                 self.session.on_pubcomp(id);
             }
-            Packet::Subscribe(s) => self.subscribe(s)?,
+            Packet::Subscribe(s) => {
+                self.topic_cache = None;
+                self.subscribe(s)?
+            }
             Packet::Unsubscribe(u) => {
+                self.topic_cache = None;
                 for f in &u.filters {
                     if self.session.subs.remove(f).is_some() {
                         let key = topic_to_routing_key(f);
@@ -771,7 +842,7 @@ impl Conn {
         payload: Bytes,
         qos: u8,
         retain: bool,
-    ) -> Result<Vec<Durable>, MqttError> {
+    ) -> Result<(Vec<Durable>, Option<Backpressure>), MqttError> {
         // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
         // (MQTT 3.1.1 has no way to refuse one message).
         self.access
@@ -799,7 +870,7 @@ impl Conn {
         })?;
         durables.extend(published.durable);
         self.state.stats.received.fetch_add(1, Ordering::Relaxed);
-        Ok(durables)
+        Ok((durables, published.backpressure))
     }
 
     /// Turns deliveries from the subscription queue into PUBLISH packets.
@@ -815,11 +886,24 @@ impl Conn {
                     continue;
                 }
             };
-            let topic = routing_key_to_topic(&d.routing_key);
-            let Some(granted) = self.session.granted_for(&topic) else {
+            let cached = self
+                .topic_cache
+                .as_deref()
+                .is_some_and(|(rk, _, _)| **rk == *d.routing_key);
+            if !cached {
+                let topic = routing_key_to_topic(&d.routing_key);
+                let granted = self.session.granted_for(&topic);
+                self.topic_cache = Some(Box::new((d.routing_key.clone(), topic, granted)));
+            }
+            let Some((_, topic, granted)) = self.topic_cache.as_deref() else {
+                continue;
+            };
+            let Some(granted) = *granted else {
                 // routed by the topic exchange but not matched by MQTT rules
-                acks.push(d.offset);
-                ack_queue.get_or_insert_with(|| d.queue.clone());
+                if d.needs_ack {
+                    acks.push(d.offset);
+                    ack_queue.get_or_insert_with(|| d.queue.clone());
+                }
                 continue;
             };
             let msg_qos = d
@@ -831,31 +915,34 @@ impl Conn {
                 .unwrap_or(if d.properties.is_persistent() { 1 } else { 0 });
             let qos = msg_qos.min(granted);
             let pkid = if qos == 0 {
-                acks.push(d.offset);
-                ack_queue.get_or_insert_with(|| d.queue.clone());
+                if d.needs_ack {
+                    acks.push(d.offset);
+                    ack_queue.get_or_insert_with(|| d.queue.clone());
+                }
                 0
             } else {
                 match self.session.alloc_id() {
                     Some(id) => {
-                        self.session
-                            .sent(id, qos, Some((d.queue.clone(), d.offset)));
+                        // a transient message was acked on delivery: nothing to ack
+                        let target = d.needs_ack.then(|| (d.queue.clone(), d.offset));
+                        self.session.sent(id, qos, target);
                         id
                     }
                     None => {
-                        d.queue.nack(&[d.offset], true);
+                        if d.needs_ack {
+                            d.queue.nack(&[d.offset], true);
+                        }
                         continue;
                     }
                 }
             };
-            codec::encode(
-                &Packet::Publish(codec::Publish {
-                    dup: qos > 0 && d.redelivered,
-                    qos,
-                    retain: false,
-                    topic,
-                    pkid,
-                    payload: d.body,
-                }),
+            codec::encode_publish(
+                qos > 0 && d.redelivered,
+                qos,
+                false,
+                topic,
+                pkid,
+                &d.body,
                 &mut self.wbuf,
             );
             self.state.stats.sent.fetch_add(1, Ordering::Relaxed);

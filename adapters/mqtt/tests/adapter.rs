@@ -862,3 +862,51 @@ impl Raw {
         )
     }
 }
+
+/// Publisher flow control must not wedge clients that consume what they publish: two
+/// clients each subscribed to `x/#` publish past the queues' high-water mark at QoS 1
+/// and both still get every message, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_control_does_not_deadlock_clients_feeding_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut a = connect(s.addr, "fa", true).await;
+    let mut b = connect(s.addr, "fb", true).await;
+    assert_eq!(a.sub("x/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(b.sub("x/#", QoS::AtLeastOnce).await, [1]);
+    let n = 1000usize;
+    let (ca, cb) = (a.c.clone(), b.c.clone());
+    let pa = tokio::spawn(async move {
+        for i in 0..n {
+            ca.publish("x/a", QoS::AtLeastOnce, false, i.to_string())
+                .await
+                .unwrap();
+        }
+    });
+    let pb = tokio::spawn(async move {
+        for i in 0..n {
+            cb.publish("x/b", QoS::AtLeastOnce, false, i.to_string())
+                .await
+                .unwrap();
+        }
+    });
+    for c in [&mut a, &mut b] {
+        let (mut next_a, mut next_b) = (0usize, 0usize);
+        while next_a < n || next_b < n {
+            let p = c
+                .publish_within(Duration::from_secs(20))
+                .await
+                .unwrap_or_else(|| panic!("stalled at x/a {next_a}, x/b {next_b}"));
+            let next = if p.topic == "x/a" {
+                &mut next_a
+            } else {
+                &mut next_b
+            };
+            assert_eq!(body(&p), next.to_string(), "in order on {}", p.topic);
+            *next += 1;
+        }
+    }
+    pa.await.unwrap();
+    pb.await.unwrap();
+    s.stop().await;
+}
