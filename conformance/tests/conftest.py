@@ -68,7 +68,7 @@ class Broker:
             m = LISTENING.search(line)
             if m:
                 self.addrs[m.group(1)] = m.group(2)
-            if "broker ready" in line and len(self.addrs) == len(PROTOS):
+            if "broker ready" in line and all(p in self.addrs for p in PROTOS):
                 ready = True
             if time.time() > deadline:
                 raise RuntimeError("broker did not start:\n" + "".join(self.log))

@@ -1,0 +1,200 @@
+"""TLS on the AMQP, STOMP and MQTT listeners, seen by unmodified clients: pika with an
+SSL context, paho-mqtt with tls_set, stomp.py with set_ssl. Certificates are made at run
+time with the openssl command (a CA, the server's, a client's, and a client's from a CA
+the broker does not trust); nothing secret is committed. Also: TLS 1.0 and 1.1 refused,
+a client certificate from an unknown CA refused."""
+
+import os
+import queue
+import socket
+import ssl
+import subprocess
+import time
+
+import paho.mqtt.client as mqtt
+import pika
+import pika.exceptions
+import pytest
+import stomp
+
+from helpers import StompListener, consume
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.pem", cwd=d)
+
+
+def make_cert(d, ca, name, cn, server=False):
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+    ext = os.path.join(d, f"{name}.ext")
+    with open(ext, "w") as f:
+        if server:
+            f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+        else:
+            f.write("extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-days", "2", "-extfile", ext, "-out", f"{name}.pem", cwd=d)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("tls"))
+    make_ca(d, "ca")
+    make_ca(d, "rogue-ca")
+    make_cert(d, "ca", "server", "localhost", server=True)
+    make_cert(d, "ca", "client", "guest")
+    make_cert(d, "rogue-ca", "rogue", "guest")
+    return lambda name: os.path.join(d, name)
+
+
+@pytest.fixture
+def tls_broker(configured_broker, certs):
+    return configured_broker(f"""
+[listeners]
+amqps = "127.0.0.1:0"
+stomps = "127.0.0.1:0"
+mqtts = "127.0.0.1:0"
+
+[tls]
+cert_file = "{certs('server.pem')}"
+key_file = "{certs('server.key')}"
+ca_file = "{certs('ca.pem')}"
+verify_peer = true
+fail_if_no_peer_cert = false
+
+[store]
+segment_size = "32 MiB"
+""")
+
+
+def client_context(certs, cert="client"):
+    ctx = ssl.create_default_context(cafile=certs("ca.pem"))
+    if cert:
+        ctx.load_cert_chain(certs(f"{cert}.pem"), certs(f"{cert}.key"))
+    return ctx
+
+
+def test_pika_over_tls_round_trip(tls_broker, certs, uid):
+    host, port = tls_broker.host_port("amqps")
+    params = pika.ConnectionParameters(
+        host="localhost", port=port,
+        credentials=pika.PlainCredentials("guest", "guest"),
+        ssl_options=pika.SSLOptions(client_context(certs), server_hostname="localhost"))
+    conn = pika.BlockingConnection(params)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = f"tls-{uid}"
+    ch.queue_declare(q, durable=True)
+    ch.basic_publish("", q, b"over tls", pika.BasicProperties(delivery_mode=2))
+    got = consume(conn, ch, q, 1)
+    assert [b for _, _, b in got] == [b"over tls"]
+    conn.close()
+
+
+def test_paho_over_tls_qos1_round_trip(tls_broker, certs, uid):
+    host, port = tls_broker.host_port("mqtts")
+    got = queue.Queue()
+    connacks = queue.Queue()
+    subacks = queue.Queue()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"tls-{uid}"[-23:],
+                    protocol=mqtt.MQTTv311)
+    c.username_pw_set("guest", "guest")
+    c.tls_set(ca_certs=certs("ca.pem"), certfile=certs("client.pem"),
+              keyfile=certs("client.key"), cert_reqs=ssl.CERT_REQUIRED)
+    c.on_connect = lambda cl, u, flags, rc, props: connacks.put(rc)
+    c.on_subscribe = lambda cl, u, mid, rcs, props: subacks.put(rcs)
+    c.on_message = lambda cl, u, msg: got.put(msg)
+    c.connect("localhost", port, keepalive=30)
+    c.loop_start()
+    try:
+        assert not connacks.get(timeout=10).is_failure
+        topic = f"tls/{uid}"
+        c.subscribe(topic, qos=1)
+        subacks.get(timeout=10)
+        c.publish(topic, b"secure", qos=1).wait_for_publish(timeout=10)
+        msg = got.get(timeout=10)
+        assert (msg.topic, msg.payload, msg.qos) == (topic, b"secure", 1)
+    finally:
+        c.loop_stop()
+        c.disconnect()
+
+
+def test_stomp_py_over_tls_round_trip(tls_broker, certs, uid):
+    host, port = tls_broker.host_port("stomps")
+    conn = stomp.Connection12([("localhost", port)])
+    conn.set_ssl(for_hosts=[("localhost", port)], ca_certs=certs("ca.pem"),
+                 cert_file=certs("client.pem"), key_file=certs("client.key"))
+    listener = StompListener()
+    conn.set_listener("l", listener)
+    conn.connect("guest", "guest", wait=True)
+    dest = f"/queue/tls-{uid}"
+    conn.subscribe(dest, id="1", ack="auto")
+    conn.send(dest, body="hello over tls", headers={"receipt": "r1"})
+    frame = listener.messages.get(timeout=10)
+    assert frame.body == "hello over tls"
+    conn.disconnect()
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1])
+@pytest.mark.parametrize("proto", ["amqps", "stomps", "mqtts"])
+def test_old_tls_versions_are_refused(tls_broker, certs, proto, version):
+    host, port = tls_broker.host_port(proto)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(certs("ca.pem"))
+    # let this side offer the old version at all (OpenSSL's default security level
+    # forbids it), so that any refusal comes from the broker
+    ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+    ctx.minimum_version = version
+    ctx.maximum_version = version
+    with socket.create_connection((host, port), timeout=10) as raw:
+        with pytest.raises(ssl.SSLError) as e:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+                s.recv(1)
+    assert "PROTOCOL_VERSION" in str(e.value).upper() or "ALERT" in str(e.value).upper(), e.value
+    # and TLS 1.2 is accepted on the same listener
+    ok = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ok.load_verify_locations(certs("ca.pem"))
+    ok.minimum_version = ok.maximum_version = ssl.TLSVersion.TLSv1_2
+    with socket.create_connection((host, port), timeout=10) as raw:
+        with ok.wrap_socket(raw, server_hostname="localhost") as s:
+            assert s.version() == "TLSv1.2"
+
+
+def test_a_client_certificate_from_an_unknown_ca_is_refused(tls_broker, certs):
+    host, port = tls_broker.host_port("amqps")
+    params = pika.ConnectionParameters(
+        host="localhost", port=port, connection_attempts=1, socket_timeout=5,
+        credentials=pika.PlainCredentials("guest", "guest"),
+        ssl_options=pika.SSLOptions(client_context(certs, "rogue"), server_hostname="localhost"))
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika.BlockingConnection(params)
+    # paho with the same certificate gets no CONNACK
+    host, mport = tls_broker.host_port("mqtts")
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="rogue", protocol=mqtt.MQTTv311)
+    c.tls_set(ca_certs=certs("ca.pem"), certfile=certs("rogue.pem"), keyfile=certs("rogue.key"))
+    connacks = queue.Queue()
+    c.on_connect = lambda cl, u, flags, rc, props: connacks.put(rc)
+    try:
+        c.connect("localhost", mport, keepalive=30)
+        c.loop_start()
+        with pytest.raises(queue.Empty):
+            connacks.get(timeout=3)
+    except (ssl.SSLError, OSError):
+        pass  # refused during the handshake itself
+    finally:
+        c.loop_stop()
+    assert any("tls" in line.lower() or "certificate" in line.lower()
+               for line in tls_broker.log), "the refusal is logged"
+    # the broker is fine: a trusted client still gets through
+    time.sleep(0.1)
+    params = pika.ConnectionParameters(
+        host="localhost", port=port,
+        credentials=pika.PlainCredentials("guest", "guest"),
+        ssl_options=pika.SSLOptions(client_context(certs), server_hostname="localhost"))
+    pika.BlockingConnection(params).close()
