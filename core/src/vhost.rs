@@ -852,7 +852,9 @@ impl Vhost {
             exchange: Arc::from(exchange),
             routing_key: Arc::from(routing_key),
             properties: Arc::new(props.clone()),
-            body: body.clone(),
+            // the stored copy (page cache), not the publisher's read buffer: deliveries
+            // waiting on a slow consumer must not pin heap
+            body: appended.body.clone().unwrap_or_else(|| body.clone()),
         };
         let mut throttled = Vec::new();
         for (q, (_, off)) in targets.iter().zip(&appended.queue_offsets) {

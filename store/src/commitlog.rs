@@ -285,6 +285,15 @@ impl CommitLog {
         (offset < seg.end()).then(|| seg.clone())
     }
 
+    /// The last `tail` bytes of the `len`-byte record at `offset`, zero copy from its
+    /// segment's mapping and without a checksum pass (for a record this process has just
+    /// written, e.g. a message's body: page cache, not heap, holds it).
+    pub fn record_tail(&self, offset: u64, len: u64, tail: u64) -> Option<Bytes> {
+        let seg = self.segment_for(offset)?;
+        let local = offset - seg.start();
+        seg.bytes(local.checked_add(len)?.checked_sub(tail)?, tail)
+    }
+
     fn create_segment(&self, start: u64) -> Result<Arc<Segment>> {
         let path = self.dir.join(offset_name(start));
         let seg = Arc::new(Segment::open(path, start, self.segment_size)?);

@@ -86,6 +86,10 @@ pub struct Appended {
     pub queue_offsets: Vec<(QueueId, u64)>,
     /// Completes once the message is on disk (at once in async mode).
     pub durable: Durable,
+    /// The stored body, zero copy from the commitlog's mapping: what a consumer that takes
+    /// the message at once can be handed without holding the publisher's buffer in heap.
+    /// `None` only if the mapping could not be sliced (never expected).
+    pub body: Option<bytes::Bytes>,
 }
 
 /// A queue as the store sees it.
@@ -782,6 +786,9 @@ impl Inner {
             record::encode_message(buf, msg, store_ts, &offs)
         }))?;
         self.log.publish(&w);
+        let body = self
+            .log
+            .record_tail(commit_offset, len, msg.body.len() as u64);
         let entry = CqEntry {
             commit_offset,
             size,
@@ -808,6 +815,7 @@ impl Inner {
             size,
             queue_offsets: msg.queues.iter().copied().zip(offs).collect(),
             durable: self.after_append(end),
+            body,
         })
     }
 
