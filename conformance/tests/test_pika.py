@@ -874,13 +874,6 @@ def test_heartbeats_keep_idle_connection_alive(broker, uid):
             c.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="queue.declare-ok message_count still includes expired messages for ~250 ms "
-    "after their TTL (expiry is swept on an interval; x-message-ttl=0 messages are counted "
-    "too); RabbitMQ drops ttl-0 messages at enqueue and expires others on time. Deliveries "
-    "are correct (basic.get/consume never return expired messages)",
-)
 def test_expired_messages_leave_the_message_count_on_time(conn, ch, uid):
     q0, q50 = f"q0-{uid}", f"q50-{uid}"
     declare(ch, q0, arguments={"x-message-ttl": 0})

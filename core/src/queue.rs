@@ -476,9 +476,19 @@ impl Queue {
         self.id
     }
 
-    /// Ready messages (not delivered and unacked).
+    /// Ready messages (not delivered and unacked). Messages past their TTL at the head
+    /// are expired first, as RabbitMQ does, rather than counted until the next tick.
     pub fn message_count(&self) -> u32 {
-        u32::try_from(lock(&self.state).ready_count).unwrap_or(u32::MAX)
+        let mut after = After::default();
+        let count = {
+            let mut st = lock(&self.state);
+            if !st.deleted && (self.args.message_ttl.is_some() || self.has_message_ttls(&st)) {
+                self.expire_head(&mut st, &mut after);
+            }
+            u32::try_from(st.ready_count).unwrap_or(u32::MAX)
+        };
+        self.finish(after);
+        count
     }
 
     /// Active consumers.
