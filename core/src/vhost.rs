@@ -785,7 +785,7 @@ impl Vhost {
             targets,
             &p.exchange,
             &p.routing_key,
-            &p.properties,
+            p.properties,
             &p.body,
             Some(p.conn),
         )
@@ -796,7 +796,7 @@ impl Vhost {
         targets: Vec<Arc<Queue>>,
         exchange: &str,
         routing_key: &str,
-        props: &Properties,
+        props: Properties,
         body: &Bytes,
         publisher: Option<ConnectionId>,
     ) -> Result<Published, CoreError> {
@@ -828,7 +828,7 @@ impl Vhost {
         let persistent = props.delivery_mode == Some(2);
         let has_ttl = props.expiration.is_some();
         let tag = make_tag(body.len(), props.priority.unwrap_or(0), has_ttl, persistent);
-        let env = envelope::encode(exchange, routing_key, props)?;
+        let env = envelope::encode(exchange, routing_key, &props)?;
         let ids: Vec<u32> = targets.iter().map(|q| q.store_id()).collect();
         let key_buf;
         let keys: &[&[u8]] = match &props.message_id {
@@ -851,7 +851,7 @@ impl Vhost {
         let hot = Hot {
             exchange: Arc::from(exchange),
             routing_key: Arc::from(routing_key),
-            properties: Arc::new(props.clone()),
+            properties: Arc::new(props),
             // the stored copy (page cache), not the publisher's read buffer: deliveries
             // waiting on a slow consumer must not pin heap
             body: appended.body.clone().unwrap_or_else(|| body.clone()),
@@ -886,7 +886,7 @@ impl Vhost {
                 return;
             }
         };
-        if let Err(e) = self.publish_to(targets, &dlx, &key, &props, &rec.body, None) {
+        if let Err(e) = self.publish_to(targets, &dlx, &key, props, &rec.body, None) {
             tracing::warn!(queue = from.name(), error = %e, "dead-lettering failed; message dropped");
         }
     }

@@ -176,6 +176,16 @@ pub struct Writer {
 }
 
 impl Writer {
+    /// The last `tail` bytes of the `len`-byte record this writer appended at `offset`
+    /// (always in its current segment: a roll happens before a record is written), zero
+    /// copy from the mapping and without a checksum pass: a message's body as page cache,
+    /// not heap.
+    pub fn record_tail(&self, offset: u64, len: u64, tail: u64) -> Option<Bytes> {
+        let local = offset.checked_sub(self.seg.start())?;
+        self.seg
+            .bytes(local.checked_add(len)?.checked_sub(tail)?, tail)
+    }
+
     /// Absolute offset of the next append.
     pub fn pos(&self) -> u64 {
         self.pos
@@ -283,15 +293,6 @@ impl CommitLog {
         let segs = self.segments();
         let (_, seg) = segs.range(..=offset).next_back()?;
         (offset < seg.end()).then(|| seg.clone())
-    }
-
-    /// The last `tail` bytes of the `len`-byte record at `offset`, zero copy from its
-    /// segment's mapping and without a checksum pass (for a record this process has just
-    /// written, e.g. a message's body: page cache, not heap, holds it).
-    pub fn record_tail(&self, offset: u64, len: u64, tail: u64) -> Option<Bytes> {
-        let seg = self.segment_for(offset)?;
-        let local = offset - seg.start();
-        seg.bytes(local.checked_add(len)?.checked_sub(tail)?, tail)
     }
 
     fn create_segment(&self, start: u64) -> Result<Arc<Segment>> {

@@ -786,9 +786,7 @@ impl Inner {
             record::encode_message(buf, msg, store_ts, &offs)
         }))?;
         self.log.publish(&w);
-        let body = self
-            .log
-            .record_tail(commit_offset, len, msg.body.len() as u64);
+        let body = w.record_tail(commit_offset, len, msg.body.len() as u64);
         let entry = CqEntry {
             commit_offset,
             size,
