@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::amqp;
 use common::raw::{
-    mqtt_connect_packet, mqtt_publish_packet, rss_kib, MqttClient, Rng, StompClient,
+    mqtt_connect_packet, mqtt_publish_packet, rss_anon_kib, rss_kib, MqttClient, Rng, StompClient,
 };
 use common::TestBroker;
 use lapin::options::*;
@@ -665,17 +665,6 @@ fn unread_bytes(s: &TcpStream) -> usize {
     let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
     assert_eq!(r, 0, "ioctl(FIONREAD)");
     usize::try_from(n).unwrap_or(0)
-}
-
-fn rss_anon_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// Bytes of deliveries each non-reading consumer is offered.

@@ -9,13 +9,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::raw::StompClient;
 use common::{ephemeral_listen_args, parse_listening, triad_command};
 
 const BODY: usize = 64 * 1024;
@@ -140,64 +141,28 @@ fn start(tmp: &Path) -> Broker {
     }
 }
 
-struct Stomp {
-    s: TcpStream,
-    buf: Vec<u8>,
+/// A SEND of a `BODY`-byte persistent message with receipt `seq`.
+fn send(c: &mut StompClient, seq: u32) {
+    let body = vec![b'a' + (seq % 26) as u8; BODY];
+    let receipt = seq.to_string();
+    // the broker may have closed a refused publisher; its answer (or none) is what counts
+    let _ = c.send(
+        "SEND",
+        &[
+            ("destination", "/queue/full"),
+            ("persistent", "true"),
+            ("receipt", &receipt),
+        ],
+        &body,
+    );
 }
 
-impl Stomp {
-    fn connect(addr: SocketAddr) -> Stomp {
-        let s = TcpStream::connect(addr).expect("connect");
-        let mut c = Stomp { s, buf: Vec::new() };
-        c.send_raw(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\0");
-        let f = c.frame(Duration::from_secs(10)).expect("CONNECTED");
-        assert!(f.starts_with("CONNECTED"), "{f}");
-        c
-    }
-
-    fn send_raw(&mut self, b: &[u8]) {
-        let _ = self.s.write_all(b);
-    }
-
-    fn send(&mut self, seq: u32) {
-        let body = vec![b'a' + (seq % 26) as u8; BODY];
-        let head = format!(
-            "SEND\ndestination:/queue/full\npersistent:true\nreceipt:{seq}\ncontent-length:{BODY}\n\n"
-        );
-        let mut f = head.into_bytes();
-        f.extend_from_slice(&body);
-        f.push(0);
-        self.send_raw(&f);
-    }
-
-    /// The next frame's command and headers (its body is skipped), or `None` on timeout
-    /// or a closed connection.
-    fn frame(&mut self, timeout: Duration) -> Option<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            // skip heart-beat EOLs
-            while self.buf.first().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                self.buf.remove(0);
-            }
-            if let Some(end) = self.buf.iter().position(|b| *b == 0) {
-                let f: Vec<u8> = self.buf.drain(..=end).collect();
-                let text = String::from_utf8_lossy(&f);
-                let head = text.split("\n\n").next().unwrap_or("").to_owned();
-                // a MESSAGE body may hold no NUL of its own here (bodies are letters)
-                return Some(head);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            self.s.set_read_timeout(Some(left)).ok()?;
-            let mut chunk = [0u8; 65536];
-            match self.s.read(&mut chunk) {
-                Ok(0) | Err(_) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
+/// The next frame's command and `receipt-id`, or `None` on timeout or a closed connection.
+fn answer(c: &mut StompClient, timeout: Duration) -> Option<(String, Option<String>)> {
+    c.stream.set_read_timeout(Some(timeout)).ok()?;
+    let f = c.read_frame().ok()?;
+    let id = f.header("receipt-id").map(str::to_owned);
+    Some((f.command, id))
 }
 
 #[test]
@@ -207,35 +172,38 @@ fn out_of_disk_space_raises_the_disk_alarm_and_loses_nothing_receipted() {
         .tempdir()
         .expect("temp dir");
     let broker = start(tmp.path());
+    let connect = |addr| StompClient::connect(addr, Duration::from_secs(10)).expect("CONNECTED");
 
     // a second publisher, which has published before the disk fills
-    let mut late = Stomp::connect(broker.stomp);
-    late.send(999);
-    let f = late.frame(Duration::from_secs(10)).expect("receipt 999");
-    assert!(f.starts_with("RECEIPT"), "{f}");
+    let mut late = connect(broker.stomp);
+    send(&mut late, 999);
+    let f = answer(&mut late, Duration::from_secs(10)).expect("receipt 999");
+    assert_eq!(f.0, "RECEIPT", "{f:?}");
 
     // publish with a receipt each until the store runs out of room
-    let mut publisher = Stomp::connect(broker.stomp);
+    let mut publisher = connect(broker.stomp);
     let mut receipted = 0u32;
     let mut refused = None;
     for seq in 0..200u32 {
-        publisher.send(seq);
-        match publisher.frame(Duration::from_secs(10)) {
-            Some(f) if f.starts_with("RECEIPT") => receipted += 1,
+        send(&mut publisher, seq);
+        match answer(&mut publisher, Duration::from_secs(10)) {
+            Some((command, _)) if command == "RECEIPT" => receipted += 1,
             other => {
                 refused = Some((seq, other));
                 break;
             }
         }
     }
-    let (failed_seq, answer) = refused.expect("12 MiB of tmpfs cannot hold 200 x 64 KiB");
+    let (failed_seq, refusal) = refused.expect("12 MiB of tmpfs cannot hold 200 x 64 KiB");
     assert!(
         receipted >= 10,
         "only {receipted} receipts before the refusal"
     );
     assert!(
-        answer.as_deref().is_none_or(|f| f.starts_with("ERROR")),
-        "refused SEND {failed_seq} answered with {answer:?}"
+        refusal
+            .as_ref()
+            .is_none_or(|(command, _)| command == "ERROR"),
+        "refused SEND {failed_seq} answered with {refusal:?}"
     );
     broker.wait_for_log("out of disk space", Duration::from_secs(5));
     broker.wait_for_log("resource alarm raised", Duration::from_secs(5));
@@ -243,9 +211,9 @@ fn out_of_disk_space_raises_the_disk_alarm_and_loses_nothing_receipted() {
     // a publisher is now blocked, not refused: its SEND waits unread (as RabbitMQ, a
     // connection is blocked once it publishes; one that never did gets its first
     // publish read, which the full store refuses with an ERROR and no receipt)
-    late.send(1000);
+    send(&mut late, 1000);
     assert_eq!(
-        late.frame(Duration::from_secs(2)),
+        answer(&mut late, Duration::from_secs(2)),
         None,
         "no receipt while the disk alarm is raised"
     );
@@ -256,20 +224,21 @@ fn out_of_disk_space_raises_the_disk_alarm_and_loses_nothing_receipted() {
         "enough disk space for a new segment again",
         Duration::from_secs(5),
     );
-    let f = late
-        .frame(Duration::from_secs(10))
-        .expect("receipt once space is free");
-    assert!(
-        f.starts_with("RECEIPT") && f.contains("receipt-id:1000"),
-        "{f}"
-    );
+    let f = answer(&mut late, Duration::from_secs(10)).expect("receipt once space is free");
+    assert_eq!(f, ("RECEIPT".to_owned(), Some("1000".to_owned())));
 
     // every receipted message is there, and the late one
-    let mut consumer = Stomp::connect(broker.stomp);
-    consumer.send_raw(b"SUBSCRIBE\nid:0\ndestination:/queue/full\nack:auto\n\n\0");
+    let mut consumer = connect(broker.stomp);
+    consumer
+        .send(
+            "SUBSCRIBE",
+            &[("id", "0"), ("destination", "/queue/full"), ("ack", "auto")],
+            b"",
+        )
+        .expect("subscribe");
     let mut got = 0u32;
-    while let Some(f) = consumer.frame(Duration::from_secs(5)) {
-        assert!(f.starts_with("MESSAGE"), "{f}");
+    while let Some((command, _)) = answer(&mut consumer, Duration::from_secs(5)) {
+        assert_eq!(command, "MESSAGE");
         got += 1;
         if got == receipted + 2 {
             break;

@@ -9,7 +9,7 @@ mod common;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::raw::StompClient;
+use common::raw::{rss_anon_kib, StompClient};
 use common::TestBroker;
 
 /// The high-water mark, as an absolute figure turned into the configured fraction of RAM.
@@ -30,15 +30,6 @@ fn mem_total_kib() -> u64 {
         .expect("MemTotal kB")
 }
 
-fn rss_anon_kib(pid: u32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    text.lines()
-        .find(|l| l.starts_with("RssAnon:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 fn wait_log(broker: &TestBroker, needle: &str, after: usize, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
@@ -53,7 +44,7 @@ fn wait_log(broker: &TestBroker, needle: &str, after: usize, timeout: Duration) 
     }
     panic!(
         "no `{needle}` in the log within {timeout:?} (RssAnon {} KiB):\n{}",
-        rss_anon_kib(broker.pid()),
+        rss_anon_kib(broker.pid()).unwrap_or(0),
         broker.log()
     );
 }
@@ -66,7 +57,7 @@ fn publishers_are_blocked_past_the_memory_high_water_mark_and_released_below_it(
          memory_high_watermark = {fraction:.9}\n"
     ));
     let pid = broker.pid();
-    let base = rss_anon_kib(pid);
+    let base = rss_anon_kib(pid).unwrap_or(0);
     assert!(
         base < MARK_MIB * 1024 / 2,
         "a fresh broker already holds {base} KiB of heap; the test needs headroom"
@@ -106,7 +97,7 @@ fn publishers_are_blocked_past_the_memory_high_water_mark_and_released_below_it(
         log_mark,
         Duration::from_secs(10),
     );
-    let high = rss_anon_kib(pid);
+    let high = rss_anon_kib(pid).unwrap_or(0);
     assert!(high > MARK_MIB * 1024, "alarm raised at {high} KiB of heap");
 
     // the publisher is not read from: its SEND gets no receipt
@@ -136,7 +127,7 @@ fn publishers_are_blocked_past_the_memory_high_water_mark_and_released_below_it(
         log_mark,
         Duration::from_secs(10),
     );
-    let low = rss_anon_kib(pid);
+    let low = rss_anon_kib(pid).unwrap_or(0);
     publisher
         .stream
         .set_read_timeout(Some(Duration::from_secs(10)))

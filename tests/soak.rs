@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::amqp;
-use common::raw::{env_u64, rss_kib, MqttClient, StompClient};
+use common::raw::{env_u64, rss_anon_kib, rss_kib, MqttClient, StompClient};
 use common::TestBroker;
 use futures_util::StreamExt;
 use lapin::options::*;
@@ -344,17 +344,6 @@ fn free_disk_mib(dir: &std::path::Path) -> Option<u64> {
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
     (rc == 0).then(|| (st.f_bavail as u64).saturating_mul(st.f_frsize as u64) >> 20)
-}
-
-fn rss_anon_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 #[test]

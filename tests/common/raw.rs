@@ -53,10 +53,19 @@ impl Rng {
 
 /// Resident set size of `pid` in KiB (`VmRSS` in `/proc/PID/status`).
 pub fn rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+/// Anonymous resident memory (the heap) of `pid` in KiB (`RssAnon`).
+pub fn rss_anon_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "RssAnon:")
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()
