@@ -398,6 +398,13 @@ impl Store {
                 .spawn(move || i.maintenance())
                 .map_err(StoreError::at(&dir))?,
         );
+        let i = inner.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("store-warm".into())
+                .spawn(move || i.log.warm_ahead())
+                .map_err(StoreError::at(&dir))?,
+        );
         Ok(Store {
             inner,
             threads,
@@ -629,6 +636,7 @@ impl Store {
         *lock(&self.inner.stop) = true;
         self.inner.stop_cv.notify_all();
         self.inner.flush.shutdown();
+        self.inner.log.stop_warming();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -660,6 +668,7 @@ impl Store {
         *lock(&self.inner.stop) = true;
         self.inner.stop_cv.notify_all();
         self.inner.flush.fail("abandoned".into());
+        self.inner.log.stop_warming();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
