@@ -54,6 +54,9 @@ BROKER OPTIONS (amqp, stomp, mqtt):
   --threads N          client runtime threads (default 2)
   --user U --pass P    credentials (default guest/guest)
   --json, --quiet      only the JSON line on stdout; no progress line on stderr
+  --slow-ms MS         after the run, list on stderr each 5 ms window of send times that
+                       had messages slower than MS (count, max latency, producers), with
+                       the run's clock origin in CLOCK_MONOTONIC ns (for `perf -k mono`)
 Every consumer checks every body (producer id, sequence number, send time) and the result
 counts lost, duplicated, out-of-order, unexpected and corrupt messages.
 
@@ -217,6 +220,7 @@ pub struct LoadArgs {
     pub pass: String,
     pub json: bool,
     pub quiet: bool,
+    pub slow_ms: Option<u64>,
 }
 
 impl LoadArgs {
@@ -237,6 +241,7 @@ impl LoadArgs {
             pass: "guest".into(),
             json: false,
             quiet: false,
+            slow_ms: None,
         }
     }
 
@@ -289,6 +294,7 @@ impl LoadArgs {
             "--pass" => self.pass = v.to_string(),
             "--json" => self.json = true,
             "--quiet" => self.quiet = true,
+            "--slow-ms" => self.slow_ms = Some(positive(flag, parse_num(flag, v)?)?),
             _ => return Ok(false),
         }
         Ok(true)
@@ -311,6 +317,7 @@ const LOAD_VALUED: &[&str] = &[
     "--threads",
     "--user",
     "--pass",
+    "--slow-ms",
 ];
 
 #[derive(Clone, Debug, PartialEq)]
@@ -941,7 +948,8 @@ mod tests {
         let Command::Amqp(a) = parse(&v(
             "amqp --port 5680 --producers 4 --consumers 4 --queues 2 \
              --size 1k --count 1000 --persistent --confirm --confirm-window 50 --manual-ack \
-             --prefetch 100 --user u --pass p --broker-pid 42 --rate 500 --json --quiet",
+             --prefetch 100 --user u --pass p --broker-pid 42 --rate 500 --json --quiet \
+             --slow-ms 20",
         ))
         .unwrap() else {
             panic!()
@@ -954,7 +962,9 @@ mod tests {
         assert_eq!((a.load.user.as_str(), a.load.pass.as_str()), ("u", "p"));
         assert_eq!((a.load.broker_pid, a.load.rate), (Some(42), Some(500.0)));
         assert_eq!(a.load.time_cap(), None);
+        assert_eq!(a.load.slow_ms, Some(20));
         let d = parse_amqp(&v("--fanout 10")).unwrap();
+        assert_eq!(d.load.slow_ms, None);
         assert_eq!(
             (d.fanout, d.load.consumers, d.load.port),
             (Some(10), 10, 5672)
@@ -971,6 +981,7 @@ mod tests {
             "--rate 0",
             "--port 70000",
             "--qos 1",
+            "--slow-ms 0",
         ] {
             assert!(parse_amqp(&v(bad)).is_err(), "{bad}");
         }

@@ -8,7 +8,7 @@
 //! of the body is a fixed byte pattern; consumers check the length and the stamp.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -27,6 +27,80 @@ const MAX_SEQ: u32 = 1 << 28;
 fn epoch() -> Instant {
     static E: OnceLock<Instant> = OnceLock::new();
     *E.get_or_init(Instant::now)
+}
+
+/// `--slow-ms`: the threshold in ns (0: off) and the messages slower than that, as
+/// (producer, send time, latency).
+struct SlowLog {
+    threshold_ns: u64,
+    slow: Vec<(u32, u64, u64)>,
+}
+static SLOW: Mutex<SlowLog> = Mutex::new(SlowLog {
+    threshold_ns: 0,
+    slow: Vec::new(),
+});
+/// At most this many slow messages are kept.
+const SLOW_MAX: usize = 1 << 20;
+
+/// Turns on the slow-message log for this run (`--slow-ms`).
+pub fn log_slow(ms: Option<u64>) {
+    if let Some(ms) = ms {
+        epoch();
+        SLOW.lock().unwrap_or_else(|e| e.into_inner()).threshold_ns = ms.saturating_mul(1_000_000);
+    }
+}
+
+fn note_slow(producer: u32, ts: u64, latency: u64) {
+    let mut s = SLOW.lock().unwrap_or_else(|e| e.into_inner());
+    if s.slow.len() < SLOW_MAX {
+        s.slow.push((producer, ts, latency));
+    }
+}
+
+/// Prints the slow-message log: per 5 ms window of send times, how many messages were
+/// slower than `--slow-ms`, the slowest, and which producers sent them. The clock origin
+/// is printed in CLOCK_MONOTONIC nanoseconds, the clock `perf record -k mono` stamps
+/// samples with, so a window can be matched with what the broker was doing.
+pub fn report_slow() {
+    let s = SLOW.lock().unwrap_or_else(|e| e.into_inner());
+    if s.threshold_ns == 0 {
+        return;
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let mono_now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    eprintln!(
+        "slow messages (> {} ms): {}{}; send times from CLOCK_MONOTONIC {} ns",
+        s.threshold_ns / 1_000_000,
+        s.slow.len(),
+        if s.slow.len() == SLOW_MAX {
+            " (log full)"
+        } else {
+            ""
+        },
+        mono_now.saturating_sub(now_ns())
+    );
+    let mut windows: std::collections::BTreeMap<u64, (u64, u64, Vec<u32>)> = Default::default();
+    for &(p, sent, lat) in &s.slow {
+        let w = windows.entry(sent / 5_000_000).or_default();
+        w.0 += 1;
+        w.1 = w.1.max(lat);
+        if !w.2.contains(&p) {
+            w.2.push(p);
+        }
+    }
+    for (w, (n, max, mut ps)) in windows {
+        ps.sort_unstable();
+        eprintln!(
+            "  sent at {:>6} ms: {n:>6} slow, max {:.1} ms, producers {ps:?}",
+            w * 5,
+            max as f64 / 1e6
+        );
+    }
 }
 
 /// Nanoseconds since the run's clock epoch.
@@ -136,6 +210,8 @@ pub struct Checker {
     pub bytes: u64,
     pub last: Option<Instant>,
     size: usize,
+    /// `--slow-ms` in ns (`u64::MAX`: off).
+    slow_ns: u64,
 }
 
 impl Checker {
@@ -147,6 +223,10 @@ impl Checker {
             bytes: 0,
             last: None,
             size: size.max(STAMP),
+            slow_ns: match SLOW.lock().unwrap_or_else(|e| e.into_inner()).threshold_ns {
+                0 => u64::MAX,
+                ns => ns,
+            },
         }
     }
 
@@ -163,8 +243,11 @@ impl Checker {
             return false;
         };
         s.record(seq);
-        self.hist
-            .saturating_record(now_ns().saturating_sub(ts).max(1));
+        let latency = now_ns().saturating_sub(ts).max(1);
+        self.hist.saturating_record(latency);
+        if latency > self.slow_ns {
+            note_slow(p, ts, latency);
+        }
         true
     }
 }

@@ -63,9 +63,24 @@ fn main() -> ExitCode {
                 emit(v, a.json);
             }
         }),
-        Command::Amqp(a) => amqp::run(&a).and_then(|v| emit_checked(&v, a.load.json)),
-        Command::Stomp(a) => stomp::run(&a).and_then(|v| emit_checked(&v, a.load.json)),
-        Command::Mqtt(a) => mqtt::run(&a).and_then(|v| emit_checked(&v, a.load.json)),
+        Command::Amqp(a) => {
+            e2e::log_slow(a.load.slow_ms);
+            let r = amqp::run(&a);
+            e2e::report_slow();
+            r.and_then(|v| emit_checked(&v, a.load.json))
+        }
+        Command::Stomp(a) => {
+            e2e::log_slow(a.load.slow_ms);
+            let r = stomp::run(&a);
+            e2e::report_slow();
+            r.and_then(|v| emit_checked(&v, a.load.json))
+        }
+        Command::Mqtt(a) => {
+            e2e::log_slow(a.load.slow_ms);
+            let r = mqtt::run(&a);
+            e2e::report_slow();
+            r.and_then(|v| emit_checked(&v, a.load.json))
+        }
         Command::MqttIdle(a) => mqtt::run_idle(&a).and_then(|v| emit_checked(&v, a.json)),
         Command::Table(file) => {
             let input = match file {
