@@ -4,13 +4,14 @@
 //! byte 1 a split point; the rest is the stream. Checks: no panic; every decoded frame
 //! re-encodes (under the same dialect) to bytes that decode and re-encode to the same
 //! bytes (the encoder adds `content-length` and drops what CONNECT cannot escape, so
-//! frames are compared by their encoding); the stream split in two decodes to the same
+//! frames are compared by their encoding); the stream split in two, fed to one resuming
+//! `Decoder` as a connection does, decodes to the same
 //! frames and ends the same way.
 #![no_main]
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use triad_stomp::codec::{decode_with, encode_with, Dialect, Limits};
+use triad_stomp::codec::{decode_with, encode_with, Decoder, Dialect, Limits};
 use triad_stomp::Frame;
 
 const WIDE: Limits = Limits {
@@ -25,13 +26,15 @@ fn enc(f: &Frame, d: Dialect) -> Vec<u8> {
     out.to_vec()
 }
 
+/// Decodes the stream fed in `parts`, resuming across them as a connection does.
 fn run(parts: &[&[u8]], limits: &Limits, d: Dialect) -> (Vec<Frame>, bool) {
     let mut buf = BytesMut::new();
     let mut frames = Vec::new();
+    let mut decoder = Decoder::default();
     for part in parts {
         buf.extend_from_slice(part);
         loop {
-            match decode_with(&mut buf, limits, d) {
+            match decoder.decode(&mut buf, limits, d) {
                 Ok(Some(f)) => frames.push(f),
                 Ok(None) => break,
                 Err(_) => return (frames, true),

@@ -18,8 +18,6 @@
 //! buffer more than [`Limits::max_frame`] plus one read.
 
 use bytes::{Buf, BufMut, BytesMut};
-use nom::bytes::streaming::{tag, take_until};
-use nom::{IResult, Parser};
 use thiserror::Error;
 
 use crate::frame::{Command, Frame};
@@ -122,59 +120,197 @@ pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Frame>, Deco
 
 /// Decodes one frame from the front of `buf`, consuming it (and any heart-beat EOLs
 /// before it). `Ok(None)`: need more bytes; `buf` then holds only what is still needed
-/// (heart-beats already consumed).
+/// (heart-beats already consumed). Stateless: a frame that arrives in many reads is
+/// parsed again from its start each time; a connection uses a [`Decoder`] instead.
 pub fn decode_with(
     buf: &mut BytesMut,
     limits: &Limits,
     dialect: Dialect,
 ) -> Result<Option<Frame>, DecodeError> {
-    skip_heartbeats(buf)?;
-    if buf.is_empty() {
-        return Ok(None);
-    }
-    let head = match parse_head(buf, limits, dialect)? {
-        Some(h) => h,
-        None => return Ok(None),
-    };
-    let rest = buf.get(head.len..).unwrap_or_default();
-    let (body_len, total) = match content_length(&head.headers)? {
-        Some(n) => {
-            let total = head
-                .len
-                .checked_add(n)
-                .filter(|t| *t <= limits.max_frame)
-                .ok_or(DecodeError::FrameTooLarge {
-                    limit: limits.max_frame,
-                })?;
-            match rest.get(n) {
-                None => return Ok(None),
-                Some(0) => (n, total + 1),
-                Some(_) => return Err(DecodeError::MissingNul),
+    Decoder::default().decode(buf, limits, dialect)
+}
+
+/// The frame being decoded at the front of a connection's buffer, kept between reads so
+/// each byte is looked at once however the frame is split: the head lines already parsed
+/// and how far the body was searched for its NUL. (Parsing from the start on every read
+/// made a frame trickled in small pieces cost its size squared: a 4 MiB body without
+/// `content-length`, a byte per read, was rescanned whole for each byte.)
+#[derive(Debug, Default)]
+pub struct Decoder {
+    command: Option<Command>,
+    /// `Some(cr_allowed)` when header text is escaped (see [`Dialect`]).
+    escapes: Option<bool>,
+    headers: Vec<(String, String)>,
+    /// Bytes of the buffer parsed as complete head lines.
+    parsed: usize,
+    /// Set once the blank line ending the head is parsed: `content-length`, if any.
+    body: Option<Option<usize>>,
+    /// Body bytes already known to hold no NUL (a body without `content-length`).
+    searched: usize,
+}
+
+impl Decoder {
+    /// As [`decode_with`], resuming where the last call for the same buffer stopped. The
+    /// buffer must only have grown at its end since then; after `Ok(Some)` or `Err` the
+    /// decoder starts afresh.
+    pub fn decode(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+        dialect: Dialect,
+    ) -> Result<Option<Frame>, DecodeError> {
+        if self.parsed == 0 {
+            skip_heartbeats(buf)?;
+            if buf.is_empty() {
+                return Ok(None);
             }
         }
-        None => match rest.iter().position(|b| *b == 0) {
-            Some(p) if head.len + p <= limits.max_frame => (p, head.len + p + 1),
-            Some(_) => {
-                return Err(DecodeError::FrameTooLarge {
-                    limit: limits.max_frame,
-                })
+        let r = self.step(buf, limits, dialect);
+        if !matches!(r, Ok(None)) {
+            *self = Decoder::default();
+        }
+        r
+    }
+
+    fn step(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &Limits,
+        dialect: Dialect,
+    ) -> Result<Option<Frame>, DecodeError> {
+        let content_length = match self.body {
+            Some(cl) => cl,
+            None => match self.head(buf, limits, dialect)? {
+                Some(cl) => cl,
+                None => return Ok(None),
+            },
+        };
+        let head_len = self.parsed;
+        let rest = buf.get(head_len..).unwrap_or_default();
+        let (body_len, total) = match content_length {
+            Some(n) => {
+                let total = head_len
+                    .checked_add(n)
+                    .filter(|t| *t <= limits.max_frame)
+                    .ok_or(DecodeError::FrameTooLarge {
+                        limit: limits.max_frame,
+                    })?;
+                match rest.get(n) {
+                    None => return Ok(None),
+                    Some(0) => (n, total + 1),
+                    Some(_) => return Err(DecodeError::MissingNul),
+                }
             }
-            None if buf.len() > limits.max_frame => {
-                return Err(DecodeError::FrameTooLarge {
-                    limit: limits.max_frame,
-                })
+            None => {
+                let unsearched = rest.get(self.searched..).unwrap_or_default();
+                match unsearched.iter().position(|b| *b == 0) {
+                    Some(p) if head_len + self.searched + p <= limits.max_frame => {
+                        let p = self.searched + p;
+                        (p, head_len + p + 1)
+                    }
+                    Some(_) => {
+                        return Err(DecodeError::FrameTooLarge {
+                            limit: limits.max_frame,
+                        })
+                    }
+                    None if buf.len() > limits.max_frame => {
+                        return Err(DecodeError::FrameTooLarge {
+                            limit: limits.max_frame,
+                        })
+                    }
+                    None => {
+                        self.searched = rest.len();
+                        return Ok(None);
+                    }
+                }
             }
-            None => return Ok(None),
-        },
-    };
-    let mut whole = buf.split_to(total);
-    whole.advance(head.len);
-    whole.truncate(body_len);
-    Ok(Some(Frame {
-        command: head.command,
-        headers: head.headers,
-        body: whole.freeze(),
-    }))
+        };
+        let command = self.command.ok_or(DecodeError::MalformedHeader)?;
+        let mut whole = buf.split_to(total);
+        whole.advance(head_len);
+        whole.truncate(body_len);
+        Ok(Some(Frame {
+            command,
+            headers: std::mem::take(&mut self.headers),
+            body: whole.freeze(),
+        }))
+    }
+
+    /// Parses the head's complete lines not parsed yet. `Some(content_length)` once the
+    /// blank line ending the head is parsed; `None` when the head is not complete yet (and
+    /// within limits).
+    fn head(
+        &mut self,
+        buf: &[u8],
+        limits: &Limits,
+        dialect: Dialect,
+    ) -> Result<Option<Option<usize>>, DecodeError> {
+        let too_long = || DecodeError::HeaderTooLong {
+            limit: limits.max_header_len,
+        };
+        loop {
+            let rest = buf.get(self.parsed..).unwrap_or_default();
+            let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
+                return if buf.len() > limits.max_frame {
+                    Err(DecodeError::FrameTooLarge {
+                        limit: limits.max_frame,
+                    })
+                } else if rest.len() > limits.max_header_len {
+                    Err(too_long())
+                } else {
+                    Ok(None)
+                };
+            };
+            let raw = rest.get(..nl).unwrap_or_default();
+            let l = raw.strip_suffix(b"\r").unwrap_or(raw);
+            self.parsed += nl + 1;
+            if self.command.is_none() {
+                if l.len() > limits.max_header_len {
+                    return Err(too_long());
+                }
+                let command = Command::parse(l).ok_or_else(|| {
+                    let shown = l.get(..l.len().min(32)).unwrap_or_default();
+                    DecodeError::UnknownCommand(String::from_utf8_lossy(shown).into_owned())
+                })?;
+                self.escapes = match dialect {
+                    _ if !command.escapes_headers() => None,
+                    Dialect::V10 => None,
+                    Dialect::V11 => Some(false),
+                    Dialect::V12 => Some(true),
+                };
+                self.command = Some(command);
+                continue;
+            }
+            if l.is_empty() {
+                if self.parsed > limits.max_frame {
+                    return Err(DecodeError::FrameTooLarge {
+                        limit: limits.max_frame,
+                    });
+                }
+                let cl = content_length(&self.headers)?;
+                self.body = Some(cl);
+                return Ok(Some(cl));
+            }
+            if l.len() > limits.max_header_len {
+                return Err(too_long());
+            }
+            if self.headers.len() >= limits.max_headers {
+                return Err(DecodeError::TooManyHeaders {
+                    limit: limits.max_headers,
+                });
+            }
+            let colon = l
+                .iter()
+                .position(|b| *b == b':')
+                .ok_or(DecodeError::MalformedHeader)?;
+            let (name, value) = (
+                l.get(..colon).unwrap_or_default(),
+                l.get(colon + 1..).unwrap_or_default(),
+            );
+            self.headers
+                .push((text(name, self.escapes)?, text(value, self.escapes)?));
+        }
+    }
 }
 
 /// Consumes EOLs (heart-beats) at the front.
@@ -191,100 +327,6 @@ fn skip_heartbeats(buf: &mut BytesMut) -> Result<(), DecodeError> {
     }
     buf.advance(n);
     Ok(())
-}
-
-struct Head {
-    command: Command,
-    headers: Vec<(String, String)>,
-    /// Bytes up to and including the blank line.
-    len: usize,
-}
-
-/// One line, without its `\n` and an optional `\r` before it.
-fn line(i: &[u8]) -> IResult<&[u8], &[u8]> {
-    let (rest, l) = take_until("\n").parse(i)?;
-    let (rest, _) = tag("\n").parse(rest)?;
-    Ok((rest, l.strip_suffix(b"\r").unwrap_or(l)))
-}
-
-/// `Ok(None)` when the head is not complete yet (and within limits).
-fn parse_head(
-    input: &[u8],
-    limits: &Limits,
-    dialect: Dialect,
-) -> Result<Option<Head>, DecodeError> {
-    let too_long = DecodeError::HeaderTooLong {
-        limit: limits.max_header_len,
-    };
-    let incomplete = |rest: &[u8]| {
-        if input.len() > limits.max_frame {
-            Err(DecodeError::FrameTooLarge {
-                limit: limits.max_frame,
-            })
-        } else if rest.len() > limits.max_header_len {
-            Err(too_long.clone())
-        } else {
-            Ok(None)
-        }
-    };
-    let (mut rest, cmd) = match line(input) {
-        Ok(x) => x,
-        Err(nom::Err::Incomplete(_)) => return incomplete(input),
-        Err(_) => return Err(DecodeError::MalformedHeader),
-    };
-    if cmd.len() > limits.max_header_len {
-        return Err(too_long);
-    }
-    let command = Command::parse(cmd).ok_or_else(|| {
-        let shown = cmd.get(..cmd.len().min(32)).unwrap_or_default();
-        DecodeError::UnknownCommand(String::from_utf8_lossy(shown).into_owned())
-    })?;
-    let escapes = match dialect {
-        _ if !command.escapes_headers() => None,
-        Dialect::V10 => None,
-        Dialect::V11 => Some(false),
-        Dialect::V12 => Some(true),
-    };
-    let mut headers = Vec::new();
-    loop {
-        let (r, l) = match line(rest) {
-            Ok(x) => x,
-            Err(nom::Err::Incomplete(_)) => return incomplete(rest),
-            Err(_) => return Err(DecodeError::MalformedHeader),
-        };
-        rest = r;
-        if l.is_empty() {
-            break;
-        }
-        if l.len() > limits.max_header_len {
-            return Err(too_long);
-        }
-        if headers.len() >= limits.max_headers {
-            return Err(DecodeError::TooManyHeaders {
-                limit: limits.max_headers,
-            });
-        }
-        let colon = l
-            .iter()
-            .position(|b| *b == b':')
-            .ok_or(DecodeError::MalformedHeader)?;
-        let (name, value) = (
-            l.get(..colon).unwrap_or_default(),
-            l.get(colon + 1..).unwrap_or_default(),
-        );
-        headers.push((text(name, escapes)?, text(value, escapes)?));
-    }
-    let len = input.len() - rest.len();
-    if len > limits.max_frame {
-        return Err(DecodeError::FrameTooLarge {
-            limit: limits.max_frame,
-        });
-    }
-    Ok(Some(Head {
-        command,
-        headers,
-        len,
-    }))
 }
 
 /// Unescapes (when `escapes` is `Some(cr_allowed)`) and checks UTF-8.
@@ -417,4 +459,79 @@ pub fn decode_all(bytes: &[u8], limits: &Limits) -> Result<Vec<Frame>, DecodeErr
         out.push(f);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A frame trickled in small pieces is parsed as it arrives, never from its start
+    /// again: the head lines once, the body searched for its NUL from where the last
+    /// search stopped.
+    #[test]
+    fn a_trickled_frame_is_looked_at_once() {
+        let limits = Limits::AUTHENTICATED;
+        let mut d = Decoder::default();
+        let mut buf = BytesMut::new();
+        let head = b"SEND\ndestination:/queue/a\nx-note:a\\cb\n\n";
+        for b in head.iter().take(head.len() - 1) {
+            buf.extend_from_slice(&[*b]);
+            assert!(d.decode(&mut buf, &limits, Dialect::V12).unwrap().is_none());
+        }
+        assert_eq!(
+            d.headers.len(),
+            2,
+            "complete header lines parsed as they arrive"
+        );
+        assert_eq!(d.headers[1], ("x-note".into(), "a:b".into()));
+        buf.extend_from_slice(b"\n");
+        assert!(d.decode(&mut buf, &limits, Dialect::V12).unwrap().is_none());
+        assert_eq!((d.parsed, d.body), (head.len(), Some(None)));
+        for i in 1..=1000 {
+            buf.extend_from_slice(b"xy");
+            assert!(d.decode(&mut buf, &limits, Dialect::V12).unwrap().is_none());
+            assert_eq!(d.searched, 2 * i, "the body is searched only past what was");
+        }
+        buf.extend_from_slice(b"z\0\n");
+        let f = d.decode(&mut buf, &limits, Dialect::V12).unwrap().unwrap();
+        assert_eq!(f.command, Command::Send);
+        assert_eq!(f.body.len(), 2001);
+        assert_eq!(f.headers.len(), 2);
+        assert_eq!(
+            (d.parsed, d.searched, d.headers.len()),
+            (0, 0, 0),
+            "reset for the next frame"
+        );
+        assert_eq!(&buf[..], b"\n", "the next frame's bytes stay");
+    }
+
+    /// Limits and malformed lines are still caught before the head is complete.
+    #[test]
+    fn an_incomplete_head_is_still_checked() {
+        let limits = Limits::UNAUTHENTICATED;
+        let mut d = Decoder::default();
+        let mut buf = BytesMut::from(&b"SEND\nno colon here\n"[..]);
+        assert!(matches!(
+            d.decode(&mut buf, &limits, Dialect::V12),
+            Err(DecodeError::MalformedHeader)
+        ));
+        let mut d = Decoder::default();
+        let mut buf = BytesMut::from(&b"SEND\na:"[..]);
+        assert!(d.decode(&mut buf, &limits, Dialect::V12).unwrap().is_none());
+        buf.extend_from_slice(&vec![b'v'; limits.max_header_len]);
+        assert!(matches!(
+            d.decode(&mut buf, &limits, Dialect::V12),
+            Err(DecodeError::HeaderTooLong { .. })
+        ));
+        let mut d = Decoder::default();
+        let mut buf = BytesMut::from(&b"SEND\n"[..]);
+        for i in 0..=limits.max_headers {
+            buf.extend_from_slice(format!("h{i}:v\n").as_bytes());
+        }
+        assert!(matches!(
+            d.decode(&mut buf, &limits, Dialect::V12),
+            Err(DecodeError::TooManyHeaders { .. })
+        ));
+    }
 }

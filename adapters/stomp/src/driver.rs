@@ -147,6 +147,8 @@ where
 {
     let outbox = session.outbox().clone();
     let mut rbuf = BytesMut::with_capacity(8 << 10);
+    // the frame at the front of rbuf, parsed as far as it has arrived
+    let mut decoder = codec::Decoder::default();
     let mut wbuf = BytesMut::with_capacity(8 << 10);
     let mut actions: Vec<Action> = Vec::new();
     let mut events = Vec::new();
@@ -251,7 +253,7 @@ where
                 last_read = Instant::now();
                 loop {
                     let limits = session.limits();
-                    match codec::decode_with(&mut rbuf, &limits, session.dialect()) {
+                    match decoder.decode(&mut rbuf, &limits, session.dialect()) {
                         Ok(Some(frame)) => {
                             tracing::trace!(command = %frame.command, "frame");
                             published |= frame.command == crate::frame::Command::Send;

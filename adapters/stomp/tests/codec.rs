@@ -5,7 +5,9 @@
 
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
-use triad_stomp::codec::{decode, decode_with, encode, encode_with, DecodeError, Dialect, Limits};
+use triad_stomp::codec::{
+    decode, decode_with, encode, encode_with, DecodeError, Decoder, Dialect, Limits,
+};
 use triad_stomp::{Command, Frame};
 
 fn unescape(s: &str) -> Vec<u8> {
@@ -140,7 +142,7 @@ fn run(
     }
 }
 
-/// Feeds `input` one byte at a time.
+/// Feeds `input` one byte at a time to one resuming [`Decoder`], as a connection reads.
 fn run_bytewise(
     input: &[u8],
     limits: &Limits,
@@ -148,10 +150,11 @@ fn run_bytewise(
 ) -> (Vec<Frame>, Option<DecodeError>) {
     let mut buf = BytesMut::new();
     let mut frames = Vec::new();
+    let mut decoder = Decoder::default();
     for b in input {
         buf.extend_from_slice(&[*b]);
         loop {
-            match decode_with(&mut buf, limits, dialect) {
+            match decoder.decode(&mut buf, limits, dialect) {
                 Ok(Some(f)) => frames.push(f),
                 Ok(None) => break,
                 Err(e) => return (frames, Some(e)),
@@ -261,6 +264,24 @@ fn every_frame_type_round_trips_and_splits_anywhere() {
             got.push(f);
         }
         assert_eq!(got, want, "split at {split}");
+        // and resuming across the split, as a connection does
+        let mut decoder = Decoder::default();
+        let mut buf = BytesMut::from(&wire[..split]);
+        let mut got = Vec::new();
+        while let Some(f) = decoder
+            .decode(&mut buf, &Limits::AUTHENTICATED, Dialect::V12)
+            .unwrap()
+        {
+            got.push(f);
+        }
+        buf.extend_from_slice(&wire[split..]);
+        while let Some(f) = decoder
+            .decode(&mut buf, &Limits::AUTHENTICATED, Dialect::V12)
+            .unwrap()
+        {
+            got.push(f);
+        }
+        assert_eq!(got, want, "resumed across a split at {split}");
     }
 }
 
