@@ -394,22 +394,38 @@ impl Queue {
     ) -> Result<Arc<Queue>, CoreError> {
         // Everything pending in the store is ready: nothing is delivered yet. Transient
         // messages (delivery mode 1) do not outlive the broker, as in RabbitMQ's classic
-        // queues: the ones a restart finds are dropped here.
-        let pending = store.unacked(spec.id, usize::MAX)?;
-        let mut ready_bytes = 0;
-        let mut transient = Vec::new();
-        for off in &pending {
-            if let Some(e) = store.entry(spec.id, *off) {
-                if e.tag_hash & TAG_PERSISTENT == 0 {
-                    transient.push(*off);
-                } else {
-                    ready_bytes += tag_len(e.tag_hash);
+        // queues: the ones a restart finds are dropped here. Walked in batches, so a
+        // backlog of millions is not held as a vector of offsets while the broker starts.
+        const BATCH: usize = 1 << 16;
+        let (mut ready_count, mut ready_bytes, mut dropped) = (0u64, 0u64, 0usize);
+        let mut from = 0;
+        loop {
+            let pending = store.unacked_from(spec.id, from, BATCH)?;
+            let Some(&last) = pending.last() else {
+                break;
+            };
+            let mut transient = Vec::new();
+            for off in &pending {
+                if let Some(e) = store.entry(spec.id, *off) {
+                    if e.tag_hash & TAG_PERSISTENT == 0 {
+                        transient.push(*off);
+                    } else {
+                        ready_bytes += tag_len(e.tag_hash);
+                    }
                 }
             }
+            ready_count += (pending.len() - transient.len()) as u64;
+            if !transient.is_empty() {
+                dropped += transient.len();
+                drop(store.ack(spec.id, &transient)?);
+            }
+            if pending.len() < BATCH {
+                break;
+            }
+            from = last + 1;
         }
-        if !transient.is_empty() {
-            tracing::debug!(queue = %spec.name, dropped = transient.len(), "dropping transient messages after a restart");
-            drop(store.ack(spec.id, &transient)?);
+        if dropped > 0 {
+            tracing::debug!(queue = %spec.name, dropped, "dropping transient messages after a restart");
         }
         let head = store.queue_info(spec.id)?.ack_head;
         let next = store.queue_next_offset(spec.id)?;
@@ -419,7 +435,7 @@ impl Queue {
             recovered_next: next,
             cq_next: next,
             unacked: HashMap::new(),
-            ready_count: (pending.len() - transient.len()) as u64,
+            ready_count,
             ready_bytes,
             consumers: Vec::new(),
             rr: 0,

@@ -606,6 +606,44 @@ fn durable_topology_and_persistent_messages_survive_restart() {
 }
 
 #[test]
+fn a_long_backlog_is_recovered_in_batches_and_transient_messages_dropped() {
+    // more than one batch of Queue::new's walk (65,536 entries)
+    const N: usize = 70_000;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let b = open(dir.path(), 64);
+        let v = b.vhost("/").unwrap();
+        let q = declare(&v, "long", true, FieldTable::default());
+        let mut last = None;
+        for i in 0..N {
+            // every third message transient, the rest persistent
+            let props = if i % 3 == 2 {
+                Properties::default()
+            } else {
+                persistent()
+            };
+            last = publish(&v, "", &q, &format!("m{i}"), props)
+                .durable
+                .or(last);
+        }
+        futures_lite_block_on(last.expect("persistent messages wait for disk")).unwrap();
+        assert_eq!(v.queue(&q).unwrap().message_count() as usize, N);
+        drop(v);
+        drop(b);
+    }
+    let b = open(dir.path(), 64);
+    let v = b.vhost("/").unwrap();
+    let kept = N - N / 3;
+    assert_eq!(v.queue("long").unwrap().message_count() as usize, kept);
+    let mut want = (0..N).filter(|i| i % 3 != 2);
+    for _ in 0..kept {
+        let d = v.get("long", true, 1).unwrap().expect("a message");
+        assert_eq!(bodies(&[d])[0], format!("m{}", want.next().unwrap()));
+    }
+    assert!(v.get("long", true, 1).unwrap().is_none());
+}
+
+#[test]
 fn authentication_and_loopback_users() {
     let e = env();
     let local: IpAddr = "127.0.0.1".parse().unwrap();

@@ -121,9 +121,20 @@ impl AckState {
     /// Offsets in `head..end` not acked (for walking a queue's pending entries), ascending,
     /// at most `max` of them.
     pub fn unacked(&self, end: u64, max: usize) -> Vec<u64> {
+        self.unacked_from(0, end, max)
+    }
+    /// As [`AckState::unacked`], from `from` on (to walk a long queue in batches).
+    pub fn unacked_from(&self, from: u64, end: u64, max: usize) -> Vec<u64> {
         let mut out = Vec::new();
-        let mut cur = self.head;
-        let mut ranges = self.ranges.range(..end);
+        let mut cur = self.head.max(from);
+        // start at the acked range holding `cur`, if there is one
+        let first = self
+            .ranges
+            .range(..=cur)
+            .next_back()
+            .filter(|(_, &e)| e > cur)
+            .map_or(cur, |(&s, _)| s);
+        let mut ranges = self.ranges.range(first..end.max(first));
         while out.len() < max && cur < end {
             let (gap_end, next_cur) = match ranges.next() {
                 Some((&s, &e)) => (s, e),
@@ -356,6 +367,21 @@ mod tests {
             let want: Vec<u64> = (s.head()..end).filter(|x| !model.contains(x)).collect();
             prop_assert_eq!(s.unacked(end, usize::MAX), want.clone());
             prop_assert_eq!(s.unacked(end, 7), want.iter().copied().take(7).collect::<Vec<_>>());
+            // walked in batches from any point, inside an acked run or not
+            for from in [0, 3, 17, 49, 50, 51, 120, 239, 240, 300] {
+                let tail: Vec<u64> = want.iter().copied().filter(|x| *x >= from).collect();
+                prop_assert_eq!(s.unacked_from(from, end, usize::MAX), tail.clone());
+                prop_assert_eq!(s.unacked_from(from, end, 5), tail.iter().copied().take(5).collect::<Vec<_>>());
+            }
+            let mut walked = Vec::new();
+            let mut from = 0;
+            loop {
+                let batch = s.unacked_from(from, end, 4);
+                let Some(&last) = batch.last() else { break };
+                walked.extend_from_slice(&batch);
+                from = last + 1;
+            }
+            prop_assert_eq!(walked, want);
         }
 
         #[test]

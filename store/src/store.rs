@@ -517,9 +517,15 @@ impl Store {
 
     /// Up to `max` unacked entries of `queue` from its ack head, ascending.
     pub fn unacked(&self, queue: QueueId, max: usize) -> Result<Vec<u64>> {
+        self.unacked_from(queue, 0, max)
+    }
+
+    /// As [`Store::unacked`], the entries from logical offset `from` on (to walk a long
+    /// queue in bounded batches).
+    pub fn unacked_from(&self, queue: QueueId, from: u64, max: usize) -> Result<Vec<u64>> {
         let q = self.inner.queue(queue)?;
         let end = q.cq.next_offset();
-        let out = q.ack().unacked(end, max);
+        let out = q.ack().unacked_from(from, end, max);
         Ok(out)
     }
 
