@@ -550,6 +550,9 @@ impl Conn {
         tokio::pin!(sleep);
         let mut evs = Vec::new();
         'outer: loop {
+            if self.wbuf.capacity() == 0 {
+                self.wbuf.reserve(4096);
+            }
             loop {
                 match codec::decode(rbuf, &self.limits) {
                     Ok(Some(p)) => {
@@ -587,6 +590,11 @@ impl Conn {
                 if self.wbuf.capacity() > 1 << 20 {
                     self.wbuf = BytesMut::with_capacity(4096);
                 }
+            }
+            if self.pending.is_empty() && outbox.is_empty() {
+                // going idle: an idle connection holds no write buffer (its 4 KiB were a
+                // quarter of an idle connection's memory); the next wake-up takes one again
+                self.wbuf = BytesMut::new();
             }
             if !outbox.is_empty() {
                 continue;
