@@ -504,6 +504,14 @@ struct Conn {
     limits: Limits,
 }
 
+/// The connection's write buffer, taken (4 KiB) if it was let go while idle.
+fn out(wbuf: &mut BytesMut) -> &mut BytesMut {
+    if wbuf.capacity() == 0 {
+        wbuf.reserve(4096);
+    }
+    wbuf
+}
+
 /// Completes when the oldest pending response's messages are on disk and its queues
 /// are no longer throttled (or it waited long enough).
 async fn front_ready(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
@@ -550,9 +558,6 @@ impl Conn {
         tokio::pin!(sleep);
         let mut evs = Vec::new();
         'outer: loop {
-            if self.wbuf.capacity() == 0 {
-                self.wbuf.reserve(4096);
-            }
             loop {
                 match codec::decode(rbuf, &self.limits) {
                     Ok(Some(p)) => {
@@ -587,13 +592,11 @@ impl Conn {
                     break End::Error(e.into());
                 }
                 self.wbuf.clear();
-                if self.wbuf.capacity() > 1 << 20 {
-                    self.wbuf = BytesMut::with_capacity(4096);
-                }
             }
-            if self.pending.is_empty() && outbox.is_empty() {
-                // going idle: an idle connection holds no write buffer (its 4 KiB were a
-                // quarter of an idle connection's memory); the next wake-up takes one again
+            // Going idle (or after a burst that grew it past 1 MiB), the buffer is let go:
+            // an idle connection holds no write buffer (its 4 KiB were a quarter of an idle
+            // connection's memory), and `out` takes one again for the next write.
+            if (self.pending.is_empty() && outbox.is_empty()) || self.wbuf.capacity() > 1 << 20 {
                 self.wbuf = BytesMut::new();
             }
             if !outbox.is_empty() {
@@ -656,7 +659,7 @@ impl Conn {
         }
         if self.pending.is_empty() && durables.is_empty() && throttle.is_none() {
             for p in &packets {
-                codec::encode(p, &mut self.wbuf);
+                codec::encode(p, out(&mut self.wbuf));
             }
         } else {
             self.pending.push_back(Pending {
@@ -676,7 +679,7 @@ impl Conn {
             }
             if let Some(p) = self.pending.pop_front() {
                 for pk in &p.packets {
-                    codec::encode(pk, &mut self.wbuf);
+                    codec::encode(pk, out(&mut self.wbuf));
                 }
             }
         }
@@ -951,7 +954,7 @@ impl Conn {
                 topic,
                 pkid,
                 &d.body,
-                &mut self.wbuf,
+                out(&mut self.wbuf),
             );
             self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
         }
