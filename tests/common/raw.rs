@@ -90,6 +90,17 @@ fn connect_tcp(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     Ok(s)
 }
 
+/// Appends what the next read returns to `buf`; an error on timeout or close.
+fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<()> {
+    let mut chunk = [0u8; 16 * 1024];
+    let n = stream.read(&mut chunk)?;
+    if n == 0 {
+        return Err(eof());
+    }
+    buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    Ok(())
+}
+
 fn eof() -> io::Error {
     io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed")
 }
@@ -174,13 +185,7 @@ impl StompClient {
             if let Some(f) = self.parse()? {
                 return Ok(f);
             }
-            let mut chunk = [0u8; 16 * 1024];
-            let n = self.stream.read(&mut chunk)?;
-            if n == 0 {
-                return Err(eof());
-            }
-            self.buf
-                .extend_from_slice(chunk.get(..n).unwrap_or_default());
+            read_more(&mut self.stream, &mut self.buf)?;
         }
     }
 
@@ -391,13 +396,7 @@ impl MqttClient {
             if let Some(p) = self.parse()? {
                 return Ok(p);
             }
-            let mut chunk = [0u8; 16 * 1024];
-            let n = self.stream.read(&mut chunk)?;
-            if n == 0 {
-                return Err(eof());
-            }
-            self.buf
-                .extend_from_slice(chunk.get(..n).unwrap_or_default());
+            read_more(&mut self.stream, &mut self.buf)?;
         }
     }
 
