@@ -856,8 +856,9 @@ impl Conn {
     ) -> Result<(Vec<Durable>, Option<Backpressure>), MqttError> {
         // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
         // (MQTT 3.1.1 has no way to refuse one message).
+        let routing_key = topic_to_routing_key(topic);
         self.access
-            .publish_to(&self.vhost, "amq.topic", &topic_to_routing_key(topic))?;
+            .publish_to(&self.vhost, "amq.topic", &routing_key)?;
         let mut durables = Vec::new();
         if retain {
             // [MQTT-3.3.1-5], an empty payload clears [MQTT-3.3.1-10]
@@ -869,7 +870,7 @@ impl Conn {
         headers.insert(QOS_HEADER, FieldValue::U8(qos));
         let published = self.vhost.publish(Publish {
             exchange: "amq.topic".into(),
-            routing_key: topic_to_routing_key(topic),
+            routing_key,
             mandatory: false,
             properties: Properties {
                 delivery_mode: Some(if qos > 0 { 2 } else { 1 }),

@@ -62,8 +62,9 @@ pub fn filter_matches(filter: &str, topic: &str) -> bool {
     t.next().is_none()
 }
 
-fn map_level(level: &str, from: char, to: char) -> String {
-    level.replace(from, &to.to_string())
+/// Appends `level` to `out` with every `from` written as `to` (no allocation).
+fn map_level(out: &mut String, level: &str, from: char, to: char) {
+    out.extend(level.chars().map(|c| if c == from { to } else { c }));
 }
 
 /// MQTT topic name (or filter) → AMQP routing key (or binding key).
@@ -75,7 +76,7 @@ pub fn topic_to_routing_key(topic: &str) -> String {
         }
         match level {
             "+" => out.push('*'),
-            l => out.push_str(&map_level(l, '.', '/')),
+            l => map_level(&mut out, l, '.', '/'),
         }
     }
     out
@@ -88,7 +89,7 @@ pub fn routing_key_to_topic(key: &str) -> String {
         if i > 0 {
             out.push('/');
         }
-        out.push_str(&map_level(word, '/', '.'));
+        map_level(&mut out, word, '/', '.');
     }
     out
 }
