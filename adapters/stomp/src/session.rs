@@ -516,9 +516,9 @@ impl Session {
     }
 
     /// The user's rights in the vhost.
-    fn access(&self) -> Res<Arc<VhostAccess>> {
+    fn access(&self) -> Res<&Arc<VhostAccess>> {
         self.access
-            .clone()
+            .as_ref()
             .ok_or_else(|| Fail::new("not connected", "no vhost"))
     }
 
@@ -602,7 +602,7 @@ impl Session {
                 durable: true,
                 arguments,
                 conn: self.conn,
-                access: Some(access),
+                access: Some(access.clone()),
                 ..Default::default()
             })?;
         }
@@ -616,7 +616,7 @@ impl Session {
             return Ok(q.clone());
         }
         let vh = self.vhost()?;
-        let access = self.access()?;
+        let access = self.access()?.clone();
         let ok = vh.declare_queue(QueueDeclare {
             exclusive: true,
             auto_delete: true,
