@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
+use triad_store::journal::{key_parts, KeyBuilder, MetaOp};
 use triad_store::store::Store;
 
 use crate::access::{Permission, TopicPermission, VhostAccess};
@@ -104,12 +105,44 @@ pub struct User {
     pub tags: Vec<String>,
 }
 
+/// The vhost list as an earlier version kept it (one document); moved into the journal.
 #[derive(Serialize, Deserialize, Default)]
 struct VhostList {
     vhosts: Vec<String>,
 }
 
-const VHOSTS: &str = "vhosts";
+const LEGACY_VHOSTS: &str = "vhosts";
+/// Journal key tag of a vhost (`V` + its name); the value is empty.
+const TAG_VHOST: u8 = b'V';
+
+fn vhost_key(name: &str) -> Vec<u8> {
+    KeyBuilder::new(TAG_VHOST).part(name.as_bytes()).build()
+}
+
+/// The vhosts in the journal (importing an earlier version's list the first time).
+fn stored_vhosts(store: &Store) -> Result<Vec<String>, CoreError> {
+    if let Some(legacy) = store.meta().get::<VhostList>(LEGACY_VHOSTS)? {
+        let ops = legacy
+            .vhosts
+            .iter()
+            .map(|v| MetaOp::put(vhost_key(v), Vec::new()))
+            .collect();
+        store.journal().commit(ops)?;
+        store.meta().delete(LEGACY_VHOSTS)?;
+    }
+    Ok(store
+        .journal()
+        .scan(&[TAG_VHOST])
+        .into_iter()
+        .filter_map(|(k, _)| {
+            let parts = k.get(1..).and_then(key_parts)?;
+            let [name] = parts.as_slice() else {
+                return None;
+            };
+            Some(String::from_utf8_lossy(name).into_owned())
+        })
+        .collect())
+}
 
 /// The broker core.
 pub struct Broker {
@@ -153,19 +186,17 @@ impl std::fmt::Debug for Broker {
 impl Broker {
     /// Loads every vhost's durable topology and queues from the store.
     pub fn open(store: Arc<Store>, cfg: CoreConfig) -> Result<Arc<Broker>, CoreError> {
-        let mut list: VhostList = store.meta().get(VHOSTS)?.unwrap_or_default();
-        let mut added = false;
+        let mut list = stored_vhosts(&store)?;
+        let mut added = Vec::new();
         for name in std::iter::once(&cfg.default_vhost).chain(&cfg.vhosts) {
-            if !list.vhosts.contains(name) {
-                list.vhosts.push(name.clone());
-                added = true;
+            if !list.contains(name) {
+                list.push(name.clone());
+                added.push(MetaOp::put(vhost_key(name), Vec::new()));
             }
         }
-        if added {
-            store.meta().put(VHOSTS, &list)?;
-        }
+        store.journal().commit(added)?;
         let mut vhosts = HashMap::new();
-        for name in &list.vhosts {
+        for name in &list {
             let vh = Vhost::open(
                 name,
                 store.clone(),
@@ -340,12 +371,10 @@ impl Broker {
             self.cfg.max_message_size,
             self.cfg.max_queues_per_vhost,
         )?;
-        vhosts.insert(name.to_string(), vh.clone());
-        let mut names: Vec<String> = vhosts.keys().cloned().collect();
-        names.sort();
         self.store
-            .meta()
-            .put(VHOSTS, &VhostList { vhosts: names })?;
+            .journal()
+            .commit(vec![MetaOp::put(vhost_key(name), Vec::new())])?;
+        vhosts.insert(name.to_string(), vh.clone());
         Ok(vh)
     }
 

@@ -1,17 +1,25 @@
 //! A virtual host: its topology (exchanges and bindings), its queues, and the publish,
-//! consume and get operations. Durable topology is saved as one metadata document per
-//! vhost, rewritten atomically on every durable change.
+//! consume and get operations. Durable topology lives in the store's metadata journal:
+//! each durable exchange, queue and binding is one key, and every change is one record,
+//! appended under the lock that guards the in-memory change (so the journal's order is
+//! the state's) and waited for after it is released.
+//!
+//! Journal keys (parts length-prefixed, see [`triad_store::journal::KeyBuilder`]):
+//! `X vhost name` → exchange, `q vhost name` → queue,
+//! `B vhost ("q"|"x") destination source routing-key arguments` → binding (empty value),
+//! so a deleted queue's or exchange's incoming bindings are one `DeletePrefix`.
 //!
 //! Lock order: `topology` before `queues`; a queue's own lock is never held while either
 //! is taken.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use triad_store::commitlog::StoredRecord;
 use triad_store::flush::Durable;
+use triad_store::journal::{key_parts, KeyBuilder, MetaOp};
 use triad_store::record::{NewMessage, FLAG_PERSISTENT};
 use triad_store::store::Store;
 
@@ -92,6 +100,8 @@ pub struct Published {
     pub backpressure: Option<Backpressure>,
 }
 
+/// A vhost's topology as an earlier version kept it: one document rewritten on every
+/// change. Read once at start, moved into the journal, then removed.
 #[derive(Serialize, Deserialize, Default)]
 struct VhostDoc {
     exchanges: Vec<ExchangeDoc>,
@@ -144,10 +154,111 @@ fn table_from_hex(s: &str) -> Result<FieldTable, CoreError> {
     Reader::new(&bytes).table(0)
 }
 
-/// The metadata document name of a vhost.
+/// The metadata document name of a vhost (earlier versions).
 pub(crate) fn doc_name(vhost: &str) -> String {
     let hex: String = vhost.bytes().map(|b| format!("{b:02x}")).collect();
     format!("vhost-{hex}")
+}
+
+const TAG_EXCHANGE: u8 = b'X';
+const TAG_QUEUE: u8 = b'q';
+const TAG_BINDING: u8 = b'B';
+
+fn exchange_key(vhost: &str, name: &str) -> Vec<u8> {
+    KeyBuilder::new(TAG_EXCHANGE)
+        .part(vhost.as_bytes())
+        .part(name.as_bytes())
+        .build()
+}
+
+fn queue_key(vhost: &str, name: &str) -> Vec<u8> {
+    KeyBuilder::new(TAG_QUEUE)
+        .part(vhost.as_bytes())
+        .part(name.as_bytes())
+        .build()
+}
+
+/// The prefix of every binding leading to `dest`.
+fn bindings_to_prefix(vhost: &str, dest: &Destination) -> KeyBuilder {
+    let (kind, name): (&[u8], &str) = match dest {
+        Destination::Queue(q) => (b"q", q),
+        Destination::Exchange(x) => (b"x", x),
+    };
+    KeyBuilder::new(TAG_BINDING)
+        .part(vhost.as_bytes())
+        .part(kind)
+        .part(name.as_bytes())
+}
+
+fn binding_key(
+    vhost: &str,
+    source: &str,
+    dest: &Destination,
+    key: &str,
+    args: &FieldTable,
+) -> Vec<u8> {
+    let mut a = Vec::new();
+    if put_table(&mut a, args, 0).is_err() {
+        a.clear();
+    }
+    bindings_to_prefix(vhost, dest)
+        .part(source.as_bytes())
+        .part(key.as_bytes())
+        .part(&a)
+        .build()
+}
+
+/// Journal operations for exchanges a deletion cascaded to: each one's record and the
+/// bindings leading to it (auto-delete exchanges are deleted once they have no bindings
+/// of their own left, so none start from them).
+fn deleted_exchange_ops(vhost: &str, deleted: &[String], ops: &mut Vec<MetaOp>) {
+    for x in deleted {
+        ops.push(MetaOp::delete(exchange_key(vhost, x)));
+        ops.push(MetaOp::delete_prefix(
+            bindings_to_prefix(vhost, &Destination::exchange(x.clone())).build(),
+        ));
+    }
+}
+
+fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, CoreError> {
+    serde_json::from_slice(v).map_err(|_| CoreError::InvalidEncoding("bad stored topology record"))
+}
+
+/// Moves an earlier version's topology document of `vhost` into the journal.
+fn import_legacy_doc(store: &Store, vhost: &str) -> Result<(), CoreError> {
+    let Some(doc) = store.meta().get::<VhostDoc>(&doc_name(vhost))? else {
+        return Ok(());
+    };
+    let mut ops = Vec::new();
+    for x in &doc.exchanges {
+        ops.push(MetaOp::put(exchange_key(vhost, &x.name), to_json(x)));
+    }
+    for q in &doc.queues {
+        ops.push(MetaOp::put(queue_key(vhost, &q.name), to_json(q)));
+    }
+    for b in &doc.bindings {
+        let dest = if b.to_exchange {
+            Destination::exchange(b.destination.clone())
+        } else {
+            Destination::queue(b.destination.clone())
+        };
+        let args = table_from_hex(&b.arguments)?;
+        ops.push(MetaOp::put(
+            binding_key(vhost, &b.source, &dest, &b.key, &args),
+            Vec::new(),
+        ));
+    }
+    store.journal().commit(ops)?;
+    store.meta().delete(&doc_name(vhost))?;
+    tracing::info!(
+        vhost,
+        "moved the vhost's topology document into the metadata journal"
+    );
+    Ok(())
 }
 
 /// Queues by name, looked up on every publish: seeded foldhash rather than SipHash.
@@ -164,7 +275,6 @@ pub struct Vhost {
     /// `max_queues_per_vhost`; 0 = unlimited.
     max_queues: usize,
     me: Weak<Vhost>,
-    persist: Mutex<()>,
 }
 
 impl std::fmt::Debug for Vhost {
@@ -200,7 +310,8 @@ impl Vhost {
         max_message_size: usize,
         max_queues: usize,
     ) -> Result<Arc<Vhost>, CoreError> {
-        let doc: VhostDoc = store.meta().get(&doc_name(name))?.unwrap_or_default();
+        import_legacy_doc(&store, name)?;
+        let journal = store.journal();
         let vh = Arc::new_cyclic(|me| Vhost {
             name: name.to_string(),
             store: store.clone(),
@@ -210,11 +321,12 @@ impl Vhost {
             max_message_size,
             max_queues,
             me: me.clone(),
-            persist: Mutex::new(()),
         });
+        let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
         {
             let mut topo = vh.topology_mut();
-            for x in &doc.exchanges {
+            for (_, v) in journal.scan(&vhost_prefix(TAG_EXCHANGE)) {
+                let x: ExchangeDoc = from_json(&v)?;
                 let mut def = ExchangeDef::new(x.name.clone(), x.kind.parse::<ExchangeKind>()?);
                 def.durable = true;
                 def.auto_delete = x.auto_delete;
@@ -224,7 +336,8 @@ impl Vhost {
             }
         }
         let mut wanted = std::collections::HashSet::new();
-        for q in &doc.queues {
+        for (_, v) in journal.scan(&vhost_prefix(TAG_QUEUE)) {
+            let q: QueueDoc = from_json(&v)?;
             let arguments = table_from_hex(&q.arguments)?;
             let args = QueueArgs::parse(&arguments)?;
             let id = store.create_queue(name, &q.name, true)?;
@@ -247,7 +360,7 @@ impl Vhost {
             vh.queues_mut().insert(q.name.clone(), queue);
         }
         // store queues of this vhost that the topology does not know: a crash between
-        // creating one and saving the document
+        // registering one and journaling the vhost's record of it
         for info in store.queues() {
             if info.vhost == name && !wanted.contains(&info.id) {
                 store.delete_queue(info.id)?;
@@ -257,21 +370,33 @@ impl Vhost {
             let queues = vh.queues_read();
             let lookup = |n: &str| queues.contains_key(n);
             let mut topo = vh.topology_mut();
-            for b in &doc.bindings {
-                let dest = if b.to_exchange {
-                    Destination::exchange(b.destination.clone())
-                } else {
-                    Destination::queue(b.destination.clone())
+            let mut dropped = Vec::new();
+            for (k, _) in journal.scan(&vhost_prefix(TAG_BINDING)) {
+                // vhost, kind, destination, source, key, arguments
+                let parts = k.get(1..).and_then(key_parts);
+                let Some([_, kind, dest, source, key, args]) = parts.as_deref() else {
+                    return Err(CoreError::InvalidEncoding("bad stored binding key"));
                 };
+                let dest_name = String::from_utf8_lossy(dest).into_owned();
+                let dest = if *kind == b"x" {
+                    Destination::exchange(dest_name)
+                } else {
+                    Destination::queue(dest_name)
+                };
+                let args = crate::encoding::Reader::new(args).table(0)?;
                 if let Err(e) = topo.bind(
-                    &b.source,
+                    &String::from_utf8_lossy(source),
                     dest,
-                    &b.key,
-                    table_from_hex(&b.arguments)?,
+                    &String::from_utf8_lossy(key),
+                    args,
                     &lookup,
                 ) {
                     tracing::warn!(vhost = name, error = %e, "dropping a stored binding");
+                    dropped.push(MetaOp::delete(k.clone()));
                 }
+            }
+            if !dropped.is_empty() {
+                journal.commit(dropped)?;
             }
         }
         Ok(vh)
@@ -295,61 +420,23 @@ impl Vhost {
         self.queues.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Saves the durable topology (exchanges, queues, bindings between durable ends).
-    fn save(&self) -> Result<(), CoreError> {
-        let _g = self.persist.lock().unwrap_or_else(|e| e.into_inner());
-        let doc = {
-            let topo = self.topology_read();
-            let queues = self.queues_read();
-            let durable_queue = |n: &str| queues.get(n).is_some_and(|q| q.durable());
-            let durable_exchange = |n: &str| topo.exchange(n).is_some_and(|x| x.durable);
-            VhostDoc {
-                exchanges: topo
-                    .exchanges()
-                    .filter(|x| x.durable && !x.name.is_empty() && !x.name.starts_with("amq."))
-                    .map(|x| ExchangeDoc {
-                        name: x.name.clone(),
-                        kind: x.kind.as_str().to_string(),
-                        auto_delete: x.auto_delete,
-                        internal: x.internal,
-                        arguments: table_to_hex(&x.arguments),
-                    })
-                    .collect(),
-                queues: queues
-                    .values()
-                    .filter(|q| q.durable())
-                    .map(|q| QueueDoc {
-                        name: q.name().to_string(),
-                        auto_delete: q.auto_delete(),
-                        arguments: table_to_hex(q.arguments()),
-                    })
-                    .collect(),
-                bindings: topo
-                    .bindings()
-                    .into_iter()
-                    .filter(|b| durable_exchange(&b.source))
-                    .filter(|b| match &b.destination {
-                        Destination::Queue(q) => durable_queue(q),
-                        Destination::Exchange(x) => durable_exchange(x),
-                    })
-                    .map(|b| {
-                        let (destination, to_exchange) = match b.destination {
-                            Destination::Queue(q) => (q, false),
-                            Destination::Exchange(x) => (x, true),
-                        };
-                        BindingDoc {
-                            source: b.source,
-                            destination,
-                            to_exchange,
-                            key: b.routing_key,
-                            arguments: table_to_hex(&b.arguments),
-                        }
-                    })
-                    .collect(),
-            }
-        };
-        self.store.meta().put(&doc_name(&self.name), &doc)?;
+    /// Appends `ops` to the metadata journal (call under the lock that guards the change).
+    fn journal(&self, ops: Vec<MetaOp>) -> Result<Durable, CoreError> {
+        if ops.is_empty() {
+            return Ok(Durable::ready());
+        }
+        Ok(self.store.journal().append(ops)?)
+    }
+
+    /// Waits for a journal record (call after releasing the locks).
+    fn durable(done: Durable) -> Result<(), CoreError> {
+        done.wait()?;
         Ok(())
+    }
+
+    /// Whether bindings from / to this exchange are journaled.
+    fn exchange_is_durable(topo: &Topology, name: &str) -> bool {
+        topo.exchange(name).is_some_and(|x| x.durable)
     }
 
     /// `exchange.declare`.
@@ -358,25 +445,57 @@ impl Vhost {
             self.topology_read().check_exchange(&def.name)?;
             return Ok(());
         }
-        let durable = def.durable;
-        let created = {
+        let journaled = def.durable && !def.name.is_empty() && !def.name.starts_with("amq.");
+        let record = journaled.then(|| {
+            to_json(&ExchangeDoc {
+                name: def.name.clone(),
+                kind: def.kind.as_str().to_string(),
+                auto_delete: def.auto_delete,
+                internal: def.internal,
+                arguments: table_to_hex(&def.arguments),
+            })
+        });
+        let key = exchange_key(&self.name, &def.name);
+        let done = {
             let mut topo = self.topology_mut();
-            topo.declare_exchange(def)?
+            let created = topo.declare_exchange(def)?;
+            match record {
+                Some(r) if created == crate::routing::Declared::Created => {
+                    self.journal(vec![MetaOp::put(key, r)])?
+                }
+                _ => Durable::ready(),
+            }
         };
-        if durable && created == crate::routing::Declared::Created {
-            self.save()?;
-        }
-        Ok(())
+        Self::durable(done)
     }
 
     /// `exchange.delete`; deleting a missing exchange succeeds, as in RabbitMQ.
     pub fn delete_exchange(&self, name: &str, if_unused: bool) -> Result<(), CoreError> {
-        let res = self.topology_mut().delete_exchange(name, if_unused);
-        match res {
-            Ok(_) => self.save(),
-            Err(CoreError::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e),
-        }
+        let done = {
+            let mut topo = self.topology_mut();
+            let from = topo.bindings_from(name).unwrap_or_default();
+            match topo.delete_exchange(name, if_unused) {
+                Ok(deleted) => {
+                    let mut ops: Vec<MetaOp> = from
+                        .iter()
+                        .map(|b| {
+                            MetaOp::delete(binding_key(
+                                &self.name,
+                                name,
+                                &b.destination,
+                                &b.routing_key,
+                                &b.arguments,
+                            ))
+                        })
+                        .collect();
+                    deleted_exchange_ops(&self.name, &deleted, &mut ops);
+                    self.journal(ops)?
+                }
+                Err(CoreError::NotFound { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        };
+        Self::durable(done)
     }
 
     /// `exchange.bind`: route from `source` to the `destination` exchange.
@@ -387,22 +506,23 @@ impl Vhost {
         key: &str,
         args: &FieldTable,
     ) -> Result<(), CoreError> {
-        let new = {
+        let done = {
             let mut topo = self.topology_mut();
             let queues = self.queues_read();
             let lookup = |n: &str| queues.contains_key(n);
-            topo.bind(
-                source,
-                Destination::exchange(destination),
-                key,
-                args.clone(),
-                &lookup,
-            )?
+            let dest = Destination::exchange(destination);
+            let new = topo.bind(source, dest.clone(), key, args.clone(), &lookup)?;
+            if new
+                && Self::exchange_is_durable(&topo, source)
+                && Self::exchange_is_durable(&topo, destination)
+            {
+                let k = binding_key(&self.name, source, &dest, key, args);
+                self.journal(vec![MetaOp::put(k, Vec::new())])?
+            } else {
+                Durable::ready()
+            }
         };
-        if new {
-            self.save()?;
-        }
-        Ok(())
+        Self::durable(done)
     }
 
     /// `exchange.unbind`.
@@ -413,22 +533,34 @@ impl Vhost {
         key: &str,
         args: &FieldTable,
     ) -> Result<(), CoreError> {
-        let (removed, _) = {
+        let dest = Destination::exchange(destination);
+        self.unbind(source, &dest, key, args)
+    }
+
+    /// Removes a binding and journals its removal and that of any auto-delete exchange
+    /// it cascaded to.
+    fn unbind(
+        &self,
+        source: &str,
+        dest: &Destination,
+        key: &str,
+        args: &FieldTable,
+    ) -> Result<(), CoreError> {
+        let done = {
             let mut topo = self.topology_mut();
             let queues = self.queues_read();
             let lookup = |n: &str| queues.contains_key(n);
-            topo.unbind(
-                source,
-                &Destination::exchange(destination),
-                key,
-                args,
-                &lookup,
-            )?
+            let (removed, deleted) = topo.unbind(source, dest, key, args, &lookup)?;
+            let mut ops = Vec::new();
+            if removed {
+                ops.push(MetaOp::delete(binding_key(
+                    &self.name, source, dest, key, args,
+                )));
+            }
+            deleted_exchange_ops(&self.name, &deleted, &mut ops);
+            self.journal(ops)?
         };
-        if removed {
-            self.save()?;
-        }
-        Ok(())
+        Self::durable(done)
     }
 
     fn queue_for(&self, name: &str, conn: ConnectionId) -> Result<Arc<Queue>, CoreError> {
@@ -509,7 +641,7 @@ impl Vhost {
         let args = QueueArgs::parse(&d.arguments)?;
         // exclusive queues never outlive their connection, so they are never durable
         let durable = d.durable && !d.exclusive;
-        let created = {
+        let done = {
             let mut queues = self.queues_mut();
             if let Some(q) = queues.get(&name) {
                 // lost a race with another declare
@@ -529,7 +661,21 @@ impl Vhost {
                     self.name, self.max_queues
                 )));
             }
-            let id = self.store.create_queue(&self.name, &name, durable)?;
+            let (id, _registered) = self
+                .store
+                .create_queue_deferred(&self.name, &name, durable)?;
+            // the vhost's own record comes after the store's in the journal, so waiting for
+            // it covers both
+            let done = if durable {
+                let record = to_json(&QueueDoc {
+                    name: name.clone(),
+                    auto_delete: d.auto_delete,
+                    arguments: table_to_hex(&d.arguments),
+                });
+                self.journal(vec![MetaOp::put(queue_key(&self.name, &name), record)])?
+            } else {
+                Durable::ready()
+            };
             let q = Queue::new(
                 QueueSpec {
                     name: name.clone(),
@@ -546,11 +692,9 @@ impl Vhost {
                 self.me.clone(),
             )?;
             queues.insert(name.clone(), q);
-            true
+            done
         };
-        if created && durable {
-            self.save()?;
-        }
+        Self::durable(done)?;
         Ok(QueueDeclareOk {
             name,
             message_count: 0,
@@ -623,22 +767,23 @@ impl Vhost {
         conn: ConnectionId,
     ) -> Result<(), CoreError> {
         let q = self.queue_for(queue, conn)?;
-        let new = {
+        let done = {
             let mut topo = self.topology_mut();
             let queues = self.queues_read();
             let lookup = |n: &str| queues.contains_key(n);
-            topo.bind(
-                exchange,
-                Destination::queue(queue),
-                key,
-                args.clone(),
-                &lookup,
-            )?
+            let dest = Destination::queue(queue);
+            let new = topo.bind(exchange, dest.clone(), key, args.clone(), &lookup)?;
+            // the queue may have been deleted and declared again meanwhile
+            let durable_dest = queues.get(queue).is_some_and(|cur| cur.durable());
+            if new && durable_dest && Self::exchange_is_durable(&topo, exchange) {
+                let k = binding_key(&self.name, exchange, &dest, key, args);
+                self.journal(vec![MetaOp::put(k, Vec::new())])?
+            } else {
+                Durable::ready()
+            }
         };
-        if new && q.durable() {
-            self.save()?;
-        }
-        Ok(())
+        drop(q);
+        Self::durable(done)
     }
 
     /// `queue.unbind`.
@@ -650,17 +795,8 @@ impl Vhost {
         args: &FieldTable,
         conn: ConnectionId,
     ) -> Result<(), CoreError> {
-        let q = self.queue_for(queue, conn)?;
-        let (removed, _) = {
-            let mut topo = self.topology_mut();
-            let queues = self.queues_read();
-            let lookup = |n: &str| queues.contains_key(n);
-            topo.unbind(exchange, &Destination::queue(queue), key, args, &lookup)?
-        };
-        if removed && q.durable() {
-            self.save()?;
-        }
-        Ok(())
+        self.queue_for(queue, conn)?;
+        self.unbind(exchange, &Destination::queue(queue), key, args)
     }
 
     /// `queue.purge`: returns the messages removed.
@@ -700,7 +836,10 @@ impl Vhost {
 
     /// Takes a queue out of the vhost, its bindings and the store.
     fn remove_queue(&self, q: &Arc<Queue>) -> u32 {
-        {
+        // Both locks are held until the record is appended, so that a declare of the same
+        // name (queues lock) or a bind to it (topology lock) journals after it.
+        let done = {
+            let mut topo = self.topology_mut();
             let mut queues = self.queues_mut();
             match queues.get(q.name()) {
                 Some(cur) if Arc::ptr_eq(cur, q) => {
@@ -708,17 +847,25 @@ impl Vhost {
                 }
                 _ => return 0,
             }
-        }
+            let dest = Destination::queue(q.name());
+            let deleted = topo.remove_destination(&dest);
+            let mut ops = Vec::new();
+            if q.durable() {
+                ops.push(MetaOp::delete(queue_key(&self.name, q.name())));
+                ops.push(MetaOp::delete_prefix(
+                    bindings_to_prefix(&self.name, &dest).build(),
+                ));
+            }
+            deleted_exchange_ops(&self.name, &deleted, &mut ops);
+            self.journal(ops)
+        };
         let n = q.mark_deleted();
-        self.topology_mut()
-            .remove_destination(&Destination::queue(q.name()));
+        // the store's record follows the vhost's: its wait covers both
         if let Err(e) = self.store.delete_queue(q.store_id()) {
             tracing::warn!(queue = q.name(), error = %e, "store: deleting the queue failed");
         }
-        if q.durable() {
-            if let Err(e) = self.save() {
-                tracing::warn!(vhost = %self.name, error = %e, "saving the topology failed");
-            }
+        if let Err(e) = done.and_then(Self::durable) {
+            tracing::warn!(vhost = %self.name, error = %e, "journaling the queue's removal failed");
         }
         n
     }
@@ -910,6 +1057,11 @@ impl Vhost {
     /// The exchange definitions (for listings).
     pub fn exchanges(&self) -> Vec<ExchangeDef> {
         self.topology_read().exchanges().cloned().collect()
+    }
+
+    /// Every binding of the vhost, in no particular order.
+    pub fn bindings(&self) -> Vec<crate::routing::Binding> {
+        self.topology_read().bindings()
     }
 
     /// Whether an exchange exists.

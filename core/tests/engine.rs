@@ -777,3 +777,140 @@ fn a_queue_behind_its_consumers_throttles_other_publishers_until_it_drains() {
         "a queue without consumers does not hold publishers"
     );
 }
+
+/// The vhost's bindings as sorted (source, destination, key) triples.
+fn binding_set(v: &Vhost) -> Vec<(String, String, String)> {
+    let mut out: Vec<_> = v
+        .bindings()
+        .into_iter()
+        .filter(|b| !b.source.starts_with("amq.") || b.source == "amq.topic")
+        .map(|b| {
+            let d = match b.destination {
+                triad_core::Destination::Queue(q) => format!("q:{q}"),
+                triad_core::Destination::Exchange(x) => format!("x:{x}"),
+            };
+            (b.source, d, b.routing_key)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn topology_changes_are_journal_records_that_replay_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let durable_x = |name: &str, kind, auto_delete| ExchangeDef {
+        durable: true,
+        auto_delete,
+        ..ExchangeDef::new(name, kind)
+    };
+    let none = FieldTable::default;
+    let (bindings, journal_growth) = {
+        let b = open(dir.path(), 64);
+        let v = b.vhost("/").unwrap();
+        v.declare_exchange(durable_x("ev", ExchangeKind::Topic, false), false)
+            .unwrap();
+        v.declare_exchange(durable_x("auto", ExchangeKind::Fanout, true), false)
+            .unwrap();
+        v.declare_exchange(durable_x("gone", ExchangeKind::Direct, false), false)
+            .unwrap();
+        declare(&v, "keep", true, none());
+        declare(&v, "drop", true, none());
+        declare(&v, "transient", false, none());
+        v.bind_queue("keep", "ev", "a.#", &none(), 1).unwrap();
+        v.bind_queue("drop", "ev", "b.#", &none(), 1).unwrap();
+        v.bind_queue("keep", "amq.topic", "t.*", &none(), 1)
+            .unwrap();
+        v.bind_queue("transient", "ev", "c.#", &none(), 1).unwrap();
+        // auto-delete exchange bound only to "drop": deleting the queue cascades to it
+        v.bind_exchange("auto", "ev", "x.#", &none()).unwrap();
+        v.bind_queue("drop", "auto", "", &none(), 1).unwrap();
+        v.bind_queue("keep", "gone", "k", &none(), 1).unwrap();
+        v.bind_exchange("ev", "gone", "k2", &none()).unwrap();
+        v.delete_exchange("gone", false).unwrap();
+        v.unbind_queue("keep", "amq.topic", "t.*", &none(), 1)
+            .unwrap();
+        v.delete_queue("drop", false, false, 1).unwrap();
+        assert!(!v.has_exchange("auto"), "auto-delete cascade");
+        // a queue deleted and declared again with the same name starts without bindings
+        declare(&v, "drop", true, none());
+        v.bind_queue("drop", "ev", "d.#", &none(), 1).unwrap();
+
+        // one more binding costs one small record, however many exist
+        let before = b.store().journal().position().0;
+        v.bind_queue("keep", "ev", "z.#", &none(), 1).unwrap();
+        let growth = b.store().journal().position().0 - before;
+        (binding_set(&v), growth)
+    };
+    assert!(
+        journal_growth < 128,
+        "a binding took {journal_growth} bytes"
+    );
+    assert_eq!(
+        bindings,
+        vec![
+            ("ev".into(), "q:drop".into(), "d.#".into()),
+            ("ev".into(), "q:keep".into(), "a.#".into()),
+            ("ev".into(), "q:keep".into(), "z.#".into()),
+            ("ev".into(), "q:transient".into(), "c.#".into()),
+        ]
+    );
+    for round in 0..2 {
+        let b = open(dir.path(), 64);
+        let v = b.vhost("/").unwrap();
+        assert!(v.has_exchange("ev"));
+        assert!(!v.has_exchange("gone") && !v.has_exchange("auto"));
+        assert!(v.queue("keep").is_some() && v.queue("drop").is_some());
+        assert!(v.queue("transient").is_none());
+        let want: Vec<_> = bindings
+            .iter()
+            .filter(|b| b.1 != "q:transient")
+            .cloned()
+            .collect();
+        assert_eq!(binding_set(&v), want, "round {round}");
+        if round == 0 {
+            // compacted into a snapshot: the same state again
+            b.store().journal().compact().unwrap();
+        }
+    }
+}
+
+#[test]
+fn an_earlier_versions_metadata_documents_are_moved_into_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // what an earlier version wrote: the store's registry, the vhost list and the
+        // vhost's topology as whole JSON documents
+        let meta = triad_store::meta::MetaStore::open(&dir.path().join("meta")).unwrap();
+        meta.put(
+            "store-queues",
+            &serde_json::json!({"next_id": 3, "queues": [
+                {"id": 1, "vhost": "/", "name": "old", "durable": true, "dir": "old"}]}),
+        )
+        .unwrap();
+        meta.put("vhosts", &serde_json::json!({"vhosts": ["/", "legacy"]}))
+            .unwrap();
+        meta.put(
+            "vhost-2f",
+            &serde_json::json!({
+                "exchanges": [{"name": "ev", "kind": "topic", "auto_delete": false,
+                               "internal": false, "arguments": ""}],
+                "queues": [{"name": "old", "auto_delete": false, "arguments": ""}],
+                "bindings": [{"source": "ev", "destination": "old", "to_exchange": false,
+                              "key": "a.#", "arguments": ""}]}),
+        )
+        .unwrap();
+    }
+    let b = open(dir.path(), 64);
+    assert!(b.has_vhost("legacy"));
+    let v = b.vhost("/").unwrap();
+    assert!(v.queue("old").is_some());
+    assert_eq!(
+        binding_set(&v),
+        vec![("ev".into(), "q:old".into(), "a.#".into())]
+    );
+    // new ids continue above the old ceiling
+    let q = declare(&v, "new", true, FieldTable::default());
+    assert!(b.store().find_queue("/", &q).unwrap() >= 3);
+    assert!(b.store().meta().list().unwrap().is_empty());
+}

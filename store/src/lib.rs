@@ -2,8 +2,9 @@
 //!
 //! Every message is written once, to the [`commitlog`]; each queue it was routed to gets
 //! a fixed 20-byte entry in its own [`consumequeue`]; message keys go to the
-//! [`index`]. Per-queue [`ack`] state records which entries were consumed, and
-//! [`meta`] holds small JSON documents (topology, users, sessions) written atomically.
+//! [`index`]. Per-queue [`ack`] state records which entries were consumed, and the
+//! [`journal`] holds durable metadata (queue registry, topology) as an ordered log of
+//! changes plus snapshots.
 //! [`store`] ties them together: one writer path, group commit ([`flush`]), checkpoints,
 //! crash recovery and retention. It knows nothing of protocols.
 //!
@@ -14,7 +15,10 @@
 //! - [`index`]: on-disk hash index from message key to commitlog offsets.
 //! - [`ack`]: ack head plus the set of acked entries above it.
 //! - [`flush`]: durability waiters and the flusher (sync = group commit, async = interval).
-//! - [`meta`]: atomic JSON metadata files.
+//! - [`journal`]: the metadata journal: one record per change, group-committed, compacted
+//!   into snapshots (the store's queue registry and the core's topology live there).
+//! - [`meta`]: atomic JSON metadata files, as earlier versions kept metadata (read once
+//!   and moved into the journal).
 //! - [`store`]: the [`Store`] itself.
 //! - [`file`], [`error`]: helpers.
 
@@ -31,6 +35,7 @@ pub mod error;
 pub mod file;
 pub mod flush;
 pub mod index;
+pub mod journal;
 pub mod meta;
 pub mod record;
 pub mod store;

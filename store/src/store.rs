@@ -11,7 +11,9 @@
 //! commitlog/<20 digits>     segments
 //! consumequeue/<vhost>/<queue>/<20 digits>
 //! index/<20 digits>
-//! meta/*.json               metadata documents; `store-queues` is the queue registry
+//! meta/journal-*, snapshot-*  the metadata journal (see [`crate::journal`]); the store's
+//!                           queue registry is its `Q` (queue id → record) and `N` (id
+//!                           ceiling) keys
 //! ```
 //!
 //! Appends, acks and queue offsets are serialised by one writer lock whose critical
@@ -38,6 +40,7 @@ use crate::error::{Result, StoreError};
 use crate::file::{sync_dir, write_atomic};
 use crate::flush::{Durable, FlushMode, FlushShared};
 use crate::index::{IndexConfig, IndexService};
+use crate::journal::{MetaJournal, MetaOp};
 use crate::meta::MetaStore;
 use crate::record::{self, Decoded, NewMessage};
 
@@ -138,19 +141,73 @@ struct QueueRecord {
     dir: String,
 }
 
+/// The queue registry as an earlier version kept it: one JSON document rewritten whole
+/// on every change. Read once at start, moved into the journal, then removed.
 #[derive(Serialize, Deserialize, Default, Clone, Debug)]
 struct Registry {
     next_id: QueueId,
     queues: Vec<QueueRecord>,
 }
 
-const REGISTRY: &str = "store-queues";
-/// Transient queue ids are reserved in blocks of this many (one registry write each).
+const LEGACY_REGISTRY: &str = "store-queues";
+/// Transient queue ids are reserved in blocks of this many (one journal record each).
 const ID_BLOCK: QueueId = 1024;
+/// Journal key tag of a durable queue's record (`Q` + big-endian id).
+const TAG_QUEUE: u8 = b'Q';
+/// Journal key of the id ceiling: no id at or above it was ever handed out.
+const KEY_NEXT_ID: &[u8] = b"N";
 
-/// The registry document (durable queues, id ceiling) and the next id to hand out.
+fn queue_key(id: QueueId) -> Vec<u8> {
+    let mut k = vec![TAG_QUEUE];
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// The durable queues and the id ceiling, from the journal (importing an earlier
+/// version's registry document the first time).
+fn load_registry(journal: &MetaJournal, meta: &MetaStore) -> Result<Registry> {
+    if let Some(legacy) = meta.get::<Registry>(LEGACY_REGISTRY)? {
+        if journal.get(KEY_NEXT_ID).is_none() {
+            let mut ops = Vec::with_capacity(legacy.queues.len() + 1);
+            for q in legacy.queues.iter().filter(|q| q.durable) {
+                ops.push(MetaOp::put(queue_key(q.id), encode_queue_record(q)?));
+            }
+            ops.push(MetaOp::put(
+                KEY_NEXT_ID.to_vec(),
+                legacy.next_id.to_le_bytes().to_vec(),
+            ));
+            journal.commit(ops)?;
+            tracing::info!(
+                queues = legacy.queues.len(),
+                "store: moved the queue registry document into the metadata journal"
+            );
+        }
+        meta.delete(LEGACY_REGISTRY)?;
+    }
+    let next_id = journal
+        .get(KEY_NEXT_ID)
+        .and_then(|v| v.as_slice().try_into().ok().map(u32::from_le_bytes))
+        .unwrap_or(0);
+    let mut queues = Vec::new();
+    for (k, v) in journal.scan(&[TAG_QUEUE]) {
+        let rec: QueueRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+            path: PathBuf::from("meta/journal"),
+            offset: 0,
+            reason: format!("queue record {k:?}: {e}"),
+        })?;
+        queues.push(rec);
+    }
+    Ok(Registry { next_id, queues })
+}
+
+fn encode_queue_record(q: &QueueRecord) -> Result<Vec<u8>> {
+    serde_json::to_vec(q).map_err(|e| StoreError::Invalid(format!("queue record: {e}")))
+}
+
+/// The id ceiling on disk and the next id to hand out.
 struct RegState {
-    doc: Registry,
+    /// The id ceiling recorded in the journal.
+    next_id: QueueId,
     next_free: QueueId,
     /// (vhost, name) → id of every registered queue, durable or not.
     by_name: HashMap<(String, String), QueueId>,
@@ -181,6 +238,7 @@ struct Inner {
     registry: Mutex<RegState>,
     index: IndexService,
     meta: MetaStore,
+    journal: MetaJournal,
     flush: Arc<FlushShared>,
     /// Commitlog offset of the last checkpoint; the lock also serialises checkpoints.
     checkpoint: Mutex<u64>,
@@ -253,27 +311,16 @@ impl Store {
         let unclean = abort_path.exists();
 
         let meta = MetaStore::open(&dir.join("meta"))?;
+        let journal = MetaJournal::open(&dir.join("meta"))?;
         let log = CommitLog::open(&dir.join("commitlog"), cfg.segment_size)?;
         let index = IndexService::open(&dir.join("index"), cfg.index)?;
         let (ckpt_offset, snapshot) = read_checkpoint(&dir.join("checkpoint"), cfg.repair)?;
 
         // Queues: transient ones vanish at every start, unknown directories are leftovers.
-        let mut registry: Registry = meta.get(REGISTRY)?.unwrap_or_default();
+        // Transient queues are never in the registry; their leftover directories are
+        // orphans like those of queues deleted just before a crash.
+        let registry = load_registry(&journal, &meta)?;
         let cq_root = dir.join("consumequeue");
-        let before = registry.queues.len();
-        let transient: Vec<QueueRecord> = registry
-            .queues
-            .iter()
-            .filter(|q| !q.durable)
-            .cloned()
-            .collect();
-        registry.queues.retain(|q| q.durable);
-        for q in &transient {
-            remove_dir_if_exists(&queue_dir(&cq_root, q))?;
-        }
-        if registry.queues.len() != before {
-            meta.put(REGISTRY, &registry)?;
-        }
         remove_orphans(&cq_root, &registry)?;
 
         let mut queues = HashMap::with_hasher(foldhash::fast::RandomState::default());
@@ -363,10 +410,11 @@ impl Store {
                     .iter()
                     .map(|q| ((q.vhost.clone(), q.name.clone()), q.id))
                     .collect(),
-                doc: registry,
+                next_id: registry.next_id,
             }),
             index,
             meta,
+            journal,
             flush,
             checkpoint: Mutex::new(ckpt_offset),
             disk_full: AtomicBool::new(false),
@@ -436,9 +484,15 @@ impl Store {
         self.inner.cfg.segment_size
     }
 
-    /// The store's metadata documents.
+    /// The store's metadata documents (as earlier versions wrote them; read once at start
+    /// to move them into the journal).
     pub fn meta(&self) -> &MetaStore {
         &self.inner.meta
+    }
+
+    /// The metadata journal: every durable metadata change is one record in it.
+    pub fn journal(&self) -> &MetaJournal {
+        &self.inner.journal
     }
 
     /// The data directory.
@@ -545,9 +599,25 @@ impl Store {
         Ok(logical < self.inner.queue(queue)?.delivered.load(Ordering::Relaxed))
     }
 
-    /// Registers a queue (idempotent for the same vhost and name) and returns its id.
-    /// Transient (`durable == false`) queues are removed at the next start.
+    /// Registers a queue (idempotent for the same vhost and name) and returns its id once
+    /// its registration is on disk. Transient (`durable == false`) queues are removed at
+    /// the next start.
     pub fn create_queue(&self, vhost: &str, name: &str, durable: bool) -> Result<QueueId> {
+        let (id, durable) = self.inner.create_queue(vhost, name, durable)?;
+        durable.wait()?;
+        Ok(id)
+    }
+
+    /// As [`Store::create_queue`], without waiting: the registration is durable once the
+    /// returned handle completes, or once any later metadata journal record is durable
+    /// (the journal is ordered), which is how a caller that journals its own record of
+    /// the queue next waits for both with one flush.
+    pub fn create_queue_deferred(
+        &self,
+        vhost: &str,
+        name: &str,
+        durable: bool,
+    ) -> Result<(QueueId, Durable)> {
         self.inner.create_queue(vhost, name, durable)
     }
 
@@ -559,7 +629,8 @@ impl Store {
             .copied()
     }
 
-    /// Removes a queue and its files. Its messages stay in the commitlog until retention.
+    /// Removes a queue and then, once its removal is on disk, its files. Its messages stay
+    /// in the commitlog until retention.
     pub fn delete_queue(&self, queue: QueueId) -> Result<()> {
         self.inner.delete_queue(queue)
     }
@@ -661,6 +732,7 @@ impl Store {
         self.stop_threads();
         self.inner.flush.check()?;
         self.inner.checkpoint()?;
+        self.inner.journal.close();
         let abort = self.inner.cfg.dir.join("abort");
         std::fs::remove_file(&abort).map_err(StoreError::at(&abort))?;
         sync_dir(&self.inner.cfg.dir)
@@ -877,14 +949,14 @@ impl Inner {
         Ok(self.after_append(end))
     }
 
-    fn create_queue(&self, vhost: &str, name: &str, durable: bool) -> Result<QueueId> {
+    fn create_queue(&self, vhost: &str, name: &str, durable: bool) -> Result<(QueueId, Durable)> {
         if name.is_empty() {
             return Err(StoreError::Invalid("empty queue name".into()));
         }
         let mut reg = lock(&self.registry);
         let key = (vhost.to_string(), name.to_string());
         if let Some(id) = reg.by_name.get(&key) {
-            return Ok(*id);
+            return Ok((*id, Durable::ready()));
         }
         let id = reg.next_free;
         let next_free = id
@@ -900,21 +972,31 @@ impl Inner {
         let qdir = queue_dir(&self.cfg.dir.join("consumequeue"), &rec);
         remove_dir_if_exists(&qdir)?;
         let cq = ConsumeQueue::open(&qdir, self.cfg.cq_entries_per_file)?;
-        // Durable queues are written to the registry document at once. Transient ones
-        // never are (they vanish at the next start, and their leftover files are removed
-        // as orphans); only the id ceiling is, in blocks, so ids are never reused.
-        if durable || next_free > reg.doc.next_id {
-            let mut doc = reg.doc.clone();
-            if durable {
-                doc.queues.push(rec.clone());
-            }
-            doc.next_id = doc.next_id.max(next_free);
-            if !durable {
-                doc.next_id = next_free.saturating_add(ID_BLOCK);
-            }
-            self.meta.put(REGISTRY, &doc)?;
-            reg.doc = doc;
+        // A durable queue is one journal record. Transient ones never are (they vanish at
+        // the next start, and their leftover files are removed as orphans); only the id
+        // ceiling is, in blocks, so ids are never reused.
+        let mut ops = Vec::new();
+        if durable {
+            ops.push(MetaOp::put(queue_key(id), encode_queue_record(&rec)?));
         }
+        let mut ceiling = reg.next_id;
+        if next_free > ceiling {
+            ceiling = if durable {
+                next_free
+            } else {
+                next_free.saturating_add(ID_BLOCK)
+            };
+            ops.push(MetaOp::put(
+                KEY_NEXT_ID.to_vec(),
+                ceiling.to_le_bytes().to_vec(),
+            ));
+        }
+        let done = if ops.is_empty() {
+            Durable::ready()
+        } else {
+            self.journal.append(ops)?
+        };
+        reg.next_id = ceiling;
         reg.next_free = next_free;
         reg.by_name.insert(key, id);
         self.queues
@@ -930,25 +1012,25 @@ impl Inner {
                     delivered: AtomicU64::new(0),
                 }),
             );
-        Ok(id)
+        Ok((id, done))
     }
 
     fn delete_queue(&self, queue: QueueId) -> Result<()> {
+        // The registry lock is held until the files are gone: a queue declared again under
+        // the same name may get the same directory.
         let mut reg = lock(&self.registry);
-        if reg.doc.queues.iter().any(|q| q.id == queue) {
-            let mut doc = reg.doc.clone();
-            doc.queues.retain(|q| q.id != queue);
-            self.meta.put(REGISTRY, &doc)?;
-            reg.doc = doc;
-        } else if self.queue(queue).is_err() {
+        let Ok(q) = self.queue(queue) else {
             return Err(StoreError::NotFound(format!("queue {queue}")));
+        };
+        // The record first, durably: a crash before it leaves the queue whole.
+        self.journal
+            .append(vec![MetaOp::delete(queue_key(queue))])?
+            .wait()?;
+        let key = (q.rec.vhost.clone(), q.rec.name.clone());
+        if reg.by_name.get(&key) == Some(&queue) {
+            reg.by_name.remove(&key);
         }
-        if let Ok(q) = self.queue(queue) {
-            let key = (q.rec.vhost.clone(), q.rec.name.clone());
-            if reg.by_name.get(&key) == Some(&queue) {
-                reg.by_name.remove(&key);
-            }
-        }
+        drop(q);
         // Take it out under the writer lock so no append is half-way into it.
         let q = {
             let _w = self.writer();

@@ -1,0 +1,853 @@
+//! The metadata journal: every change to durable metadata (the store's queue registry,
+//! vhosts, exchanges, queues, bindings) is one record appended to an ordered log,
+//! group-committed with one `fdatasync` for all concurrent appends, and compacted into a
+//! snapshot now and then. No change rewrites a whole document, so a declare or bind
+//! costs O(the change) however many entities exist. The journal is also the unit a
+//! leader will later ship to followers: an ordered log of changes with sequence numbers.
+//!
+//! The model is a key → value map of byte strings. A record holds a batch of operations,
+//! applied atomically (one checksum covers the batch): `Put`, `Delete`, and
+//! `DeletePrefix` (every key starting with a prefix, e.g. all bindings of a deleted
+//! queue).
+//!
+//! On disk, in `meta/`:
+//!
+//! ```text
+//! journal-<20 digits>   records appended since the snapshot at that position
+//! snapshot-<20 digits>  the whole map as of that journal position (written atomically)
+//! ```
+//!
+//! A position is a byte offset over the journal's whole history: `journal-P` holds the
+//! records from position P on, and `snapshot-P` the state at P. A record is
+//! `u32 body length, u32 CRC32C(body), body`; the body is `u64 sequence, u32 op count`,
+//! then per op `u8 kind, u32 key length, key` and, for `Put`, `u32 value length, value`.
+//! A snapshot is a header (`TMSN`, version 1, u64 position, u64 sequence) followed by one
+//! `Put` record per key and an end record (kind `End`, carrying the key count).
+//!
+//! Compaction: once the current journal is larger than [`COMPACT_MIN`] and twice the last
+//! snapshot, the live map is written as `snapshot-P` (temp file, fsync, rename, directory
+//! fsync) at the current end P, `journal-P` is started and the older files are removed,
+//! so the cost is amortised O(1) per change. Recovery takes the newest snapshot, replays
+//! the journals at or after it in order, cuts a torn tail off the last one, and removes
+//! older files; a crash at any step of a compaction leaves either the old snapshot with
+//! its complete journal or the new snapshot.
+//!
+//! Durability: [`MetaJournal::append`] writes the record with `write(2)` (under the
+//! journal lock, so records are in the order callers made their changes) and returns a
+//! [`Durable`] that completes once an `fdatasync` covered it; the journal's flusher
+//! thread serves all waiters with one `fdatasync` per round (group commit), as the
+//! commitlog's does.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::error::{Result, StoreError};
+use crate::file::{parse_offset_name, sync_dir};
+use crate::flush::{Durable, FlushShared};
+
+/// A journal is compacted once it is past this size and twice the last snapshot.
+pub const COMPACT_MIN: u64 = 8 << 20;
+/// The largest record (one batch of operations) the journal accepts.
+pub const MAX_RECORD: usize = 16 << 20;
+
+const SNAP_MAGIC: &[u8; 4] = b"TMSN";
+const KIND_PUT: u8 = 1;
+const KIND_DELETE: u8 = 2;
+const KIND_DELETE_PREFIX: u8 = 3;
+const KIND_END: u8 = 4;
+
+/// One change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaOp {
+    /// Sets `key` to `value`.
+    Put { key: Vec<u8>, value: Vec<u8> },
+    /// Removes `key`.
+    Delete { key: Vec<u8> },
+    /// Removes every key that starts with `prefix`.
+    DeletePrefix { prefix: Vec<u8> },
+}
+
+impl MetaOp {
+    pub fn put(key: Vec<u8>, value: Vec<u8>) -> MetaOp {
+        MetaOp::Put { key, value }
+    }
+    pub fn delete(key: Vec<u8>) -> MetaOp {
+        MetaOp::Delete { key }
+    }
+    pub fn delete_prefix(prefix: Vec<u8>) -> MetaOp {
+        MetaOp::DeletePrefix { prefix }
+    }
+}
+
+/// Builds a key from a namespace tag and length-prefixed parts, so that a prefix made of
+/// the first parts matches exactly the keys that share those parts.
+#[derive(Debug, Clone, Default)]
+pub struct KeyBuilder(Vec<u8>);
+
+impl KeyBuilder {
+    pub fn new(tag: u8) -> KeyBuilder {
+        KeyBuilder(vec![tag])
+    }
+    /// Appends one part (u32 big-endian length, then the bytes).
+    pub fn part(mut self, bytes: &[u8]) -> KeyBuilder {
+        self.0
+            .extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+        self.0.extend_from_slice(bytes);
+        self
+    }
+    /// Appends one raw byte (a kind marker).
+    pub fn byte(mut self, b: u8) -> KeyBuilder {
+        self.0.push(b);
+        self
+    }
+    pub fn build(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+/// Splits a key made by [`KeyBuilder`] (after its tag and `raw` marker bytes) into its
+/// parts; `None` if it is malformed.
+pub fn key_parts(mut rest: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let (len, tail) = rest.split_first_chunk::<4>()?;
+        let len = u32::from_be_bytes(*len) as usize;
+        let (part, tail) = tail.split_at_checked(len)?;
+        out.push(part);
+        rest = tail;
+    }
+    Some(out)
+}
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+struct State {
+    file: Arc<File>,
+    path: PathBuf,
+    /// Journal position where the current file starts (= its snapshot's position).
+    base: u64,
+    /// Journal position of the end of the current file.
+    pos: u64,
+    seq: u64,
+    map: Map,
+    /// Size of the snapshot at `base` (0 when there is none).
+    snapshot_len: u64,
+    failed: bool,
+}
+
+struct Shared {
+    dir: PathBuf,
+    state: Mutex<State>,
+    flush: Arc<FlushShared>,
+}
+
+/// The metadata journal; see the module docs.
+pub struct MetaJournal {
+    shared: Arc<Shared>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for MetaJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaJournal")
+            .field("dir", &self.shared.dir)
+            .finish()
+    }
+}
+
+fn journal_name(pos: u64) -> String {
+    format!("journal-{pos:020}")
+}
+fn snapshot_name(pos: u64) -> String {
+    format!("snapshot-{pos:020}")
+}
+
+fn encode_body(seq: u64, ops: &[MetaOp], out: &mut Vec<u8>) {
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for op in ops {
+        let (kind, key, value) = match op {
+            MetaOp::Put { key, value } => (KIND_PUT, key, Some(value)),
+            MetaOp::Delete { key } => (KIND_DELETE, key, None),
+            MetaOp::DeletePrefix { prefix } => (KIND_DELETE_PREFIX, prefix, None),
+        };
+        out.push(kind);
+        out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        out.extend_from_slice(key);
+        if let Some(v) = value {
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v);
+        }
+    }
+}
+
+fn frame(body: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    out.extend_from_slice(body);
+}
+
+/// What [`decode_record`] found at a position.
+enum Decoded<'a> {
+    Record {
+        len: usize,
+        body: &'a [u8],
+    },
+    /// Not a whole, valid record: the end of what was written.
+    Torn,
+    End,
+}
+
+fn decode_record(buf: &[u8]) -> Decoded<'_> {
+    if buf.is_empty() {
+        return Decoded::End;
+    }
+    let Some((len, rest)) = buf.split_first_chunk::<4>() else {
+        return Decoded::Torn;
+    };
+    let Some((crc, rest)) = rest.split_first_chunk::<4>() else {
+        return Decoded::Torn;
+    };
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > MAX_RECORD {
+        return Decoded::Torn;
+    }
+    let Some(body) = rest.get(..len) else {
+        return Decoded::Torn;
+    };
+    if crc32c::crc32c(body) != u32::from_le_bytes(*crc) || len < 12 {
+        return Decoded::Torn;
+    }
+    Decoded::Record { len: 8 + len, body }
+}
+
+/// Parses a record body into its sequence number and operations (`End` ops are returned
+/// as `None` with their count).
+fn parse_body(body: &[u8]) -> Option<(u64, Vec<MetaOp>, Option<u64>)> {
+    let (seq, rest) = body.split_first_chunk::<8>()?;
+    let (n, mut p) = rest.split_first_chunk::<4>()?;
+    let n = u32::from_le_bytes(*n);
+    let mut ops = Vec::new();
+    let mut end = None;
+    let take = |p: &mut &[u8]| -> Option<Vec<u8>> {
+        let (len, rest) = p.split_first_chunk::<4>()?;
+        let (v, rest) = rest.split_at_checked(u32::from_le_bytes(*len) as usize)?;
+        *p = rest;
+        Some(v.to_vec())
+    };
+    for _ in 0..n {
+        let (&kind, rest) = p.split_first()?;
+        p = rest;
+        match kind {
+            KIND_PUT => {
+                let key = take(&mut p)?;
+                let value = take(&mut p)?;
+                ops.push(MetaOp::Put { key, value });
+            }
+            KIND_DELETE => ops.push(MetaOp::Delete { key: take(&mut p)? }),
+            KIND_DELETE_PREFIX => ops.push(MetaOp::DeletePrefix {
+                prefix: take(&mut p)?,
+            }),
+            KIND_END => {
+                let (count, rest) = p.split_first_chunk::<8>()?;
+                p = rest;
+                end = Some(u64::from_le_bytes(*count));
+            }
+            _ => return None,
+        }
+    }
+    p.is_empty().then_some((u64::from_le_bytes(*seq), ops, end))
+}
+
+fn prefix_range<'a>(
+    map: &'a Map,
+    prefix: &'a [u8],
+) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> + 'a {
+    map.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+        .take_while(move |(k, _)| k.starts_with(prefix))
+}
+
+fn apply(map: &mut Map, ops: Vec<MetaOp>) {
+    for op in ops {
+        match op {
+            MetaOp::Put { key, value } => {
+                map.insert(key, value);
+            }
+            MetaOp::Delete { key } => {
+                map.remove(&key);
+            }
+            MetaOp::DeletePrefix { prefix } => {
+                let keys: Vec<Vec<u8>> =
+                    prefix_range(map, &prefix).map(|(k, _)| k.clone()).collect();
+                for k in keys {
+                    map.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+/// Whether `op` would change `map`.
+fn changes(map: &Map, op: &MetaOp) -> bool {
+    match op {
+        MetaOp::Put { key, value } => map.get(key) != Some(value),
+        MetaOp::Delete { key } => map.contains_key(key),
+        MetaOp::DeletePrefix { prefix } => prefix_range(map, prefix).next().is_some(),
+    }
+}
+
+fn corrupt(path: &Path, offset: u64, reason: &str) -> StoreError {
+    StoreError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason: reason.to_string(),
+    }
+}
+
+/// Reads a snapshot: (sequence, map).
+fn read_snapshot(path: &Path, pos: u64) -> Result<(u64, Map)> {
+    let bytes = std::fs::read(path).map_err(StoreError::at(path))?;
+    let header = bytes
+        .get(..21)
+        .ok_or_else(|| corrupt(path, 0, "short snapshot"))?;
+    if header.get(..4) != Some(SNAP_MAGIC.as_slice()) || header.get(4) != Some(&1) {
+        return Err(corrupt(path, 0, "not a metadata snapshot"));
+    }
+    let at = |r: std::ops::Range<usize>| -> u64 {
+        header
+            .get(r)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .unwrap_or(0)
+    };
+    if at(5..13) != pos {
+        return Err(corrupt(
+            path,
+            5,
+            "snapshot position does not match its name",
+        ));
+    }
+    let seq = at(13..21);
+    let mut map = Map::new();
+    let mut off = 21usize;
+    loop {
+        let rest = bytes.get(off..).unwrap_or(&[]);
+        match decode_record(rest) {
+            Decoded::Record { len, body } => {
+                let (_, ops, end) =
+                    parse_body(body).ok_or_else(|| corrupt(path, off as u64, "bad record"))?;
+                if let Some(count) = end {
+                    if count != map.len() as u64 || off + len != bytes.len() {
+                        return Err(corrupt(path, off as u64, "snapshot key count mismatch"));
+                    }
+                    return Ok((seq, map));
+                }
+                apply(&mut map, ops);
+                off += len;
+            }
+            Decoded::Torn | Decoded::End => {
+                return Err(corrupt(
+                    path,
+                    off as u64,
+                    "snapshot ends without its end record",
+                ))
+            }
+        }
+    }
+}
+
+impl MetaJournal {
+    /// Opens the journal in `dir` (creating it): loads the newest snapshot, replays the
+    /// journal after it, cuts a torn tail, and starts the flusher thread.
+    pub fn open(dir: &Path) -> Result<MetaJournal> {
+        std::fs::create_dir_all(dir).map_err(StoreError::at(dir))?;
+        let mut snaps = Vec::new();
+        let mut journals = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(StoreError::at(dir))? {
+            let entry = entry.map_err(StoreError::at(dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(p) = name.strip_prefix("snapshot-").and_then(parse_offset_name) {
+                snaps.push(p);
+            } else if let Some(p) = name.strip_prefix("journal-").and_then(parse_offset_name) {
+                journals.push(p);
+            }
+        }
+        snaps.sort_unstable();
+        journals.sort_unstable();
+        let base = snaps.last().copied().unwrap_or(0);
+        let (mut seq, mut map, snapshot_len) = match snaps.last() {
+            Some(&p) => {
+                let path = dir.join(snapshot_name(p));
+                let len = std::fs::metadata(&path)
+                    .map_err(StoreError::at(&path))?
+                    .len();
+                let (seq, map) = read_snapshot(&path, p)?;
+                (seq, map, len)
+            }
+            None => (0, Map::new(), 0),
+        };
+        if snaps.is_empty() && journals.first().is_some_and(|&j| j > 0) {
+            return Err(corrupt(
+                dir,
+                0,
+                "metadata journal starts after position 0 but there is no snapshot",
+            ));
+        }
+        // Older generations are superseded by the snapshot.
+        for &p in snaps.iter().filter(|&&p| p < base) {
+            remove(&dir.join(snapshot_name(p)))?;
+        }
+        for &p in journals.iter().filter(|&&p| p < base) {
+            remove(&dir.join(journal_name(p)))?;
+        }
+        let live: Vec<u64> = journals.into_iter().filter(|&p| p >= base).collect();
+        let mut pos = base;
+        let mut cur_base = base;
+        for (i, &p) in live.iter().enumerate() {
+            let path = dir.join(journal_name(p));
+            if p != pos {
+                return Err(corrupt(&path, 0, "gap between metadata journal files"));
+            }
+            cur_base = p;
+            let bytes = std::fs::read(&path).map_err(StoreError::at(&path))?;
+            let mut off = 0usize;
+            let last = i + 1 == live.len();
+            loop {
+                match decode_record(bytes.get(off..).unwrap_or(&[])) {
+                    Decoded::Record { len, body } => {
+                        let (s, ops, end) = parse_body(body)
+                            .ok_or_else(|| corrupt(&path, off as u64, "bad journal record"))?;
+                        if end.is_some() {
+                            return Err(corrupt(&path, off as u64, "end record in a journal"));
+                        }
+                        seq = seq.max(s);
+                        apply(&mut map, ops);
+                        off += len;
+                    }
+                    Decoded::End => break,
+                    Decoded::Torn if last => {
+                        tracing::info!(
+                            path = %path.display(), offset = off, len = bytes.len(),
+                            "metadata journal: cutting a torn tail (never acknowledged)"
+                        );
+                        let f = OpenOptions::new()
+                            .write(true)
+                            .open(&path)
+                            .map_err(StoreError::at(&path))?;
+                        f.set_len(off as u64).map_err(StoreError::at(&path))?;
+                        f.sync_all().map_err(StoreError::at(&path))?;
+                        break;
+                    }
+                    Decoded::Torn => {
+                        return Err(corrupt(
+                            &path,
+                            off as u64,
+                            "damaged record before the last journal",
+                        ))
+                    }
+                }
+            }
+            pos = p + off as u64;
+        }
+        if live.is_empty() {
+            cur_base = base;
+            pos = base;
+        }
+        let path = dir.join(journal_name(cur_base));
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(StoreError::at(&path))?;
+        if live.is_empty() {
+            file.sync_all().map_err(StoreError::at(&path))?;
+            sync_dir(dir)?;
+        }
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            state: Mutex::new(State {
+                file: Arc::new(file),
+                path,
+                base: cur_base,
+                pos,
+                seq,
+                map,
+                snapshot_len,
+                failed: false,
+            }),
+            flush: FlushShared::new(pos),
+        });
+        let s = shared.clone();
+        let flusher = std::thread::Builder::new()
+            .name("meta-flush".into())
+            .spawn(move || s.flusher())
+            .map_err(StoreError::at(dir))?;
+        Ok(MetaJournal {
+            shared,
+            flusher: Mutex::new(Some(flusher)),
+        })
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.shared.lock().map.get(key).cloned()
+    }
+
+    /// Every key starting with `prefix` and its value, in key order.
+    pub fn scan(&self, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let st = self.shared.lock();
+        prefix_range(&st.map, prefix)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.shared.lock().map.len()
+    }
+
+    /// Whether the map is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The journal position after the last record, and the last sequence number.
+    pub fn position(&self) -> (u64, u64) {
+        let st = self.shared.lock();
+        (st.pos, st.seq)
+    }
+
+    /// Appends one record holding `ops` (applied atomically, in order) and returns what to
+    /// wait on for its durability. Operations that change nothing are left out; when none
+    /// is left nothing is written and the result is already durable. Records are in the
+    /// order of the calls: make a change to in-memory state and append its record under
+    /// the same lock, so that the journal's order is the state's.
+    pub fn append(&self, ops: Vec<MetaOp>) -> Result<Durable> {
+        self.shared.flush.check()?;
+        let mut st = self.shared.lock();
+        let ops: Vec<MetaOp> = ops.into_iter().filter(|op| changes(&st.map, op)).collect();
+        if ops.is_empty() {
+            return Ok(Durable::ready());
+        }
+        if st.failed {
+            return Err(StoreError::Fatal("metadata journal failed".into()));
+        }
+        let seq = st.seq + 1;
+        let mut body = Vec::new();
+        encode_body(seq, &ops, &mut body);
+        if body.len() > MAX_RECORD {
+            return Err(StoreError::TooLarge {
+                size: body.len() as u64,
+                max: MAX_RECORD as u64,
+            });
+        }
+        let mut rec = Vec::with_capacity(body.len() + 8);
+        frame(&body, &mut rec);
+        if let Err(e) = (&*st.file).write_all(&rec) {
+            // A short write may have left part of the record: nothing more can be
+            // appended after it safely.
+            st.failed = true;
+            let e = StoreError::io(&st.path, e);
+            self.shared.flush.fail(e.to_string());
+            return Err(e);
+        }
+        st.seq = seq;
+        st.pos += rec.len() as u64;
+        apply(&mut st.map, ops);
+        let end = st.pos;
+        self.shared.flush.appended(end, u64::MAX);
+        if st.pos - st.base > COMPACT_MIN.max(st.snapshot_len.saturating_mul(2)) {
+            if let Err(e) = self.shared.compact(&mut st) {
+                tracing::warn!(error = %e, "metadata journal: compaction failed; will retry");
+            }
+        }
+        drop(st);
+        Ok(Durable::new(end, self.shared.flush.clone()))
+    }
+
+    /// Appends and waits until the record is on disk.
+    pub fn commit(&self, ops: Vec<MetaOp>) -> Result<()> {
+        self.append(ops)?.wait()
+    }
+
+    /// Writes a snapshot now and starts a new journal file after it.
+    pub fn compact(&self) -> Result<()> {
+        let mut st = self.shared.lock();
+        self.shared.compact(&mut st)
+    }
+
+    /// Flushes what is left and stops the flusher.
+    pub fn close(&self) {
+        self.shared.flush.shutdown();
+        if let Some(t) = self
+            .flusher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MetaJournal {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn remove(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::io(path, e)),
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn flusher(&self) {
+        while self.flush.next_target().is_some() {
+            // The file and its end are taken together, so `end` lies in `file` (or in an
+            // older file, which a compaction synced before it switched).
+            let (file, path, end) = {
+                let st = self.lock();
+                (st.file.clone(), st.path.clone(), st.pos)
+            };
+            if let Err(e) = file.sync_data() {
+                let e = StoreError::io(&path, e);
+                tracing::error!(error = %e, "metadata journal: fdatasync failed; no more metadata changes");
+                self.flush.fail(e.to_string());
+                break;
+            }
+            self.flush.complete(end);
+        }
+    }
+
+    /// Writes the map as a snapshot at the current position, starts the journal file at
+    /// that position and removes the older generation. Called under the state lock.
+    fn compact(&self, st: &mut State) -> Result<()> {
+        let pos = st.pos;
+        if pos == st.base {
+            return Ok(());
+        }
+        // Everything in the old file must be durable before it stops being the one the
+        // flusher syncs.
+        st.file.sync_data().map_err(|e| {
+            let e = StoreError::io(&st.path, e);
+            self.flush.fail(e.to_string());
+            st.failed = true;
+            e
+        })?;
+        self.flush.complete(pos);
+        let mut out = Vec::with_capacity(64 + st.map.len() * 64);
+        out.extend_from_slice(SNAP_MAGIC);
+        out.push(1);
+        out.extend_from_slice(&pos.to_le_bytes());
+        out.extend_from_slice(&st.seq.to_le_bytes());
+        let mut body = Vec::new();
+        for (k, v) in &st.map {
+            body.clear();
+            encode_body(
+                st.seq,
+                &[MetaOp::Put {
+                    key: k.clone(),
+                    value: v.clone(),
+                }],
+                &mut body,
+            );
+            frame(&body, &mut out);
+        }
+        body.clear();
+        body.extend_from_slice(&st.seq.to_le_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.push(KIND_END);
+        body.extend_from_slice(&(st.map.len() as u64).to_le_bytes());
+        frame(&body, &mut out);
+        let snap = self.dir.join(snapshot_name(pos));
+        crate::file::write_atomic(&snap, &out)?;
+        let path = self.dir.join(journal_name(pos));
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(StoreError::at(&path))?;
+        file.sync_all().map_err(StoreError::at(&path))?;
+        sync_dir(&self.dir)?;
+        let old_base = st.base;
+        st.file = Arc::new(file);
+        st.path = path;
+        st.base = pos;
+        st.snapshot_len = out.len() as u64;
+        remove(&self.dir.join(journal_name(old_base)))?;
+        remove(&self.dir.join(snapshot_name(old_base)))?;
+        tracing::debug!(
+            position = pos,
+            keys = st.map.len(),
+            bytes = out.len(),
+            "metadata journal compacted"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(s: &str) -> Vec<u8> {
+        s.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn put_delete_prefix_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let j = MetaJournal::open(dir.path()).unwrap();
+            j.commit(vec![
+                MetaOp::put(k("a/1"), k("x")),
+                MetaOp::put(k("a/2"), k("y")),
+            ])
+            .unwrap();
+            j.commit(vec![MetaOp::put(k("b/1"), k("z"))]).unwrap();
+            j.commit(vec![MetaOp::delete_prefix(k("a/"))]).unwrap();
+            assert_eq!(j.scan(b"a/"), vec![]);
+            // a no-op writes nothing
+            let before = j.position();
+            j.commit(vec![MetaOp::delete(k("nope"))]).unwrap();
+            assert_eq!(j.position(), before);
+            j.commit(vec![MetaOp::put(k("a/3"), k("w"))]).unwrap();
+        }
+        let j = MetaJournal::open(dir.path()).unwrap();
+        assert_eq!(j.get(b"b/1"), Some(k("z")));
+        assert_eq!(j.scan(b"a/"), vec![(k("a/3"), k("w"))]);
+        assert_eq!(j.position().1, 4);
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_appends_continue() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let j = MetaJournal::open(dir.path()).unwrap();
+            j.commit(vec![MetaOp::put(k("q1"), k("1"))]).unwrap();
+            j.commit(vec![MetaOp::put(k("q2"), k("2"))]).unwrap();
+        }
+        let path = dir.path().join(journal_name(0));
+        let len = std::fs::metadata(&path).unwrap().len();
+        // every cut inside the second record loses exactly that record
+        let full = std::fs::read(&path).unwrap();
+        let first_len = 8 + u32::from_le_bytes(full[..4].try_into().unwrap()) as u64;
+        for cut in first_len + 1..len {
+            std::fs::write(&path, &full[..cut as usize]).unwrap();
+            let j = MetaJournal::open(dir.path()).unwrap();
+            assert_eq!(j.get(b"q1"), Some(k("1")));
+            assert_eq!(j.get(b"q2"), None, "cut at {cut}");
+            drop(j);
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), first_len);
+        }
+        // a flipped byte in the last record: the same
+        let mut bad = full.clone();
+        let n = bad.len();
+        bad[n - 1] ^= 1;
+        std::fs::write(&path, &bad).unwrap();
+        let j = MetaJournal::open(dir.path()).unwrap();
+        assert_eq!(j.get(b"q2"), None);
+        j.commit(vec![MetaOp::put(k("q3"), k("3"))]).unwrap();
+        drop(j);
+        let j = MetaJournal::open(dir.path()).unwrap();
+        assert_eq!(j.get(b"q1"), Some(k("1")));
+        assert_eq!(j.get(b"q3"), Some(k("3")));
+    }
+
+    #[test]
+    fn compaction_keeps_state_and_survives_every_crash_point() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = MetaJournal::open(dir.path()).unwrap();
+        for i in 0..100 {
+            j.commit(vec![MetaOp::put(k(&format!("k{i:03}")), vec![i as u8; 10])])
+                .unwrap();
+        }
+        for i in 0..50 {
+            j.commit(vec![MetaOp::delete(k(&format!("k{i:03}")))])
+                .unwrap();
+        }
+        let before_compact: Vec<_> = j.scan(b"");
+        let old_journal = std::fs::read(dir.path().join(journal_name(0))).unwrap();
+        j.compact().unwrap();
+        let (pos, _) = j.position();
+        j.commit(vec![MetaOp::put(k("after"), k("1"))]).unwrap();
+        drop(j);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.contains(&snapshot_name(pos)), "{names:?}");
+        assert!(!names.contains(&journal_name(0)), "{names:?}");
+        let j = MetaJournal::open(dir.path()).unwrap();
+        assert_eq!(j.len(), 51);
+        assert_eq!(j.get(b"after"), Some(k("1")));
+        drop(j);
+
+        // crash after the snapshot's rename, before the new journal existed: the old
+        // journal is still there and must be ignored, the snapshot wins
+        std::fs::remove_file(dir.path().join(journal_name(pos))).unwrap();
+        std::fs::write(dir.path().join(journal_name(0)), &old_journal).unwrap();
+        let j = MetaJournal::open(dir.path()).unwrap();
+        assert_eq!(j.scan(b""), before_compact);
+        drop(j);
+        assert!(!dir.path().join(journal_name(0)).exists());
+
+        // crash before the rename: only a temp file, the old generation is complete
+        let dir2 = tempfile::tempdir().unwrap();
+        std::fs::write(dir2.path().join(journal_name(0)), &old_journal).unwrap();
+        std::fs::write(
+            dir2.path().join(format!("{}.tmp", snapshot_name(pos))),
+            b"half",
+        )
+        .unwrap();
+        let j = MetaJournal::open(dir2.path()).unwrap();
+        assert_eq!(j.scan(b""), before_compact);
+    }
+
+    #[test]
+    fn group_commit_from_many_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Arc::new(MetaJournal::open(dir.path()).unwrap());
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let j = j.clone();
+                std::thread::spawn(move || {
+                    for i in 0..50 {
+                        j.commit(vec![MetaOp::put(k(&format!("t{t}/{i}")), k("v"))])
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(j.len(), 400);
+        drop(j);
+        assert_eq!(MetaJournal::open(dir.path()).unwrap().len(), 400);
+    }
+
+    #[test]
+    fn key_builder_parts_round_trip_and_prefixes_are_exact() {
+        let a = KeyBuilder::new(b'B').part(b"/").part(b"q1").build();
+        let b = KeyBuilder::new(b'B').part(b"/").part(b"q10").build();
+        let p = KeyBuilder::new(b'B').part(b"/").part(b"q1").build();
+        assert!(a.starts_with(&p));
+        assert!(!b.starts_with(&p));
+        assert_eq!(key_parts(&a[1..]).unwrap(), vec![b"/".as_slice(), b"q1"]);
+        assert!(key_parts(&a[1..a.len() - 1]).is_none());
+    }
+}
