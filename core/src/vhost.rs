@@ -275,6 +275,9 @@ pub struct Vhost {
     /// `max_queues_per_vhost`; 0 = unlimited.
     max_queues: usize,
     me: Weak<Vhost>,
+    /// Exclusive queues by owning connection, so a closing connection finds its own
+    /// without a scan of every queue. Guarded after `queues` in the lock order.
+    exclusive: std::sync::Mutex<HashMap<ConnectionId, Vec<Arc<Queue>>>>,
 }
 
 impl std::fmt::Debug for Vhost {
@@ -321,6 +324,7 @@ impl Vhost {
             max_message_size,
             max_queues,
             me: me.clone(),
+            exclusive: Default::default(),
         });
         let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
         {
@@ -418,6 +422,9 @@ impl Vhost {
     }
     fn queues_mut(&self) -> RwLockWriteGuard<'_, QueueMap> {
         self.queues.write().unwrap_or_else(|e| e.into_inner())
+    }
+    fn exclusive_mut(&self) -> std::sync::MutexGuard<'_, HashMap<ConnectionId, Vec<Arc<Queue>>>> {
+        self.exclusive.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Appends `ops` to the metadata journal (call under the lock that guards the change).
@@ -596,17 +603,37 @@ impl Vhost {
         self.queues_read().keys().cloned().collect()
     }
 
-    /// `queue.declare`.
+    /// `queue.declare`; returns once the declaration is on disk.
     pub fn declare_queue(&self, d: QueueDeclare) -> Result<QueueDeclareOk, CoreError> {
+        let (ok, done) = self.declare_queue_deferred(d)?;
+        Self::durable(done)?;
+        Ok(ok)
+    }
+
+    /// Everything journaled so far is durable once this completes: what a reply about an
+    /// entity that already exists waits for (its record may still be in flight).
+    fn journaled_so_far(&self) -> Durable {
+        self.store.journal().durable_end()
+    }
+
+    /// `queue.declare` without blocking on the disk: the reply may be sent once the
+    /// returned [`Durable`] completes (an async caller awaits it).
+    pub fn declare_queue_deferred(
+        &self,
+        d: QueueDeclare,
+    ) -> Result<(QueueDeclareOk, Durable), CoreError> {
         if d.passive {
             let name = d.name;
             let q = self.queue_for(&name, d.conn)?;
             q.touch();
-            return Ok(QueueDeclareOk {
-                name,
-                message_count: q.message_count(),
-                consumer_count: q.consumer_count(),
-            });
+            return Ok((
+                QueueDeclareOk {
+                    name,
+                    message_count: q.message_count(),
+                    consumer_count: q.consumer_count(),
+                },
+                self.journaled_so_far(),
+            ));
         }
         let name = if d.name.is_empty() {
             format!("amq.gen-{}", random_suffix())
@@ -631,11 +658,14 @@ impl Vhost {
             self.check_exclusive(&q, d.conn)?;
             self.check_equivalent(&q, &d)?;
             q.touch();
-            return Ok(QueueDeclareOk {
-                name,
-                message_count: q.message_count(),
-                consumer_count: q.consumer_count(),
-            });
+            return Ok((
+                QueueDeclareOk {
+                    name,
+                    message_count: q.message_count(),
+                    consumer_count: q.consumer_count(),
+                },
+                self.journaled_so_far(),
+            ));
         }
         // RabbitMQ accepts a dead-letter exchange that does not exist (yet)
         let args = QueueArgs::parse(&d.arguments)?;
@@ -648,11 +678,14 @@ impl Vhost {
                 let q = q.clone();
                 drop(queues);
                 self.check_exclusive(&q, d.conn)?;
-                return Ok(QueueDeclareOk {
-                    name,
-                    message_count: q.message_count(),
-                    consumer_count: q.consumer_count(),
-                });
+                return Ok((
+                    QueueDeclareOk {
+                        name,
+                        message_count: q.message_count(),
+                        consumer_count: q.consumer_count(),
+                    },
+                    self.journaled_so_far(),
+                ));
             }
             if self.max_queues > 0 && queues.len() >= self.max_queues {
                 tracing::info!(vhost = %self.name, queue = %name, max = self.max_queues, "queue limit reached");
@@ -691,15 +724,23 @@ impl Vhost {
                 self.store.clone(),
                 self.me.clone(),
             )?;
+            if d.exclusive {
+                self.exclusive_mut()
+                    .entry(d.conn)
+                    .or_default()
+                    .push(q.clone());
+            }
             queues.insert(name.clone(), q);
             done
         };
-        Self::durable(done)?;
-        Ok(QueueDeclareOk {
-            name,
-            message_count: 0,
-            consumer_count: 0,
-        })
+        Ok((
+            QueueDeclareOk {
+                name,
+                message_count: 0,
+                consumer_count: 0,
+            },
+            done,
+        ))
     }
 
     fn check_equivalent(&self, q: &Queue, d: &QueueDeclare) -> Result<(), CoreError> {
@@ -757,7 +798,7 @@ impl Vhost {
         Ok(())
     }
 
-    /// `queue.bind`.
+    /// `queue.bind`; returns once the binding is on disk.
     pub fn bind_queue(
         &self,
         queue: &str,
@@ -766,6 +807,19 @@ impl Vhost {
         args: &FieldTable,
         conn: ConnectionId,
     ) -> Result<(), CoreError> {
+        let done = self.bind_queue_deferred(queue, exchange, key, args, conn)?;
+        Self::durable(done)
+    }
+
+    /// `queue.bind` without blocking on the disk: reply once the result completes.
+    pub fn bind_queue_deferred(
+        &self,
+        queue: &str,
+        exchange: &str,
+        key: &str,
+        args: &FieldTable,
+        conn: ConnectionId,
+    ) -> Result<Durable, CoreError> {
         let q = self.queue_for(queue, conn)?;
         let done = {
             let mut topo = self.topology_mut();
@@ -779,11 +833,11 @@ impl Vhost {
                 let k = binding_key(&self.name, exchange, &dest, key, args);
                 self.journal(vec![MetaOp::put(k, Vec::new())])?
             } else {
-                Durable::ready()
+                self.journaled_so_far()
             }
         };
         drop(q);
-        Self::durable(done)
+        Ok(done)
     }
 
     /// `queue.unbind`.
@@ -847,6 +901,15 @@ impl Vhost {
                 }
                 _ => return 0,
             }
+            if let Some(owner) = q.exclusive_owner() {
+                let mut ex = self.exclusive_mut();
+                if let Some(list) = ex.get_mut(&owner) {
+                    list.retain(|o| !Arc::ptr_eq(o, q));
+                    if list.is_empty() {
+                        ex.remove(&owner);
+                    }
+                }
+            }
             let dest = Destination::queue(q.name());
             let deleted = topo.remove_destination(&dest);
             let mut ops = Vec::new();
@@ -880,12 +943,7 @@ impl Vhost {
 
     /// Deletes the exclusive queues of a closed connection.
     pub(crate) fn connection_closed(&self, conn: ConnectionId) {
-        let owned: Vec<Arc<Queue>> = self
-            .queues_read()
-            .values()
-            .filter(|q| q.exclusive_owner() == Some(conn))
-            .cloned()
-            .collect();
+        let owned = self.exclusive_mut().remove(&conn).unwrap_or_default();
         for q in owned {
             self.remove_queue(&q);
         }

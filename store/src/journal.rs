@@ -570,6 +570,15 @@ impl MetaJournal {
         Ok(Durable::new(end, self.shared.flush.clone()))
     }
 
+    /// Completes once every record appended so far is on disk.
+    pub fn durable_end(&self) -> Durable {
+        let end = self.shared.lock().pos;
+        if self.shared.flush.flushed() >= end {
+            return Durable::ready();
+        }
+        Durable::new(end, self.shared.flush.clone())
+    }
+
     /// Appends and waits until the record is on disk.
     pub fn commit(&self, ops: Vec<MetaOp>) -> Result<()> {
         self.append(ops)?.wait()

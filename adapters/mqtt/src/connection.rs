@@ -253,7 +253,14 @@ where
         conn,
     );
     let (session_present, session) = match setup {
-        Ok(s) => s,
+        Ok((present, session, durable)) => match durable.await {
+            Ok(()) => (present, session),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot store the MQTT session");
+                refuse(&mut stream, UNAVAILABLE).await?;
+                return Ok(());
+            }
+        },
         Err(e) => {
             tracing::warn!(error = %e, "cannot open the MQTT session");
             refuse(&mut stream, UNAVAILABLE).await?;
@@ -430,7 +437,7 @@ fn open_session(
     qname: &str,
     connect: &Connect,
     conn: ConnectionId,
-) -> Result<(bool, Session<Target>), MqttError> {
+) -> Result<(bool, Session<Target>, Durable), MqttError> {
     let vhost = &vs.vhost;
     let existing = vhost.queue(qname);
     if connect.clean_session {
@@ -440,27 +447,33 @@ fn open_session(
         }
         vs.sessions.remove(client_id);
         state.take_carry(vhost_name, client_id);
-        vhost.declare_queue(QueueDeclare {
+        let (_, durable) = vhost.declare_queue_deferred(QueueDeclare {
             name: qname.to_string(),
             exclusive: true,
             conn,
             ..Default::default()
         })?;
-        Ok((false, Session::default()))
+        Ok((false, Session::default(), durable))
     } else {
         if existing.as_ref().is_some_and(|q| !q.durable()) {
             vhost.delete_queue(qname, false, false, conn)?;
         }
         let stored = vs.sessions.get(client_id);
         let present = existing.is_some_and(|q| q.durable()) || stored.is_some();
-        vhost.declare_queue(QueueDeclare {
+        // CONNACK waits for the session queue's record (the task awaits, the worker
+        // thread does not block), so concurrent connects share one journal flush
+        let (_, durable) = vhost.declare_queue_deferred(QueueDeclare {
             name: qname.to_string(),
             durable: true,
             conn,
             ..Default::default()
         })?;
         let carry = state.take_carry(vhost_name, client_id);
-        Ok((present, Session::resume(stored.unwrap_or_default(), carry)))
+        Ok((
+            present,
+            Session::resume(stored.unwrap_or_default(), carry),
+            durable,
+        ))
     }
 }
 
@@ -778,6 +791,7 @@ impl Conn {
     fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), MqttError> {
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut retained = Vec::new();
+        let mut bound = None;
         for (filter, requested) in s.filters {
             if !valid_filter(&filter) {
                 codes.push(0x80);
@@ -799,16 +813,20 @@ impl Conn {
                 codes.push(0x80);
                 continue;
             }
-            if let Err(e) = self.vhost.bind_queue(
+            match self.vhost.bind_queue_deferred(
                 &self.qname,
                 "amq.topic",
                 &key,
                 &FieldTable::default(),
                 self.conn,
             ) {
-                tracing::debug!(filter, error = %e, "subscription refused");
-                codes.push(0x80);
-                continue;
+                // the journal is ordered: the last binding's record covers the others
+                Ok(durable) => bound = Some(durable),
+                Err(e) => {
+                    tracing::debug!(filter, error = %e, "subscription refused");
+                    codes.push(0x80);
+                    continue;
+                }
             }
             let granted = requested.min(2);
             self.session.subs.insert(filter.clone(), granted);
@@ -836,7 +854,8 @@ impl Conn {
                 self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let durables = self.save_session()?;
+        let mut durables = self.save_session()?;
+        durables.extend(bound);
         let mut packets = vec![Packet::SubAck(SubAck {
             pkid: s.pkid,
             codes,
