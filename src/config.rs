@@ -211,6 +211,9 @@ pub struct StoreSection {
     pub flush_interval: HumanDuration,
     pub flush_dirty_bytes: ByteSize,
     pub checkpoint_interval: HumanDuration,
+    /// The metadata journal is compacted into a snapshot once it is past this size (and
+    /// twice the last snapshot).
+    pub metadata_compact_size: ByteSize,
 }
 
 impl Default for StoreSection {
@@ -222,6 +225,7 @@ impl Default for StoreSection {
             flush_interval: HumanDuration::millis(200),
             flush_dirty_bytes: ByteSize::mib(16),
             checkpoint_interval: HumanDuration::secs(1),
+            metadata_compact_size: ByteSize::mib(8),
         }
     }
 }
@@ -393,6 +397,13 @@ impl Config {
                     "must be above zero",
                 ));
             }
+        }
+        if s.metadata_compact_size.bytes() < 4096 {
+            return Err(invalid(
+                "store.metadata_compact_size",
+                s.metadata_compact_size,
+                "must be at least 4 KiB",
+            ));
         }
         if s.checkpoint_interval.get().is_zero() {
             return Err(invalid(
@@ -702,6 +713,7 @@ impl Config {
             },
         };
         cfg.checkpoint_interval = s.checkpoint_interval.get();
+        cfg.meta_compact_bytes = s.metadata_compact_size.bytes();
         cfg.repair = repair;
         cfg
     }

@@ -24,8 +24,8 @@
 //! A snapshot is a header (`TMSN`, version 1, u64 position, u64 sequence) followed by one
 //! `Put` record per key and an end record (kind `End`, carrying the key count).
 //!
-//! Compaction: once the current journal is larger than [`COMPACT_MIN`] and twice the last
-//! snapshot, the live map is written as `snapshot-P` (temp file, fsync, rename, directory
+//! Compaction: once the current journal is larger than a threshold (`[store]
+//! metadata_compact_size`, default [`COMPACT_MIN`]) and twice the last snapshot, the live map is written as `snapshot-P` (temp file, fsync, rename, directory
 //! fsync) at the current end P, `journal-P` is started and the older files are removed,
 //! so the cost is amortised O(1) per change. Recovery takes the newest snapshot, replays
 //! the journals at or after it in order, cuts a torn tail off the last one, and removes
@@ -137,6 +137,8 @@ struct State {
     map: Map,
     /// Size of the snapshot at `base` (0 when there is none).
     snapshot_len: u64,
+    /// Compact once the current file is past this size (and twice the snapshot).
+    compact_min: u64,
     failed: bool,
 }
 
@@ -364,7 +366,7 @@ fn read_snapshot(path: &Path, pos: u64) -> Result<(u64, Map)> {
 impl MetaJournal {
     /// Opens the journal in `dir` (creating it): loads the newest snapshot, replays the
     /// journal after it, cuts a torn tail, and starts the flusher thread.
-    pub fn open(dir: &Path) -> Result<MetaJournal> {
+    pub fn open(dir: &Path, compact_min: u64) -> Result<MetaJournal> {
         std::fs::create_dir_all(dir).map_err(StoreError::at(dir))?;
         let mut snaps = Vec::new();
         let mut journals = Vec::new();
@@ -478,6 +480,7 @@ impl MetaJournal {
                 seq,
                 map,
                 snapshot_len,
+                compact_min,
                 failed: false,
             }),
             flush: FlushShared::new(pos),
@@ -561,7 +564,7 @@ impl MetaJournal {
         apply(&mut st.map, ops);
         let end = st.pos;
         self.shared.flush.appended(end, u64::MAX);
-        if st.pos - st.base > COMPACT_MIN.max(st.snapshot_len.saturating_mul(2)) {
+        if st.pos - st.base > st.compact_min.max(st.snapshot_len.saturating_mul(2)) {
             if let Err(e) = self.shared.compact(&mut st) {
                 tracing::warn!(error = %e, "metadata journal: compaction failed; will retry");
             }
@@ -720,7 +723,7 @@ mod tests {
     fn put_delete_prefix_and_reopen() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let j = MetaJournal::open(dir.path()).unwrap();
+            let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
             j.commit(vec![
                 MetaOp::put(k("a/1"), k("x")),
                 MetaOp::put(k("a/2"), k("y")),
@@ -735,7 +738,7 @@ mod tests {
             assert_eq!(j.position(), before);
             j.commit(vec![MetaOp::put(k("a/3"), k("w"))]).unwrap();
         }
-        let j = MetaJournal::open(dir.path()).unwrap();
+        let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
         assert_eq!(j.get(b"b/1"), Some(k("z")));
         assert_eq!(j.scan(b"a/"), vec![(k("a/3"), k("w"))]);
         assert_eq!(j.position().1, 4);
@@ -745,7 +748,7 @@ mod tests {
     fn torn_tail_is_cut_and_appends_continue() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let j = MetaJournal::open(dir.path()).unwrap();
+            let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
             j.commit(vec![MetaOp::put(k("q1"), k("1"))]).unwrap();
             j.commit(vec![MetaOp::put(k("q2"), k("2"))]).unwrap();
         }
@@ -756,7 +759,7 @@ mod tests {
         let first_len = 8 + u32::from_le_bytes(full[..4].try_into().unwrap()) as u64;
         for cut in first_len + 1..len {
             std::fs::write(&path, &full[..cut as usize]).unwrap();
-            let j = MetaJournal::open(dir.path()).unwrap();
+            let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
             assert_eq!(j.get(b"q1"), Some(k("1")));
             assert_eq!(j.get(b"q2"), None, "cut at {cut}");
             drop(j);
@@ -767,11 +770,11 @@ mod tests {
         let n = bad.len();
         bad[n - 1] ^= 1;
         std::fs::write(&path, &bad).unwrap();
-        let j = MetaJournal::open(dir.path()).unwrap();
+        let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
         assert_eq!(j.get(b"q2"), None);
         j.commit(vec![MetaOp::put(k("q3"), k("3"))]).unwrap();
         drop(j);
-        let j = MetaJournal::open(dir.path()).unwrap();
+        let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
         assert_eq!(j.get(b"q1"), Some(k("1")));
         assert_eq!(j.get(b"q3"), Some(k("3")));
     }
@@ -779,7 +782,7 @@ mod tests {
     #[test]
     fn compaction_keeps_state_and_survives_every_crash_point() {
         let dir = tempfile::tempdir().unwrap();
-        let j = MetaJournal::open(dir.path()).unwrap();
+        let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
         for i in 0..100 {
             j.commit(vec![MetaOp::put(k(&format!("k{i:03}")), vec![i as u8; 10])])
                 .unwrap();
@@ -800,7 +803,7 @@ mod tests {
             .collect();
         assert!(names.contains(&snapshot_name(pos)), "{names:?}");
         assert!(!names.contains(&journal_name(0)), "{names:?}");
-        let j = MetaJournal::open(dir.path()).unwrap();
+        let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
         assert_eq!(j.len(), 51);
         assert_eq!(j.get(b"after"), Some(k("1")));
         drop(j);
@@ -809,7 +812,7 @@ mod tests {
         // journal is still there and must be ignored, the snapshot wins
         std::fs::remove_file(dir.path().join(journal_name(pos))).unwrap();
         std::fs::write(dir.path().join(journal_name(0)), &old_journal).unwrap();
-        let j = MetaJournal::open(dir.path()).unwrap();
+        let j = MetaJournal::open(dir.path(), COMPACT_MIN).unwrap();
         assert_eq!(j.scan(b""), before_compact);
         drop(j);
         assert!(!dir.path().join(journal_name(0)).exists());
@@ -822,14 +825,14 @@ mod tests {
             b"half",
         )
         .unwrap();
-        let j = MetaJournal::open(dir2.path()).unwrap();
+        let j = MetaJournal::open(dir2.path(), COMPACT_MIN).unwrap();
         assert_eq!(j.scan(b""), before_compact);
     }
 
     #[test]
     fn group_commit_from_many_threads() {
         let dir = tempfile::tempdir().unwrap();
-        let j = Arc::new(MetaJournal::open(dir.path()).unwrap());
+        let j = Arc::new(MetaJournal::open(dir.path(), COMPACT_MIN).unwrap());
         let threads: Vec<_> = (0..8)
             .map(|t| {
                 let j = j.clone();
@@ -846,7 +849,10 @@ mod tests {
         }
         assert_eq!(j.len(), 400);
         drop(j);
-        assert_eq!(MetaJournal::open(dir.path()).unwrap().len(), 400);
+        assert_eq!(
+            MetaJournal::open(dir.path(), COMPACT_MIN).unwrap().len(),
+            400
+        );
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub struct StoreConfig {
     pub retention_interval: Duration,
     /// Cut the log at corruption inside a sealed segment instead of refusing to start.
     pub repair: bool,
+    /// The metadata journal is compacted once past this size and twice its last snapshot
+    /// (default [`crate::journal::COMPACT_MIN`]).
+    pub meta_compact_bytes: u64,
 }
 
 impl StoreConfig {
@@ -76,6 +79,7 @@ impl StoreConfig {
             checkpoint_interval: Duration::from_secs(1),
             retention_interval: Duration::from_secs(10),
             repair: false,
+            meta_compact_bytes: crate::journal::COMPACT_MIN,
         }
     }
 }
@@ -311,7 +315,7 @@ impl Store {
         let unclean = abort_path.exists();
 
         let meta = MetaStore::open(&dir.join("meta"))?;
-        let journal = MetaJournal::open(&dir.join("meta"))?;
+        let journal = MetaJournal::open(&dir.join("meta"), cfg.meta_compact_bytes)?;
         let log = CommitLog::open(&dir.join("commitlog"), cfg.segment_size)?;
         let index = IndexService::open(&dir.join("index"), cfg.index)?;
         let (ckpt_offset, snapshot) = read_checkpoint(&dir.join("checkpoint"), cfg.repair)?;

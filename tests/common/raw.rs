@@ -334,6 +334,8 @@ impl MqttPacket {
 pub struct MqttClient {
     pub stream: TcpStream,
     buf: Vec<u8>,
+    /// CONNACK's session-present flag.
+    pub session_present: bool,
 }
 
 impl MqttClient {
@@ -348,6 +350,7 @@ impl MqttClient {
         let mut c = MqttClient {
             stream,
             buf: Vec::new(),
+            session_present: false,
         };
         c.stream
             .write_all(&mqtt_connect_packet(client_id, clean_session))?;
@@ -355,6 +358,7 @@ impl MqttClient {
         if p.kind() != 2 || p.body.get(1) != Some(&0) {
             return Err(invalid(format!("expected CONNACK 0, got {p:?}")));
         }
+        c.session_present = p.body.first().is_some_and(|f| f & 1 == 1);
         Ok(c)
     }
 
