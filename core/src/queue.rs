@@ -13,6 +13,7 @@
 //! persistent (41).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -306,6 +307,10 @@ pub struct Queue {
     vhost: Weak<Vhost>,
     me: Weak<Queue>,
     state: Mutex<State>,
+    /// Set (for good) once the queue held a message with its own TTL or throttled its
+    /// publishers: only then, or with `x-message-ttl` / `x-expires`, does the periodic
+    /// tick have work here, so the tick skips the many queues that never need it.
+    tick_wanted: AtomicBool,
 }
 
 impl std::fmt::Debug for Queue {
@@ -461,6 +466,7 @@ impl Queue {
             vhost,
             me: me.clone(),
             state: Mutex::new(state),
+            tick_wanted: AtomicBool::new(false),
         }))
     }
 
@@ -561,6 +567,7 @@ impl Queue {
                     .store
                     .may_have_been_delivered(self.id, off)
                     .unwrap_or(false);
+            self.note_tag(e.tag_hash);
             st.ready.insert(
                 (255 - self.priority_of(e.tag_hash), off),
                 Entry {
@@ -607,6 +614,7 @@ impl Queue {
             st.cq_next = st.cq_next.max(offset + 1);
             if st.loaded_upto == offset && st.ready.len() < self.window {
                 st.loaded_upto += 1;
+                self.note_tag(tag);
                 st.ready.insert(
                     (255 - self.priority_of(tag), offset),
                     Entry {
@@ -624,6 +632,7 @@ impl Queue {
                 && !st.consumers.is_empty()
             {
                 st.throttled = true;
+                self.tick_wanted.store(true, Ordering::Relaxed);
             }
             wait =
                 st.throttled && publisher.is_some_and(|p| st.consumers.iter().all(|c| c.conn != p));
@@ -810,6 +819,7 @@ impl Queue {
             if !c.outbox.push(OutEvent::Deliver(delivery)) {
                 // filled up since pick_consumer looked: put it back, wait for room
                 c.outbox.wait_for_room(&me);
+                self.note_tag(e.tag);
                 st.ready.insert(key, e);
                 st.ready_count += 1;
                 st.ready_bytes += tag_len(e.tag);
@@ -1072,6 +1082,7 @@ impl Queue {
                     e.redelivered = true;
                     st.ready_count += 1;
                     st.ready_bytes += tag_len(e.tag);
+                    self.note_tag(e.tag);
                     st.ready.insert((255 - self.priority_of(e.tag), *off), e);
                 } else {
                     self.drop_entry(*off, u.entry, "rejected", &mut after);
@@ -1178,6 +1189,20 @@ impl Queue {
 
     /// Periodic work: expire messages at the head (TTL) and report whether the queue has
     /// been unused past `x-expires`.
+    /// Whether [`Queue::tick`] may have anything to do.
+    pub(crate) fn needs_tick(&self) -> bool {
+        self.args.message_ttl.is_some()
+            || self.args.expires.is_some()
+            || self.tick_wanted.load(Ordering::Relaxed)
+    }
+
+    /// Notes an entry going into the ready set (TTL messages make the tick needed).
+    fn note_tag(&self, tag: u64) {
+        if tag & TAG_HAS_TTL != 0 && !self.tick_wanted.load(Ordering::Relaxed) {
+            self.tick_wanted.store(true, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn tick(&self) -> bool {
         let mut after = After::default();
         let expired;

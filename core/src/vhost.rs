@@ -951,7 +951,12 @@ impl Vhost {
 
     /// Periodic work for every queue: TTL expiry and `x-expires`.
     pub(crate) fn tick(&self) {
-        let queues: Vec<Arc<Queue>> = self.queues_read().values().cloned().collect();
+        let queues: Vec<Arc<Queue>> = self
+            .queues_read()
+            .values()
+            .filter(|q| q.needs_tick())
+            .cloned()
+            .collect();
         for q in queues {
             if q.tick() {
                 self.remove_queue(&q);
