@@ -7,13 +7,15 @@
 //! lock                      flock held while a broker runs on this directory
 //! abort                     exists while running: found at start = unclean shutdown
 //! checkpoint                commitlog offset below which consume queues, index and the
-//!                           ack snapshot are flushed, plus every durable queue's ack state
+//!                           ack states are flushed (earlier versions also kept every
+//!                           durable queue's ack state here; read once, then journaled)
 //! commitlog/<20 digits>     segments
 //! consumequeue/<vhost>/<queue>/<20 digits>
 //! index/<20 digits>
 //! meta/journal-*, snapshot-*  the metadata journal (see [`crate::journal`]); the store's
 //!                           queue registry is its `Q` (queue id → record) and `N` (id
-//!                           ceiling) keys
+//!                           ceiling) keys, and each durable queue's ack state as of the
+//!                           checkpoint its `A` key, journaled only when it changed
 //! ```
 //!
 //! Appends, acks and queue offsets are serialised by one writer lock whose critical
@@ -204,6 +206,23 @@ fn load_registry(journal: &MetaJournal, meta: &MetaStore) -> Result<Registry> {
     Ok(Registry { next_id, queues })
 }
 
+/// Journal key tag of a durable queue's ack state as of the last checkpoint (`A` +
+/// big-endian id); the value is `u64 delivered` then the encoded [`AckState`].
+const TAG_ACK: u8 = b'A';
+/// Ack states are journaled in records of about this size at most.
+const ACK_RECORD_BYTES: usize = 4 << 20;
+
+fn ack_key(id: QueueId) -> Vec<u8> {
+    let mut k = vec![TAG_ACK];
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+fn decode_ack_value(v: &[u8]) -> Option<(u64, AckState)> {
+    let (delivered, ack) = v.split_first_chunk::<8>()?;
+    Some((u64::from_le_bytes(*delivered), AckState::decode(ack).ok()?))
+}
+
 fn encode_queue_record(q: &QueueRecord) -> Result<Vec<u8>> {
     serde_json::to_vec(q).map_err(|e| StoreError::Invalid(format!("queue record: {e}")))
 }
@@ -225,6 +244,8 @@ struct QueueState {
     /// One past the highest entry ever handed to a consumer (or, after a crash, every
     /// entry the queue had).
     delivered: AtomicU64,
+    /// Its ack state or `delivered` changed since the last checkpoint journaled them.
+    dirty: AtomicBool,
 }
 
 impl QueueState {
@@ -318,7 +339,26 @@ impl Store {
         let journal = MetaJournal::open(&dir.join("meta"), cfg.meta_compact_bytes)?;
         let log = CommitLog::open(&dir.join("commitlog"), cfg.segment_size)?;
         let index = IndexService::open(&dir.join("index"), cfg.index)?;
-        let (ckpt_offset, snapshot) = read_checkpoint(&dir.join("checkpoint"), cfg.repair)?;
+        let (ckpt_offset, mut snapshot) = read_checkpoint(&dir.join("checkpoint"), cfg.repair)?;
+        let legacy_snapshot = !snapshot.is_empty();
+        for (k, v) in journal.scan(&[TAG_ACK]) {
+            let id = k
+                .get(1..5)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_be_bytes);
+            match (id, decode_ack_value(&v)) {
+                (Some(id), Some(state)) => {
+                    snapshot.insert(id, state);
+                }
+                _ => {
+                    return Err(StoreError::Corrupt {
+                        path: dir.join("meta"),
+                        offset: 0,
+                        reason: format!("bad ack state record {k:?}"),
+                    })
+                }
+            }
+        }
 
         // Queues: transient ones vanish at every start, unknown directories are leftovers.
         // Transient queues are never in the registry; their leftover directories are
@@ -350,6 +390,9 @@ impl Store {
                     cq,
                     ack: Mutex::new(ack),
                     delivered: AtomicU64::new(delivered),
+                    // an earlier version's checkpoint held every queue's ack state: the
+                    // first checkpoint moves them into the journal
+                    dirty: AtomicBool::new(legacy_snapshot),
                 }),
             );
         }
@@ -381,6 +424,8 @@ impl Store {
                         for (s, e) in view.ranges() {
                             a.ack_range(s, e);
                         }
+                        // the next checkpoint moves past this record: journal the state
+                        q.dirty.store(true, Ordering::Relaxed);
                     }
                 }
                 _ => {}
@@ -391,6 +436,7 @@ impl Store {
             q.cq.truncate_commit_from(recovered.end)?;
             if unclean {
                 q.delivered.store(q.cq.next_offset(), Ordering::Relaxed);
+                q.dirty.store(true, Ordering::Relaxed);
             }
         }
         if unclean || recovered.truncated {
@@ -589,10 +635,10 @@ impl Store {
 
     /// Notes that entry `logical` was handed to a consumer.
     pub fn mark_delivered(&self, queue: QueueId, logical: u64) -> Result<()> {
-        self.inner
-            .queue(queue)?
-            .delivered
-            .fetch_max(logical + 1, Ordering::Relaxed);
+        let q = self.inner.queue(queue)?;
+        if q.delivered.fetch_max(logical + 1, Ordering::Relaxed) <= logical {
+            q.dirty.store(true, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -948,6 +994,7 @@ impl Inner {
                 a.ack_range(*s, *e);
             }
         }
+        q.dirty.store(true, Ordering::Relaxed);
         let end = w.pos();
         drop(w);
         Ok(self.after_append(end))
@@ -1014,6 +1061,7 @@ impl Inner {
                     cq,
                     ack: Mutex::new(AckState::new(0)),
                     delivered: AtomicU64::new(0),
+                    dirty: AtomicBool::new(false),
                 }),
             );
         Ok((id, done))
@@ -1028,7 +1076,10 @@ impl Inner {
         };
         // The record first, durably: a crash before it leaves the queue whole.
         self.journal
-            .append(vec![MetaOp::delete(queue_key(queue))])?
+            .append(vec![
+                MetaOp::delete(queue_key(queue)),
+                MetaOp::delete(ack_key(queue)),
+            ])?
             .wait()?;
         let key = (q.rec.vhost.clone(), q.rec.name.clone());
         if reg.by_name.get(&key) == Some(&queue) {
@@ -1064,6 +1115,9 @@ impl Inner {
         Ok(())
     }
 
+    /// Flushes consume queues and index up to the log's end, journals the ack state of
+    /// every queue whose state changed since the last checkpoint (one record for all of
+    /// them, not a rewrite of every queue's), then records the offset.
     fn checkpoint(&self) -> Result<()> {
         let mut last = lock(&self.checkpoint);
         let (end, snaps) = {
@@ -1071,7 +1125,7 @@ impl Inner {
             let qs = self.queues.read().unwrap_or_else(|e| e.into_inner());
             let snaps: Vec<(QueueId, u64, Vec<u8>)> = qs
                 .values()
-                .filter(|q| q.rec.durable)
+                .filter(|q| q.rec.durable && q.dirty.swap(false, Ordering::Relaxed))
                 .map(|q| {
                     (
                         q.rec.id,
@@ -1082,6 +1136,22 @@ impl Inner {
                 .collect();
             (w.pos(), snaps)
         };
+        let res = self.checkpoint_to(end, &snaps);
+        if res.is_err() {
+            // journal them again next time
+            let qs = self.queues.read().unwrap_or_else(|e| e.into_inner());
+            for (id, _, _) in &snaps {
+                if let Some(q) = qs.get(id) {
+                    q.dirty.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        res?;
+        *last = end;
+        Ok(())
+    }
+
+    fn checkpoint_to(&self, end: u64, snaps: &[(QueueId, u64, Vec<u8>)]) -> Result<()> {
         self.flush_to(end)?;
         let qs: Vec<Arc<QueueState>> = self
             .queues
@@ -1095,11 +1165,27 @@ impl Inner {
             q.cq.flush()?;
         }
         self.index.flush()?;
+        // The ack states go in bounded records; each is a whole queue's state, so a crash
+        // between two leaves every queue at its old or its new state, both of which the
+        // replay from the old offset brings up to date (acks are idempotent).
+        let mut ops = Vec::new();
+        let mut bytes = 0usize;
+        for (id, delivered, ack) in snaps {
+            let mut v = Vec::with_capacity(8 + ack.len());
+            v.extend_from_slice(&delivered.to_le_bytes());
+            v.extend_from_slice(ack);
+            bytes += v.len() + 16;
+            ops.push(MetaOp::put(ack_key(*id), v));
+            if bytes >= ACK_RECORD_BYTES {
+                self.journal.commit(std::mem::take(&mut ops))?;
+                bytes = 0;
+            }
+        }
+        self.journal.commit(ops)?;
         write_atomic(
             &self.cfg.dir.join("checkpoint"),
-            &encode_checkpoint(end, &snaps),
+            &encode_checkpoint(end, &[]),
         )?;
-        *last = end;
         Ok(())
     }
 

@@ -478,3 +478,47 @@ fn corrupt_sealed_segment_refuses_to_start_without_repair() {
     let q = store.find_queue("/", "q").unwrap();
     assert_eq!(store.queue_info(q).unwrap().next_offset, 1);
 }
+
+#[test]
+fn a_checkpoint_journals_only_the_ack_states_that_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u32>;
+    {
+        let s = Store::open(small_cfg(dir.path())).unwrap();
+        ids = (0..500)
+            .map(|i| s.create_queue("/", &format!("q{i}"), true).unwrap())
+            .collect();
+        for (i, q) in ids.iter().enumerate() {
+            append(&s, &[*q], i as u64);
+        }
+        s.checkpoint().unwrap();
+        // one queue acks: the next checkpoint journals that queue's state, not all 500
+        let before = s.journal().position().0;
+        s.ack(ids[7], &[0]).unwrap().wait().unwrap();
+        s.mark_delivered(ids[7], 0).unwrap();
+        s.checkpoint().unwrap();
+        let grew = s.journal().position().0 - before;
+        assert!(
+            grew < 200,
+            "checkpoint journaled {grew} bytes for one changed queue"
+        );
+        // nothing changed: nothing journaled
+        let before = s.journal().position().0;
+        s.checkpoint().unwrap();
+        assert_eq!(s.journal().position().0, before);
+        // acked after the last checkpoint, then a crash: the replay restores it
+        s.ack(ids[9], &[0]).unwrap().wait().unwrap();
+        s.abandon();
+    }
+    let s = Store::open(small_cfg(dir.path())).unwrap();
+    for (i, q) in ids.iter().enumerate() {
+        let acked = i == 7 || i == 9;
+        assert_eq!(s.is_acked(*q, 0).unwrap(), acked, "queue {i}");
+    }
+    assert!(s.may_have_been_delivered(ids[7], 0).unwrap());
+    drop(s);
+    // and after a clean restart, from the journal alone
+    let s = Store::open(small_cfg(dir.path())).unwrap();
+    assert!(s.is_acked(ids[9], 0).unwrap() && s.is_acked(ids[7], 0).unwrap());
+    assert!(!s.is_acked(ids[8], 0).unwrap());
+}
