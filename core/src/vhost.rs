@@ -616,6 +616,17 @@ impl Vhost {
         self.store.journal().durable_end()
     }
 
+    /// The reply to a declare of a queue that exists: it may only go once whatever was
+    /// journaled before (the queue's own record among it) is on disk.
+    fn declared(&self, name: String, q: &Queue) -> (QueueDeclareOk, Durable) {
+        let ok = QueueDeclareOk {
+            name,
+            message_count: q.message_count(),
+            consumer_count: q.consumer_count(),
+        };
+        (ok, self.journaled_so_far())
+    }
+
     /// `queue.declare` without blocking on the disk: the reply may be sent once the
     /// returned [`Durable`] completes (an async caller awaits it).
     pub fn declare_queue_deferred(
@@ -626,14 +637,7 @@ impl Vhost {
             let name = d.name;
             let q = self.queue_for(&name, d.conn)?;
             q.touch();
-            return Ok((
-                QueueDeclareOk {
-                    name,
-                    message_count: q.message_count(),
-                    consumer_count: q.consumer_count(),
-                },
-                self.journaled_so_far(),
-            ));
+            return Ok(self.declared(name, &q));
         }
         let name = if d.name.is_empty() {
             format!("amq.gen-{}", random_suffix())
@@ -658,14 +662,7 @@ impl Vhost {
             self.check_exclusive(&q, d.conn)?;
             self.check_equivalent(&q, &d)?;
             q.touch();
-            return Ok((
-                QueueDeclareOk {
-                    name,
-                    message_count: q.message_count(),
-                    consumer_count: q.consumer_count(),
-                },
-                self.journaled_so_far(),
-            ));
+            return Ok(self.declared(name, &q));
         }
         // RabbitMQ accepts a dead-letter exchange that does not exist (yet)
         let args = QueueArgs::parse(&d.arguments)?;
@@ -678,14 +675,7 @@ impl Vhost {
                 let q = q.clone();
                 drop(queues);
                 self.check_exclusive(&q, d.conn)?;
-                return Ok((
-                    QueueDeclareOk {
-                        name,
-                        message_count: q.message_count(),
-                        consumer_count: q.consumer_count(),
-                    },
-                    self.journaled_so_far(),
-                ));
+                return Ok(self.declared(name, &q));
             }
             if self.max_queues > 0 && queues.len() >= self.max_queues {
                 tracing::info!(vhost = %self.name, queue = %name, max = self.max_queues, "queue limit reached");
