@@ -22,7 +22,7 @@
 #   RABBIT_DATA (the peers tool's state dir + /rabbit/mnesia) SKIP_BUILD=1
 #   TRIAD_PUBLISH (1000): Triad gets a message queued for at most this many sessions,
 #   because on current main each queue that holds a message preallocates a 5.7 MB
-#   consume-queue file (10,000 would take 57 GB); disk per session with a message is then
+#   consume-queue file (10,000 would take 60 GB); disk per session with a message is then
 #   computed over those sessions. Blocks are 1,000 sessions (N/10 below N = 10,000).
 set -uo pipefail
 cd "$(dirname "$0")/.."
