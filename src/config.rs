@@ -51,6 +51,7 @@ pub struct Config {
     pub auth: Auth,
     pub limits: Limits,
     pub tls: TlsSection,
+    pub mqtt: MqttSection,
     /// `[[users]]`: accounts besides the default user, with hashed passwords.
     pub users: Vec<UserSection>,
     /// `[[permissions]]`: what each user may do in each vhost.
@@ -59,6 +60,17 @@ pub struct Config {
     pub topic_permissions: Vec<TopicPermissionSection>,
     /// `[[vhosts]]`: vhosts created at startup besides `auth.default_vhost`.
     pub vhosts: Vec<VhostSection>,
+}
+
+/// `[mqtt]`: MQTT settings beyond the listener and packet size.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttSection {
+    /// A persistent session (clean session 0) whose client stays disconnected longer
+    /// than this is removed with its queue and subscriptions (Mosquitto's
+    /// `persistent_client_expiration`). Counted from the disconnect, across restarts.
+    /// Off (`None`) by default: sessions are kept until a clean-session connect.
+    pub session_expiry: Option<HumanDuration>,
 }
 
 /// One `[[users]]` entry. The password is stored only as RabbitMQ's salted SHA-256
@@ -411,6 +423,15 @@ impl Config {
                 s.checkpoint_interval,
                 "must be above zero",
             ));
+        }
+        if let Some(e) = self.mqtt.session_expiry {
+            if e.get() < std::time::Duration::from_millis(100) {
+                return Err(invalid(
+                    "mqtt.session_expiry",
+                    e,
+                    "must be at least 100ms (leave the key out to keep sessions forever)",
+                ));
+            }
         }
 
         let a = &self.auth;
@@ -768,6 +789,16 @@ mod tests {
         Config::default().validate().expect("defaults are valid");
     }
 
+    #[test]
+    fn mqtt_session_expiry() {
+        assert_eq!(Config::default().mqtt.session_expiry, None);
+        let c = parse("[mqtt]\nsession_expiry = \"1h\"\n").expect("parses");
+        assert_eq!(c.mqtt.session_expiry, Some(HumanDuration::secs(3600)));
+        c.validate().expect("valid");
+        assert!(parse("[mqtt]\nsession_expiry = 3600\n").is_err());
+        assert!(parse("[mqtt]\nexpiry = \"1h\"\n").is_err());
+    }
+
     const ALICE: &str = "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR";
 
     #[test]
@@ -984,6 +1015,7 @@ mod tests {
             );
         };
         check("[listeners]\namqp = \"5672\"\n", "listeners.amqp");
+        check("[mqtt]\nsession_expiry = \"0s\"\n", "mqtt.session_expiry");
         check("[listeners]\nmqtt = \"host:99999\"\n", "listeners.mqtt");
         check("[listeners]\nhttp = \"::1:80\"\n", "listeners.http");
         check("[store]\nsegment_size = \"1 KiB\"\n", "store.segment_size");

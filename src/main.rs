@@ -227,6 +227,9 @@ async fn serve(
     let mqtt = triad_mqtt::MqttState::new(Arc::clone(&broker))
         .context("cannot load the MQTT retained messages and sessions")?;
     mqtt.spawn_sys(SYS_INTERVAL, shutdown.clone());
+    if let Some(after) = config.mqtt.session_expiry {
+        mqtt.spawn_session_expiry(after.get(), shutdown.clone());
+    }
     let conn_limit = match config.limits.max_connections {
         0 => None,
         n => Some(Arc::new(Semaphore::new(n as usize))),

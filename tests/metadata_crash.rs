@@ -223,8 +223,8 @@ fn nothing_confirmed_is_lost_when_killed_during_journal_writes_and_compactions()
         }
     }
     for id in &sessions {
-        let mut c = MqttClient::connect(mqtt, id, false, IO_TIMEOUT).unwrap();
-        assert!(c.session_present, "confirmed session {id} lost");
+        let (mut c, present) = MqttClient::connect_session(mqtt, id, false, IO_TIMEOUT).unwrap();
+        assert!(present, "confirmed session {id} lost");
         let p = c.read_packet().unwrap();
         let (topic, pkid, body) = p.publish().expect("a PUBLISH");
         assert_eq!(topic, format!("meta/{id}"));

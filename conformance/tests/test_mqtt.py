@@ -427,3 +427,34 @@ def test_takeover_of_persistent_session_keeps_subscriptions(mqtt_clients, uid):
     assert m is not None and m.payload == b"still subscribed"
     second.close()
     mqtt_clients(client_id=cid, clean_session=True).close()
+
+
+def test_persistent_session_expires_after_session_expiry(configured_broker, uid):
+    # [mqtt] session_expiry (Mosquitto's persistent_client_expiration): a persistent
+    # session whose client stays away longer is removed with what was queued for it
+    b = configured_broker('[store]\nsegment_size = "4 MiB"\n[limits]\nmax_message_size = "1 MiB"\n'
+                          '[mqtt]\nsession_expiry = "1s"\n')
+    cid = f"exp-{uid}"
+    topic = f"exp/{uid}"
+    a = Mqtt(b, client_id=cid, clean_session=False)
+    a.subscribe(topic, qos=1)
+    a.close()
+    p = Mqtt(b)
+    p.publish(topic, b"queued before the expiry", qos=1)
+    # the broker logs each expiry; wait for this one (a reconnect would keep the session)
+    deadline = time.monotonic() + 15
+    while not any("MQTT session expired" in line and cid in line for line in b.log):
+        assert time.monotonic() < deadline, "session not expired within 15 s"
+        time.sleep(0.05)
+    c = Mqtt(b, client_id=cid, clean_session=False, connect=False)
+    try:
+        flags, rc = c.connect()
+        assert not rc.is_failure
+        assert flags.session_present is False
+        c.subscribe(topic, qos=1)
+        p.publish(topic, b"after", qos=1)
+        m = c.message(5)
+        assert m is not None and m.payload == b"after", "the queued message went with the session"
+    finally:
+        c.close()
+        p.close()

@@ -334,8 +334,6 @@ impl MqttPacket {
 pub struct MqttClient {
     pub stream: TcpStream,
     buf: Vec<u8>,
-    /// CONNACK's session-present flag.
-    pub session_present: bool,
 }
 
 impl MqttClient {
@@ -346,11 +344,21 @@ impl MqttClient {
         clean_session: bool,
         timeout: Duration,
     ) -> io::Result<MqttClient> {
+        Self::connect_session(addr, client_id, clean_session, timeout).map(|(c, _)| c)
+    }
+
+    /// Connects; returns the client and CONNACK's session-present flag, an error unless
+    /// CONNACK 0 comes back.
+    pub fn connect_session(
+        addr: SocketAddr,
+        client_id: &str,
+        clean_session: bool,
+        timeout: Duration,
+    ) -> io::Result<(MqttClient, bool)> {
         let stream = connect_tcp(addr, timeout)?;
         let mut c = MqttClient {
             stream,
             buf: Vec::new(),
-            session_present: false,
         };
         c.stream
             .write_all(&mqtt_connect_packet(client_id, clean_session))?;
@@ -358,8 +366,8 @@ impl MqttClient {
         if p.kind() != 2 || p.body.get(1) != Some(&0) {
             return Err(invalid(format!("expected CONNACK 0, got {p:?}")));
         }
-        c.session_present = p.body.first().is_some_and(|f| f & 1 == 1);
-        Ok(c)
+        let present = p.body.first().is_some_and(|f| f & 1 == 1);
+        Ok((c, present))
     }
 
     pub fn publish(&mut self, topic: &str, qos: u8, pkid: u16, payload: &[u8]) -> io::Result<()> {

@@ -356,6 +356,8 @@ where
     }
     if !clean {
         ctx.state.put_carry(&vhost_name, &client_id, carry);
+        // before the registration is dropped, so a takeover's connect comes after it
+        ctx.state.session_disconnected(&vs, &client_id);
     }
     broker.connection_closed(conn);
     ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
@@ -469,6 +471,7 @@ fn open_session(
             ..Default::default()
         })?;
         let carry = state.take_carry(vhost_name, client_id);
+        state.session_connected(vs, client_id);
         Ok((
             present,
             Session::resume(stored.unwrap_or_default(), carry),

@@ -3,12 +3,14 @@
 //! identifiers carried between connections of a persistent session, and the `$SYS`
 //! counters.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use triad_core::{Broker, ConnectionId, CoreError, Properties, Publish, Vhost};
 use triad_store::flush::Durable;
@@ -21,11 +23,22 @@ use crate::topic::topic_to_routing_key;
 /// The queue that holds a vhost's persistent-session subscriptions.
 pub const SESSIONS_QUEUE: &str = "mqtt-sessions";
 
+/// One persistent session as stored: its subscriptions and, while its client is away,
+/// when it left.
+#[derive(Debug, Clone, Default)]
+struct Stored {
+    subs: BTreeMap<String, u8>,
+    /// Wall-clock ms since the Unix epoch at which the client disconnected; 0 while it
+    /// is connected (or for sessions stored before `session_expiry` was turned on).
+    disconnected_at: u64,
+}
+
 /// Subscriptions of persistent sessions (clean session 0), by client id: filter →
-/// granted QoS. Stored as JSON in a [`DurableLog`].
+/// granted QoS, as JSON in a [`DurableLog`] entry whose `meta` is the time the client
+/// disconnected (see [`Stored::disconnected_at`]), kept only with `session_expiry`.
 #[derive(Debug)]
 pub struct SessionStore {
-    map: Mutex<HashMap<String, BTreeMap<String, u8>>>,
+    map: Mutex<HashMap<String, Stored>>,
     log: DurableLog,
 }
 
@@ -36,7 +49,14 @@ impl SessionStore {
         for e in entries {
             match serde_json::from_slice::<BTreeMap<String, u8>>(&e.value) {
                 Ok(subs) => {
-                    map.insert(e.key, subs);
+                    let disconnected_at = u64::try_from(e.meta).unwrap_or(0);
+                    map.insert(
+                        e.key,
+                        Stored {
+                            subs,
+                            disconnected_at,
+                        },
+                    );
                 }
                 Err(err) => {
                     tracing::warn!(client = e.key, error = %err, "dropping an unreadable MQTT session")
@@ -49,27 +69,44 @@ impl SessionStore {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, BTreeMap<String, u8>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Stored>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn put(
+        &self,
+        g: &mut HashMap<String, Stored>,
+        client: &str,
+        stored: Stored,
+    ) -> Result<Option<Durable>, CoreError> {
+        let json = serde_json::to_vec(&stored.subs)
+            .map_err(|e| CoreError::Internal(format!("encoding a session: {e}")))?;
+        let meta = i64::try_from(stored.disconnected_at).unwrap_or(i64::MAX);
+        let d = self.log.put(client, Bytes::from(json), meta)?;
+        g.insert(client.to_string(), stored);
+        Ok(d)
     }
 
     /// The stored subscriptions of `client`.
     pub fn get(&self, client: &str) -> Option<BTreeMap<String, u8>> {
-        self.lock().get(client).cloned()
+        self.lock().get(client).map(|s| s.subs.clone())
     }
 
-    /// Stores the subscriptions of `client`; completes once on disk.
+    /// Stores the subscriptions of `client` (connected); completes once on disk.
     pub fn save(
         &self,
         client: &str,
         subs: &BTreeMap<String, u8>,
     ) -> Result<Option<Durable>, CoreError> {
-        let json = serde_json::to_vec(subs)
-            .map_err(|e| CoreError::Internal(format!("encoding a session: {e}")))?;
         let mut g = self.lock();
-        let d = self.log.put(client, Bytes::from(json), 0)?;
-        g.insert(client.to_string(), subs.clone());
-        Ok(d)
+        self.put(
+            &mut g,
+            client,
+            Stored {
+                subs: subs.clone(),
+                disconnected_at: 0,
+            },
+        )
     }
 
     /// Forgets `client`.
@@ -78,6 +115,114 @@ impl SessionStore {
         if g.remove(client).is_some() {
             self.log.delete(client);
         }
+    }
+
+    /// Records that `client` disconnected at `at` (ms since the epoch), storing an entry
+    /// with no subscriptions if it had none, so that the session can expire.
+    fn mark_disconnected(&self, client: &str, at: u64) -> Result<(), CoreError> {
+        let mut g = self.lock();
+        let subs = g.get(client).map(|s| s.subs.clone()).unwrap_or_default();
+        self.put(
+            &mut g,
+            client,
+            Stored {
+                subs,
+                disconnected_at: at,
+            },
+        )
+        .map(drop)
+    }
+
+    /// Records that `client` is connected again (one write, only if it was marked away).
+    fn mark_connected(&self, client: &str) -> Result<(), CoreError> {
+        let mut g = self.lock();
+        let subs = match g.get(client) {
+            Some(s) if s.disconnected_at != 0 => s.subs.clone(),
+            _ => return Ok(()),
+        };
+        self.put(
+            &mut g,
+            client,
+            Stored {
+                subs,
+                disconnected_at: 0,
+            },
+        )
+        .map(drop)
+    }
+
+    /// When `client` disconnected, if it is stored as away.
+    fn disconnected_at(&self, client: &str) -> Option<u64> {
+        self.lock()
+            .get(client)
+            .map(|s| s.disconnected_at)
+            .filter(|t| *t != 0)
+    }
+
+    /// Sessions to put on the expiry timer when the store is opened: those stored as
+    /// away, and, counted from `now`, those stored as connected whose client is not
+    /// (the broker stopped while they were connected, or they were stored before
+    /// `session_expiry` was on). The latter are stamped in memory only, so an expiry is
+    /// never earlier than its due time, at worst later.
+    fn away(&self, now: u64, connected: impl Fn(&str) -> bool) -> Vec<(String, u64)> {
+        let mut g = self.lock();
+        let mut out = Vec::new();
+        for (client, s) in g.iter_mut() {
+            if connected(client) {
+                continue;
+            }
+            if s.disconnected_at == 0 {
+                s.disconnected_at = now;
+            }
+            out.push((client.clone(), s.disconnected_at));
+        }
+        out
+    }
+}
+
+/// Wall-clock ms since the Unix epoch (persisted, so it must survive a restart).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A persistent session's due time on the expiry timer.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Due {
+    /// ms since the epoch.
+    at: u64,
+    vhost: String,
+    client: String,
+    /// The disconnect this entry was made for: a later connect or disconnect makes
+    /// the entry stale (it is then skipped when it comes due).
+    disconnected_at: u64,
+}
+
+/// `session_expiry`: the due times of disconnected persistent sessions, earliest first.
+/// Each disconnect pushes one entry and each due entry is looked at once, so the work is
+/// O(log n) per disconnect and O(1) per expiring session; no scan of all sessions.
+#[derive(Debug)]
+struct Expiry {
+    after: Duration,
+    heap: Mutex<BinaryHeap<Reverse<Due>>>,
+    wake: Notify,
+}
+
+impl Expiry {
+    fn push(&self, vhost: &str, client: &str, disconnected_at: u64, at: u64) {
+        lock(&self.heap).push(Reverse(Due {
+            at,
+            vhost: vhost.to_string(),
+            client: client.to_string(),
+            disconnected_at,
+        }));
+        self.wake.notify_one();
+    }
+
+    fn after_ms(&self) -> u64 {
+        u64::try_from(self.after.as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -122,6 +267,8 @@ pub struct MqttState {
     vhosts: Mutex<HashMap<String, Arc<VhostState>>>,
     clients: Mutex<HashMap<(String, String), LiveClient>>,
     carry: Mutex<HashMap<(String, String), Carry>>,
+    /// Set by [`MqttState::spawn_session_expiry`].
+    expiry: OnceLock<Arc<Expiry>>,
     /// Counters for `$SYS`.
     pub stats: Stats,
 }
@@ -141,6 +288,7 @@ impl MqttState {
             vhosts: Mutex::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
             carry: Mutex::new(HashMap::new()),
+            expiry: OnceLock::new(),
             stats: Stats {
                 started: Instant::now(),
                 connected: AtomicU64::new(0),
@@ -171,7 +319,149 @@ impl MqttState {
             vhost,
         });
         g.insert(name.to_string(), vs.clone());
+        drop(g);
+        self.schedule_away(&vs);
         Ok(vs)
+    }
+
+    /// Puts a vhost's away sessions on the expiry timer (when it is on).
+    fn schedule_away(&self, vs: &VhostState) {
+        let Some(ex) = self.expiry.get() else { return };
+        let name = vs.vhost.name().to_string();
+        let away = vs.sessions.away(now_ms(), |c| self.is_connected(&name, c));
+        for (client, t) in away {
+            ex.push(&name, &client, t, t.saturating_add(ex.after_ms()));
+        }
+    }
+
+    /// A persistent session's client connected: it no longer expires.
+    pub(crate) fn session_connected(&self, vs: &VhostState, client: &str) {
+        if self.expiry.get().is_none() {
+            return;
+        }
+        if let Err(e) = vs.sessions.mark_connected(client) {
+            tracing::warn!(client, error = %e, "cannot store the MQTT session as connected");
+        }
+    }
+
+    /// A persistent session's client disconnected: with `session_expiry`, the time is
+    /// stored with the session and the session goes on the expiry timer.
+    pub(crate) fn session_disconnected(&self, vs: &VhostState, client: &str) {
+        let Some(ex) = self.expiry.get() else { return };
+        let now = now_ms();
+        if let Err(e) = vs.sessions.mark_disconnected(client, now) {
+            tracing::warn!(client, error = %e, "cannot store the MQTT session's disconnect time");
+        }
+        ex.push(
+            vs.vhost.name(),
+            client,
+            now,
+            now.saturating_add(ex.after_ms()),
+        );
+    }
+
+    /// Turns `session_expiry` on: a persistent session whose client stays away longer
+    /// than `after` is removed with its queue and subscriptions (Mosquitto's
+    /// `persistent_client_expiration`). Sessions already stored are scheduled from
+    /// their stored disconnect time. Runs until `shutdown`, holding the state weakly.
+    pub fn spawn_session_expiry(
+        self: &Arc<Self>,
+        after: Duration,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let _ = self.expiry.set(Arc::new(Expiry {
+            after,
+            heap: Mutex::new(BinaryHeap::new()),
+            wake: Notify::new(),
+        }));
+        let opened: Vec<Arc<VhostState>> = lock(&self.vhosts).values().cloned().collect();
+        for vs in &opened {
+            self.schedule_away(vs);
+        }
+        let me: Weak<MqttState> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(st) = me.upgrade() else { return };
+                let Some(ex) = st.expiry.get().cloned() else {
+                    return;
+                };
+                let now = now_ms();
+                let due = {
+                    let mut heap = lock(&ex.heap);
+                    match heap.peek() {
+                        Some(Reverse(d)) if d.at <= now => heap.pop().map(|Reverse(d)| d),
+                        _ => None,
+                    }
+                };
+                if let Some(d) = due {
+                    st.expire(d);
+                    continue;
+                }
+                let wait = lock(&ex.heap)
+                    .peek()
+                    .map(|Reverse(d)| Duration::from_millis(d.at.saturating_sub(now)))
+                    .unwrap_or(Duration::from_secs(60))
+                    .min(Duration::from_secs(60));
+                let woken = ex.wake.notified();
+                drop(st);
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = woken => {}
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        })
+    }
+
+    /// Removes a due session unless it is stale (its client came back, or it was
+    /// removed) or its client is connected.
+    fn expire(&self, d: Due) {
+        let Ok(vs) = self.vhost_state(&d.vhost) else {
+            return;
+        };
+        if vs.sessions.disconnected_at(&d.client) != Some(d.disconnected_at) {
+            return; // stale
+        }
+        // Hold the client id while removing: a client connecting now waits for this
+        // (as for a takeover) and then finds no session.
+        let done = CancellationToken::new();
+        let me = LiveClient {
+            conn: self.conn,
+            kick: CancellationToken::new(),
+            done: done.clone(),
+        };
+        let key = (d.vhost.clone(), d.client.clone());
+        {
+            let mut g = lock(&self.clients);
+            if g.contains_key(&key) {
+                // a connection still holds the id: connected again (its disconnect
+                // reschedules), or on its way out; look again in a second
+                drop(g);
+                if let Some(ex) = self.expiry.get() {
+                    ex.push(&d.vhost, &d.client, d.disconnected_at, now_ms() + 1000);
+                }
+                return;
+            }
+            g.insert(key, me);
+        }
+        if vs.sessions.disconnected_at(&d.client) == Some(d.disconnected_at) {
+            let qname = format!("mqtt-subscription-{}", d.client);
+            match vs.vhost.delete_queue(&qname, false, false, self.conn) {
+                Ok(dropped) => tracing::info!(
+                    client = d.client,
+                    vhost = d.vhost,
+                    messages = dropped,
+                    "MQTT session expired"
+                ),
+                Err(e) => {
+                    tracing::warn!(client = d.client, error = %e, "cannot delete an expired MQTT session's queue")
+                }
+            }
+            vs.sessions.remove(&d.client);
+            self.take_carry(&d.vhost, &d.client);
+        }
+        self.unregister(&d.vhost, &d.client, self.conn);
+        done.cancel();
     }
 
     /// Registers a connection under a client id; returns the one it replaces.

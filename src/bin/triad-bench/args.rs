@@ -14,6 +14,8 @@ USAGE:
   triad-bench stomp [OPTIONS]   STOMP 1.2 producers and consumers on /queue/<name>
   triad-bench mqtt  [OPTIONS]   MQTT 3.1.1 publishers and subscribers (like emqtt-bench)
   triad-bench mqtt-idle [OPTIONS]  N idle MQTT connections held open; broker RSS per connection
+  triad-bench fleet [OPTIONS]   N persistent MQTT sessions: create rate per block, disk and
+                                RSS per session, restart time
 
 STORE OPTIONS:
   --dir DIR            parent of the data directory bench-data-<pid> (default .; removed after)
@@ -89,6 +91,27 @@ MQTT-IDLE OPTIONS:
   --connections N      idle clients to connect (default 1000, at most 100000)
   --hold SECS          how long to hold them once all are connected (default 5)
   --parallel N         connects in flight at once (default 200)
+
+FLEET OPTIONS (device n: client id dev-<n>, clean session 0, SUBSCRIBE dev/<n>/cmd QoS 1):
+  the broker, one of:
+  --triad BIN          start BIN on a fresh data directory under --dir (ephemeral ports)
+  --mosquitto BIN      start Mosquitto (persistence true) on a fresh directory under --dir
+  --port PORT [--host HOST] [--broker-pid PID] [--data-dir DIR]
+                       a broker already running; CPU and RSS need the pid, disk the data
+                       directory; the restart is not measured
+  --name NAME          label in the result (default triad, mosquitto, or \"broker\")
+  --sessions N         persistent sessions to create (default 1000, at most 1000000)
+  --block N            sessions per rate block (default 1000)
+  --parallel N         sessions being created at once (default 50)
+  --idle-connections N sessions reconnected and held open for RSS per connection
+                       (default 19000; 0 skips)
+  --hold SECS          how long they are held before RSS is read (default 2)
+  --publish N          queue a message for the first N sessions only (default: all)
+  --sources N          source addresses 127.0.0.1..127.0.0.N (default 16)
+  --time-limit SECS    cap on each phase (default 600); a phase cut short says so
+  --no-restart         do not stop and restart the broker started here
+  --dir DIR, --keep, --allow-tmpfs   where the data directory goes (default .)
+  --user, --pass, --threads, --json, --quiet as above (default: no user name)
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -385,6 +408,45 @@ pub struct MqttIdleArgs {
     pub quiet: bool,
 }
 
+/// Which broker `fleet` runs against.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FleetTarget {
+    /// Started by the bench from this binary.
+    Triad(PathBuf),
+    /// Mosquitto, started by the bench from this binary with persistence on.
+    Mosquitto(PathBuf),
+    /// Already running.
+    Running {
+        host: String,
+        port: u16,
+        pid: Option<u32>,
+        data_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetArgs {
+    pub target: FleetTarget,
+    pub name: Option<String>,
+    pub sessions: usize,
+    pub block: usize,
+    pub parallel: usize,
+    pub idle_connections: usize,
+    pub hold: Duration,
+    pub publish: Option<usize>,
+    pub sources: u8,
+    pub time_limit: Duration,
+    pub restart: bool,
+    pub dir: PathBuf,
+    pub keep: bool,
+    pub allow_tmpfs: bool,
+    pub user: Option<String>,
+    pub pass: Option<String>,
+    pub threads: usize,
+    pub json: bool,
+    pub quiet: bool,
+}
+
 #[derive(Debug, PartialEq)]
 pub enum Command {
     Store(StoreArgs),
@@ -393,6 +455,7 @@ pub enum Command {
     Stomp(StompArgs),
     Mqtt(MqttArgs),
     MqttIdle(MqttIdleArgs),
+    Fleet(FleetArgs),
     Table(Option<PathBuf>),
     Help,
 }
@@ -827,6 +890,134 @@ pub fn parse_mqtt_idle(args: &[String]) -> Result<MqttIdleArgs, String> {
     Ok(o)
 }
 
+pub fn parse_fleet(args: &[String]) -> Result<FleetArgs, String> {
+    let mut o = FleetArgs {
+        target: FleetTarget::Running {
+            host: "127.0.0.1".into(),
+            port: 0,
+            pid: None,
+            data_dir: None,
+        },
+        name: None,
+        sessions: 1000,
+        block: 1000,
+        parallel: 50,
+        idle_connections: 19_000,
+        hold: Duration::from_secs(2),
+        publish: None,
+        sources: 16,
+        time_limit: Duration::from_secs(600),
+        restart: true,
+        dir: PathBuf::from("."),
+        keep: false,
+        allow_tmpfs: false,
+        user: None,
+        pass: None,
+        threads: 2,
+        json: false,
+        quiet: false,
+    };
+    let (mut triad, mut mosquitto) = (None, None);
+    let (mut host, mut port, mut pid, mut data_dir) = (None, None, None, None);
+    let mut f = Flags { args, i: 0 };
+    let valued = |f: &str| {
+        matches!(
+            f,
+            "--triad"
+                | "--mosquitto"
+                | "--host"
+                | "--port"
+                | "--broker-pid"
+                | "--data-dir"
+                | "--name"
+                | "--sessions"
+                | "--block"
+                | "--parallel"
+                | "--idle-connections"
+                | "--hold"
+                | "--publish"
+                | "--sources"
+                | "--time-limit"
+                | "--dir"
+                | "--user"
+                | "--pass"
+                | "--threads"
+        )
+    };
+    while let Some(r) = f.next(valued) {
+        let (flag, v) = r?;
+        match flag.as_str() {
+            "--triad" => triad = Some(PathBuf::from(v)),
+            "--mosquitto" => mosquitto = Some(PathBuf::from(v)),
+            "--host" => host = Some(v),
+            "--port" => {
+                let p: u16 = parse_num(&flag, &v)?;
+                port = Some(positive(&flag, u64::from(p))? as u16)
+            }
+            "--broker-pid" => pid = Some(positive(&flag, parse_num(&flag, &v)?)? as u32),
+            "--data-dir" => data_dir = Some(PathBuf::from(v)),
+            "--name" => o.name = Some(v),
+            "--sessions" => {
+                o.sessions = positive(&flag, parse_num(&flag, &v)?)? as usize;
+                if o.sessions > 1_000_000 {
+                    return Err("--sessions: at most 1000000".into());
+                }
+            }
+            "--block" => o.block = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--parallel" => o.parallel = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--idle-connections" => o.idle_connections = parse_num(&flag, &v)?,
+            "--hold" => o.hold = parse_secs(&flag, &v)?,
+            "--publish" => o.publish = Some(parse_num(&flag, &v)?),
+            "--sources" => {
+                let n: u64 = positive(&flag, parse_num(&flag, &v)?)?;
+                o.sources = u8::try_from(n)
+                    .ok()
+                    .filter(|n| *n <= 254)
+                    .ok_or("--sources: at most 254")?;
+            }
+            "--time-limit" => o.time_limit = parse_secs(&flag, &v)?,
+            "--no-restart" => o.restart = false,
+            "--dir" => o.dir = PathBuf::from(v),
+            "--keep" => o.keep = true,
+            "--allow-tmpfs" => o.allow_tmpfs = true,
+            "--user" => o.user = Some(v),
+            "--pass" => o.pass = Some(v),
+            "--threads" => o.threads = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--json" => o.json = true,
+            "--quiet" => o.quiet = true,
+            _ => return Err(format!("unknown option {flag} for `fleet`")),
+        }
+    }
+    let running = host.is_some() || port.is_some() || pid.is_some() || data_dir.is_some();
+    o.target = match (triad, mosquitto, running) {
+        (Some(b), None, false) => FleetTarget::Triad(b),
+        (None, Some(b), false) => FleetTarget::Mosquitto(b),
+        (None, None, true) => {
+            let host = host.unwrap_or_else(|| "127.0.0.1".into());
+            loopback(&host)?;
+            FleetTarget::Running {
+                host,
+                port: port.ok_or("--port is needed for a running broker")?,
+                pid,
+                data_dir,
+            }
+        }
+        (None, None, false) => {
+            return Err("fleet: give --triad BIN, --mosquitto BIN or --port PORT".into())
+        }
+        _ => {
+            return Err(
+                "fleet: --triad, --mosquitto and --host/--port/--broker-pid/--data-dir exclude each other"
+                    .into(),
+            )
+        }
+    };
+    if o.block > o.sessions {
+        return Err("--block exceeds --sessions: no block would complete".into());
+    }
+    Ok(o)
+}
+
 pub fn parse(args: &[String]) -> Result<Command, String> {
     let Some((cmd, rest)) = args.split_first() else {
         return Ok(Command::Help);
@@ -841,6 +1032,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         "stomp" => parse_stomp(rest).map(Command::Stomp),
         "mqtt" => parse_mqtt(rest).map(Command::Mqtt),
         "mqtt-idle" => parse_mqtt_idle(rest).map(Command::MqttIdle),
+        "fleet" => parse_fleet(rest).map(Command::Fleet),
         "table" => match rest {
             [] => Ok(Command::Table(None)),
             [f] if !f.starts_with('-') => Ok(Command::Table(Some(PathBuf::from(f)))),
@@ -1035,5 +1227,51 @@ mod tests {
         assert!(parse_mqtt_idle(&v("--connections 0")).is_err());
         assert!(parse_mqtt_idle(&v("--connections 200000")).is_err());
         assert!(parse_mqtt_idle(&v("--host 192.168.1.1")).is_err());
+    }
+
+    #[test]
+    fn fleet_options() {
+        let Command::Fleet(f) = parse(&v(
+            "fleet --triad target/release/triad --sessions 10000 --block 500 --parallel 20 \
+             --idle-connections 5000 --sources 8 --time-limit 300 --no-restart --json --publish 10",
+        ))
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            f.target,
+            FleetTarget::Triad(PathBuf::from("target/release/triad"))
+        );
+        assert_eq!((f.sessions, f.block, f.parallel), (10000, 500, 20));
+        assert_eq!((f.idle_connections, f.sources), (5000, 8));
+        assert_eq!(f.time_limit, Duration::from_secs(300));
+        assert!(!f.restart && f.json);
+        assert_eq!(f.publish, Some(10));
+        let r = parse_fleet(&v(
+            "--port 1890 --broker-pid 9 --data-dir /x --name rabbitmq",
+        ))
+        .unwrap();
+        assert_eq!(
+            r.target,
+            FleetTarget::Running {
+                host: "127.0.0.1".into(),
+                port: 1890,
+                pid: Some(9),
+                data_dir: Some(PathBuf::from("/x"))
+            }
+        );
+        assert_eq!(r.name.as_deref(), Some("rabbitmq"));
+        for bad in [
+            "",
+            "--triad t --port 1",
+            "--triad t --mosquitto m",
+            "--broker-pid 3",
+            "--host 10.0.0.1 --port 1",
+            "--triad t --sessions 0",
+            "--triad t --sessions 10 --block 100",
+            "--triad t --sources 300",
+        ] {
+            assert!(parse_fleet(&v(bad)).is_err(), "{bad}");
+        }
     }
 }

@@ -25,21 +25,21 @@ use crate::report::round;
 use crate::sys::{loadavg, Cpu};
 use crate::wire::{Rd, ReadBuf};
 
-const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 const FLUSH_AT: usize = 64 << 10;
 
 const CONNECT: u8 = 1;
-const CONNACK: u8 = 2;
-const PUBLISH: u8 = 3;
-const PUBACK: u8 = 4;
+pub(crate) const CONNACK: u8 = 2;
+pub(crate) const PUBLISH: u8 = 3;
+pub(crate) const PUBACK: u8 = 4;
 const PUBREC: u8 = 5;
 const PUBREL: u8 = 6;
 const PUBCOMP: u8 = 7;
-const SUBSCRIBE: u8 = 8;
-const SUBACK: u8 = 9;
+pub(crate) const SUBSCRIBE: u8 = 8;
+pub(crate) const SUBACK: u8 = 9;
 const PINGREQ: u8 = 12;
 const PINGRESP: u8 = 13;
-const DISCONNECT: u8 = 14;
+pub(crate) const DISCONNECT: u8 = 14;
 
 // ---- encoding ----
 
@@ -57,13 +57,13 @@ fn put_len(out: &mut Vec<u8>, mut n: usize) {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u16).to_be_bytes());
     out.extend_from_slice(s.as_bytes());
 }
 
 /// Appends a packet: fixed header byte, remaining length, then what `f` writes.
-fn packet(out: &mut Vec<u8>, first: u8, f: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn packet(out: &mut Vec<u8>, first: u8, f: impl FnOnce(&mut Vec<u8>)) {
     let mut body = Vec::new();
     f(&mut body);
     out.push(first);
@@ -78,10 +78,22 @@ fn connect(
     user: Option<&str>,
     pass: Option<&str>,
 ) {
+    connect_with(out, client_id, keepalive, true, user, pass)
+}
+
+/// CONNECT with the clean-session flag as given (`false`: a persistent session).
+pub(crate) fn connect_with(
+    out: &mut Vec<u8>,
+    client_id: &str,
+    keepalive: u16,
+    clean: bool,
+    user: Option<&str>,
+    pass: Option<&str>,
+) {
     packet(out, CONNECT << 4, |o| {
         put_str(o, "MQTT");
         o.push(4);
-        let mut flags = 0x02; // clean session
+        let mut flags = if clean { 0x02 } else { 0 };
         if user.is_some() {
             flags |= 0x80;
         }
@@ -101,7 +113,7 @@ fn connect(
 }
 
 /// PUBLISH, written without the intermediate buffer `packet` uses (the hot path).
-fn publish(out: &mut Vec<u8>, topic: &str, qos: u8, pid: u16, payload: &[u8]) {
+pub(crate) fn publish(out: &mut Vec<u8>, topic: &str, qos: u8, pid: u16, payload: &[u8]) {
     out.push(PUBLISH << 4 | qos << 1);
     let len = 2 + topic.len() + if qos > 0 { 2 } else { 0 } + payload.len();
     put_len(out, len);
@@ -112,7 +124,7 @@ fn publish(out: &mut Vec<u8>, topic: &str, qos: u8, pid: u16, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
-fn pid_packet(out: &mut Vec<u8>, typ: u8, pid: u16) {
+pub(crate) fn pid_packet(out: &mut Vec<u8>, typ: u8, pid: u16) {
     out.push(typ << 4 | if typ == PUBREL { 0x02 } else { 0 });
     out.push(2);
     out.extend_from_slice(&pid.to_be_bytes());
@@ -121,7 +133,7 @@ fn pid_packet(out: &mut Vec<u8>, typ: u8, pid: u16) {
 // ---- decoding ----
 
 /// The packet at the front of `data`: (first byte, offset of its body, body length).
-fn packet_at(data: &[u8]) -> Result<Option<(u8, usize, usize)>, String> {
+pub(crate) fn packet_at(data: &[u8]) -> Result<Option<(u8, usize, usize)>, String> {
     let mut len = 0usize;
     for i in 0..4 {
         let Some(&b) = data.get(1 + i) else {
@@ -136,7 +148,7 @@ fn packet_at(data: &[u8]) -> Result<Option<(u8, usize, usize)>, String> {
     Err("malformed remaining length".into())
 }
 
-fn want(data: &[u8]) -> usize {
+pub(crate) fn want(data: &[u8]) -> usize {
     match packet_at(data) {
         Ok(None) if data.len() >= 5 => {
             let mut len = 0usize;
@@ -153,7 +165,7 @@ fn want(data: &[u8]) -> usize {
 }
 
 /// A PUBLISH body: (packet id if QoS > 0, payload).
-fn parse_publish(first: u8, body: &[u8]) -> Result<(u8, u16, &[u8]), String> {
+pub(crate) fn parse_publish(first: u8, body: &[u8]) -> Result<(u8, u16, &[u8]), String> {
     let qos = (first >> 1) & 3;
     let mut r = Rd(body);
     let tl = r.u16()? as usize;
@@ -539,7 +551,7 @@ async fn run_async(a: Arc<MqttArgs>) -> Result<Value, String> {
 // ---- mqtt-idle ----
 
 /// Raises RLIMIT_NOFILE so that `need` descriptors fit; returns the soft limit in force.
-fn raise_nofile(need: u64) -> u64 {
+pub(crate) fn raise_nofile(need: u64) -> u64 {
     // SAFETY: getrlimit/setrlimit only read and write the struct they are given.
     unsafe {
         let mut rl: libc::rlimit = std::mem::zeroed();

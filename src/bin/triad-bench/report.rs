@@ -183,10 +183,53 @@ fn human_e2e(v: &Value) -> String {
     s
 }
 
+/// Summary of a `fleet` result.
+fn human_fleet(v: &Value) -> String {
+    let f = |p: &[&str]| fmt_num(get_f(v, p));
+    let kib = |p: &[&str]| fmt_num(get_f(v, p).map(|b| b / 1024.0));
+    format!(
+        "fleet {} {}: {} of {} sessions in {} s, {} sessions/s (first block {}/s, last {}/s, \
+         last/first time {}); broker CPU {} µs/session\n  disk per session: idle {} KiB, with \
+         1 queued message {} KiB, after stop {} KiB; RssAnon per disconnected session {} KiB\n  \
+         publish: {} msgs/s, broker CPU {} µs/msg\n  \
+         idle: {} connected, RssAnon {} KiB/conn (VmRSS {} KiB/conn), {} got their message\n  \
+         restart: stop {} s, listening after {} s, CONNACK session-present after {} s; RSS after \
+         {} KiB (RssAnon {} KiB)",
+        get_s(v, "broker_name"),
+        get_s(v, "target"),
+        f(&["sessions"]),
+        f(&["sessions_requested"]),
+        f(&["create", "seconds"]),
+        f(&["create", "sessions_per_s"]),
+        f(&["create", "first_block_per_s"]),
+        f(&["create", "last_block_per_s"]),
+        f(&["create", "last_over_first_time"]),
+        f(&["create", "broker_cpu_us_per_session"]),
+        kib(&["disk", "bytes_per_session_idle"]),
+        kib(&["disk", "bytes_per_session_with_message"]),
+        kib(&["disk", "bytes_per_session_after_stop"]),
+        f(&["rss_anon_kib_per_session"]),
+        f(&["publish", "msgs_per_s"]),
+        f(&["publish", "broker_cpu_us_per_msg"]),
+        f(&["idle", "connected"]),
+        f(&["idle", "rss_anon_kib_per_conn"]),
+        f(&["idle", "rss_kib_per_conn"]),
+        f(&["idle", "queued_delivered"]),
+        f(&["restart", "stop_s"]),
+        f(&["restart", "listen_s"]),
+        f(&["restart", "ready_s"]),
+        f(&["restart", "rss_kib_after"]),
+        f(&["restart", "rss_anon_kib_after"]),
+    )
+}
+
 /// Human-readable summary of one result (stdout without `--json`).
 pub fn human(v: &Value) -> String {
     let mut s = String::new();
     let bench = get_s(v, "bench");
+    if bench == "fleet" {
+        return human_fleet(v);
+    }
     if matches!(bench, "amqp" | "stomp" | "mqtt" | "mqtt-idle") {
         return human_e2e(v);
     }
