@@ -14,8 +14,15 @@
 //! number of branches that match, not to the number of bindings. A `#` can reach the
 //! same state along many paths (`#.#.#.a`); states below a `#` are memoised, so no
 //! state is expanded twice and the walk stays polynomial (at most nodes × words).
+//!
+//! Memory (a fleet binds one or more patterns per device, so a node's size is per
+//! binding): a node keeps its own word (the edge from its parent); the parent indexes
+//! its word children by node id alone, in a short vector while it has few of them and in
+//! a hash table of ids (hashed by the child's word) beyond that, so a word is stored once.
+//! Destinations are a short vector, and a hash set once a pattern has many.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::BuildHasher;
 
 use super::Destination;
 
@@ -32,16 +39,95 @@ enum Edge {
     Hash,
 }
 
+/// A node's word children, by id: a short vector searched linearly, or a hash table of
+/// ids hashed by the child's word once there are more than [`SMALL`].
+#[derive(Debug, Default)]
+enum Children {
+    #[default]
+    None,
+    Small(Vec<NodeId>),
+    Big(Box<hashbrown::HashTable<NodeId>>),
+}
+
+/// Up to this many word children (or destinations) are kept in a vector.
+const SMALL: usize = 8;
+
+/// A pattern's destinations: a short vector, or a set once there are many.
+#[derive(Debug, Default)]
+enum Dests {
+    #[default]
+    None,
+    Small(Vec<Destination>),
+    Big(Box<HashSet<Destination>>),
+}
+
+impl Dests {
+    fn insert(&mut self, d: Destination) -> bool {
+        match self {
+            Dests::None => {
+                *self = Dests::Small(vec![d]);
+                true
+            }
+            Dests::Small(v) if v.contains(&d) => false,
+            Dests::Small(v) if v.len() < SMALL => {
+                v.push(d);
+                true
+            }
+            Dests::Small(v) => {
+                let mut set: HashSet<Destination> = v.drain(..).collect();
+                set.insert(d);
+                *self = Dests::Big(Box::new(set));
+                true
+            }
+            Dests::Big(set) => set.insert(d),
+        }
+    }
+
+    fn remove(&mut self, d: &Destination) -> bool {
+        let removed = match self {
+            Dests::None => false,
+            Dests::Small(v) => match v.iter().position(|x| x == d) {
+                Some(i) => {
+                    v.swap_remove(i);
+                    true
+                }
+                None => false,
+            },
+            Dests::Big(set) => set.remove(d),
+        };
+        if self.is_empty() {
+            *self = Dests::None;
+        }
+        removed
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Dests::None => true,
+            Dests::Small(v) => v.is_empty(),
+            Dests::Big(set) => set.is_empty(),
+        }
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = &Destination> + '_> {
+        match self {
+            Dests::None => Box::new(std::iter::empty()),
+            Dests::Small(v) => Box::new(v.iter()),
+            Dests::Big(set) => Box::new(set.iter()),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Node {
     parent: NodeId,
     edge: Edge,
     /// Whether this node or an ancestor is a `#` (states below need memoising).
     below_hash: bool,
-    words: HashMap<Box<str>, NodeId>,
+    words: Children,
     star: Option<NodeId>,
     hash: Option<NodeId>,
-    destinations: HashSet<Destination>,
+    destinations: Dests,
 }
 
 impl Node {
@@ -50,10 +136,10 @@ impl Node {
             parent,
             edge,
             below_hash,
-            words: HashMap::new(),
+            words: Children::None,
             star: None,
             hash: None,
-            destinations: HashSet::new(),
+            destinations: Dests::None,
         }
     }
 
@@ -61,8 +147,15 @@ impl Node {
         matches!(self.edge, Edge::Hash)
     }
 
+    fn word(&self) -> Option<&str> {
+        match &self.edge {
+            Edge::Word(w) => Some(w),
+            _ => None,
+        }
+    }
+
     fn is_empty(&self) -> bool {
-        self.words.is_empty()
+        matches!(self.words, Children::None)
             && self.star.is_none()
             && self.hash.is_none()
             && self.destinations.is_empty()
@@ -86,6 +179,8 @@ pub struct TopicTrie {
     free: Vec<NodeId>,
     /// Number of (pattern, destination) pairs.
     len: usize,
+    /// Hashes words for the children tables.
+    hasher: foldhash::fast::RandomState,
 }
 
 impl Default for TopicTrie {
@@ -101,6 +196,7 @@ impl TopicTrie {
             nodes: vec![Some(Node::new(ROOT, Edge::Root, false))],
             free: Vec::new(),
             len: 0,
+            hasher: foldhash::fast::RandomState::default(),
         }
     }
 
@@ -142,6 +238,85 @@ impl TopicTrie {
         }
     }
 
+    fn word_of(&self, id: NodeId) -> Option<&str> {
+        self.node(id).and_then(Node::word)
+    }
+
+    /// The word child `word` of `node`.
+    fn word_child(&self, node: &Node, word: &str) -> Option<NodeId> {
+        match &node.words {
+            Children::None => None,
+            Children::Small(ids) => ids
+                .iter()
+                .copied()
+                .find(|&id| self.word_of(id) == Some(word)),
+            Children::Big(table) => table
+                .find(self.hasher.hash_one(word), |&id| {
+                    self.word_of(id) == Some(word)
+                })
+                .copied(),
+        }
+    }
+
+    /// Adds `child` (whose edge is its word) to `parent`'s word children.
+    fn add_word_child(&mut self, parent: NodeId, child: NodeId) {
+        let Some(p) = self.node_mut(parent) else {
+            return;
+        };
+        let mut words = std::mem::take(&mut p.words);
+        words = match words {
+            Children::None => Children::Small(vec![child]),
+            Children::Small(mut ids) if ids.len() < SMALL => {
+                ids.push(child);
+                Children::Small(ids)
+            }
+            Children::Small(ids) => {
+                let mut table = hashbrown::HashTable::with_capacity(ids.len() * 2);
+                for id in ids.into_iter().chain(std::iter::once(child)) {
+                    let h = self.hasher.hash_one(self.word_of(id).unwrap_or(""));
+                    table.insert_unique(h, id, |&x| {
+                        self.hasher.hash_one(self.word_of(x).unwrap_or(""))
+                    });
+                }
+                Children::Big(Box::new(table))
+            }
+            Children::Big(mut table) => {
+                let h = self.hasher.hash_one(self.word_of(child).unwrap_or(""));
+                table.insert_unique(h, child, |&x| {
+                    self.hasher.hash_one(self.word_of(x).unwrap_or(""))
+                });
+                Children::Big(table)
+            }
+        };
+        if let Some(p) = self.node_mut(parent) {
+            p.words = words;
+        }
+    }
+
+    /// Removes `child` (with word `word`) from `parent`'s word children.
+    fn remove_word_child(&mut self, parent: NodeId, child: NodeId, word: &str) {
+        let h = self.hasher.hash_one(word);
+        let Some(p) = self.node_mut(parent) else {
+            return;
+        };
+        let empty = match &mut p.words {
+            Children::None => true,
+            Children::Small(ids) => {
+                ids.retain(|&id| id != child);
+                ids.is_empty()
+            }
+            Children::Big(table) => {
+                if let Ok(e) = table.find_entry(h, |&id| id == child) {
+                    e.remove();
+                }
+                table.is_empty()
+            }
+        };
+        if empty {
+            p.words = Children::None;
+        }
+    }
+
     /// Follows or creates the edge for `word` below `parent`.
     fn child_or_insert(&mut self, parent: NodeId, word: &str) -> NodeId {
         let Some(p) = self.node(parent) else {
@@ -150,7 +325,7 @@ impl TopicTrie {
         let existing = match word {
             "*" => p.star,
             "#" => p.hash,
-            w => p.words.get(w).copied(),
+            w => self.word_child(p, w),
         };
         if let Some(id) = existing {
             return id;
@@ -161,16 +336,18 @@ impl TopicTrie {
             w => Edge::Word(w.into()),
         };
         let below_hash = p.below_hash || matches!(edge, Edge::Hash);
-        let id = self.alloc(Node::new(parent, edge.clone(), below_hash));
-        if let Some(p) = self.node_mut(parent) {
-            match edge {
-                Edge::Star => p.star = Some(id),
-                Edge::Hash => p.hash = Some(id),
-                Edge::Word(w) => {
-                    p.words.insert(w, id);
-                }
-                Edge::Root => {}
+        let kind = std::mem::discriminant(&edge);
+        let id = self.alloc(Node::new(parent, edge, below_hash));
+        if kind == std::mem::discriminant(&Edge::Star) {
+            if let Some(p) = self.node_mut(parent) {
+                p.star = Some(id);
             }
+        } else if kind == std::mem::discriminant(&Edge::Hash) {
+            if let Some(p) = self.node_mut(parent) {
+                p.hash = Some(id);
+            }
+        } else {
+            self.add_word_child(parent, id);
         }
         id
     }
@@ -182,7 +359,7 @@ impl TopicTrie {
             id = match word {
                 "*" => n.star?,
                 "#" => n.hash?,
-                w => *n.words.get(w)?,
+                w => self.word_child(n, w)?,
             };
         }
         Some(id)
@@ -224,15 +401,19 @@ impl TopicTrie {
             }
             let parent = n.parent;
             let edge = n.edge.clone();
-            if let Some(p) = self.node_mut(parent) {
-                match edge {
-                    Edge::Star => p.star = None,
-                    Edge::Hash => p.hash = None,
-                    Edge::Word(w) => {
-                        p.words.remove(&w);
+            match edge {
+                Edge::Star => {
+                    if let Some(p) = self.node_mut(parent) {
+                        p.star = None;
                     }
-                    Edge::Root => {}
                 }
+                Edge::Hash => {
+                    if let Some(p) = self.node_mut(parent) {
+                        p.hash = None;
+                    }
+                }
+                Edge::Word(w) => self.remove_word_child(parent, id, &w),
+                Edge::Root => {}
             }
             if let Some(slot) = self.nodes.get_mut(id as usize) {
                 *slot = None;
@@ -265,7 +446,7 @@ impl TopicTrie {
                     }
                 }
                 Some(word) => {
-                    if let Some(&c) = node.words.get(*word) {
+                    if let Some(c) = self.word_child(node, word) {
                         stack.push((c, i + 1));
                     }
                     if let Some(s) = node.star {
@@ -397,6 +578,48 @@ mod tests {
         let key = vec!["a"; 200].join(".");
         assert!(matches(&t, &key).is_empty());
         assert_eq!(matches(&t, &(key + ".x")), ["q"]);
+    }
+
+    #[test]
+    fn wide_nodes_and_many_destinations_use_their_tables() {
+        let mut t = TopicTrie::new();
+        // 1,000 word children under `dev` (a hash table of ids), each with its own queue
+        for i in 0..1000 {
+            assert!(t.insert(&format!("dev.{i}.cmd"), q(&format!("d{i}"))));
+        }
+        // 40 destinations on one pattern (a set), 3 on another (a vector)
+        for i in 0..40 {
+            assert!(t.insert("dev.*.cmd", q(&format!("all{i}"))));
+        }
+        assert!(!t.insert("dev.*.cmd", q("all7")));
+        for i in 0..3 {
+            t.insert("dev.7.#", q(&format!("seven{i}")));
+        }
+        let got = matches(&t, "dev.7.cmd");
+        assert_eq!(got.len(), 1 + 40 + 3);
+        assert!(got.contains(&"d7".to_string()) && !got.contains(&"d8".to_string()));
+        assert!(matches(&t, "dev.1000.cmd").len() == 40);
+        // remove every odd device and most of the set: routing and pruning still right
+        for i in (1..1000).step_by(2) {
+            assert!(t.remove(&format!("dev.{i}.cmd"), &q(&format!("d{i}"))));
+        }
+        for i in 0..39 {
+            assert!(t.remove("dev.*.cmd", &q(&format!("all{i}"))));
+        }
+        assert_eq!(matches(&t, "dev.8.cmd"), ["all39", "d8"]);
+        assert_eq!(matches(&t, "dev.9.cmd"), ["all39"]);
+        for i in (0..1000).step_by(2) {
+            assert!(t.remove(&format!("dev.{i}.cmd"), &q(&format!("d{i}"))));
+        }
+        assert!(t.remove("dev.*.cmd", &q("all39")));
+        for i in 0..3 {
+            assert!(t.remove("dev.7.#", &q(&format!("seven{i}"))));
+        }
+        assert!(t.is_empty());
+        assert_eq!(t.node_count(), 1);
+        let mut got: Vec<String> = t.iter().map(|(p, _)| p).collect();
+        got.sort();
+        assert!(got.is_empty());
     }
 
     #[test]
