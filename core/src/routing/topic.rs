@@ -58,6 +58,9 @@ enum Dests {
     #[default]
     None,
     Small(Vec<Destination>),
+    // Boxed on purpose: most patterns have one destination, so every node would otherwise
+    // carry an inline set's 48 bytes for the few that have many.
+    #[allow(clippy::box_collection)]
     Big(Box<HashSet<Destination>>),
 }
 
