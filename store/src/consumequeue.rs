@@ -543,9 +543,9 @@ impl ConsumeQueue {
             if n == 0 {
                 return;
             }
-            let dropped: Vec<Slot> = s.slots.drain(..n).collect();
+            self.release_slots(s.slots.range(..n));
+            s.slots.drain(..n);
             s.base += n as u64;
-            self.release_slots(&dropped);
             if s.slots.capacity() > 4 * s.slots.len().max(4) {
                 s.slots.shrink_to(s.slots.len().max(4));
             }
@@ -563,7 +563,11 @@ impl ConsumeQueue {
             Form::Small(_) => 0,
         };
         self.trim_below(logical);
-        if let Some(c) = &self.small {
+        if let Some(c) = self
+            .small
+            .as_ref()
+            .filter(|_| deleted > 0 || self.has_own_files())
+        {
             let mut form = self.write();
             if let Form::Files(fq) = &*form {
                 let next = fq.next_offset();
