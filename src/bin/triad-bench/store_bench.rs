@@ -501,7 +501,7 @@ mod fleet {
             r.map_err(|e| format!("queue {i}: {e}"))
         };
         let progress = |what: &str, i: u64| {
-            if !a.quiet && i > 0 && i % 20_000 == 0 {
+            if !a.quiet && i > 0 && i.is_multiple_of(20_000) {
                 eprintln!("  {what}: {i}");
             }
         };
@@ -600,7 +600,7 @@ mod fleet {
         if !a.quiet {
             // removing 100,000 directories can take minutes on a disk mounted with discard
             eprintln!("{out}");
-            eprintln!("removing {}", scratch.path.display());
+            eprintln!("data directory {}", scratch.path.display());
         }
         drop(scratch);
         Ok(out)
