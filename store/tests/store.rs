@@ -630,3 +630,43 @@ fn queues_move_between_forms_and_old_segments_are_compacted() {
     assert_eq!(rec.body.as_ref(), body_for(60).as_slice());
     assert!(store.read_queue(busy, 58).unwrap().is_none());
 }
+
+/// A data directory written before the shared index (every queue with its own files)
+/// opens with its queues intact; drained, they move to the shared index.
+#[test]
+fn data_dir_with_per_queue_files_still_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = small_cfg(dir.path());
+    old.small_queue_entries = 0;
+    let store = Store::open(old).unwrap();
+    let a = store.create_queue("/", "a", true).unwrap();
+    let b = store.create_queue("/", "b", true).unwrap();
+    for i in 0..5 {
+        append(&store, &[a, b], i);
+    }
+    store.abandon();
+    let qdir = |q: &str| dir.path().join("consumequeue").join("%2F").join(q);
+    assert!(qdir("a").exists() && qdir("b").exists());
+
+    let store = Store::open(small_cfg(dir.path())).unwrap();
+    for q in [a, b] {
+        assert_eq!(store.queue_info(q).unwrap().pending(), 5);
+        let (_, rec) = store.read_queue(q, 4).unwrap().unwrap();
+        assert_eq!(rec.body.as_ref(), body_for(4).as_slice());
+    }
+    store.ack_range(a, 0, 5).unwrap().wait().unwrap();
+    store.checkpoint().unwrap();
+    store.run_retention().unwrap();
+    assert!(!qdir("a").exists(), "drained: its files are gone");
+    assert!(qdir("b").exists(), "5 pending of at most 8: kept as it was");
+    let (_, offs) = append(&store, &[a], 5);
+    assert_eq!(offs, vec![(a, 5)]);
+    store.abandon();
+    let store = Store::open(small_cfg(dir.path())).unwrap();
+    assert_eq!(store.queue_info(a).unwrap().pending(), 1);
+    assert_eq!(store.queue_info(b).unwrap().pending(), 5);
+    assert_eq!(
+        store.read_queue(a, 5).unwrap().unwrap().1.body.as_ref(),
+        body_for(5).as_slice()
+    );
+}
