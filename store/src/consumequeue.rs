@@ -189,7 +189,7 @@ impl ConsumeQueue {
     /// are opened and `loaded` is ignored. Otherwise the queue is small and takes the
     /// entries `loaded` (its records from [`SharedIndex::open`], in append order, a later
     /// one replacing an earlier one at the same offset), dropping those below
-    /// `keep_from` (its ack head) but the last of them; it is promoted at once if they
+    /// `keep_from` (its ack head) except the last entry; it is promoted at once if they
     /// are too many. Creates nothing on disk for a small queue.
     pub fn open_small(
         dir: &Path,
@@ -223,9 +223,14 @@ impl ConsumeQueue {
         for r in loaded {
             latest.insert(r.logical, (r.entry, r.seg));
         }
-        // From the last entry below the head on: if the recovery then cuts everything from
-        // the head on, that entry still holds `next_offset` where the head is.
-        let keep = latest.range(..keep_from).next_back().map_or(0, |(&l, _)| l);
+        // From the head on, and the last entry, which holds `next_offset` (if a recovery
+        // then cuts everything from the head on, `ensure_next` puts it at the head).
+        // Entries below the head are consumed; copies of them may be stale (from before
+        // the queue last had files), so they are not taken.
+        let keep = latest
+            .keys()
+            .next_back()
+            .map_or(0, |&last| last.min(keep_from));
         let kept = latest.range(keep..);
         let base = kept.clone().next().map_or(0, |(&l, _)| l);
         let end = kept.clone().next_back().map_or(0, |(&l, _)| l + 1);
@@ -932,7 +937,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(96))]
+        #![proptest_config(ProptestConfig::with_cases(128))]
         /// Whatever the queue's form and however often it restarts, every entry at or
         /// above the consumed point is there, with the latest value written.
         #[test]

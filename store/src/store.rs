@@ -297,6 +297,9 @@ impl Store {
             meta.put(REGISTRY, &registry)?;
         }
         remove_orphans(&cq_root, &registry)?;
+        // Queue directories appear later (a queue that outgrows the shared index); their
+        // root exists from the start, so the data directory's fsync below covers it.
+        std::fs::create_dir_all(&cq_root).map_err(StoreError::at(&cq_root))?;
 
         // Small queues' entries, grouped by queue (in append order within each).
         let (shared, mut loaded) = open_shared(&dir, &cfg)?;
