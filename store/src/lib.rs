@@ -1,17 +1,22 @@
 //! Triad's durable store, after RocketMQ's design.
 //!
 //! Every message is written once, to the [`commitlog`]; each queue it was routed to gets
-//! a fixed 20-byte entry in its own [`consumequeue`]; message keys go to the
-//! [`index`]. Per-queue [`ack`] state records which entries were consumed, and the
-//! [`journal`] holds durable metadata (queue registry, topology) as an ordered log of
-//! changes plus snapshots.
+//! an entry in its [`consumequeue`] (in heap and the shared index [`smallcq`] while the
+//! queue holds few entries, in its own files of 20-byte entries once it holds more);
+//! message keys go to the [`index`]. Per-queue [`ack`] state records which entries were
+//! consumed, and the [`journal`] holds durable metadata (queue registry, topology, ack
+//! states as of the checkpoint) as an ordered log of changes plus snapshots.
 //! [`store`] ties them together: one writer path, group commit ([`flush`]), checkpoints,
 //! crash recovery and retention. It knows nothing of protocols.
 //!
 //! Modules:
 //! - [`record`]: the self-describing, CRC32C-checked commitlog record codec.
 //! - [`commitlog`]: fixed-size memory-mapped segments named by start offset.
-//! - [`consumequeue`]: per-queue files of 20-byte entries (commitlog offset, size, tag hash).
+//! - [`consumequeue`]: a queue's entries (commitlog offset, size, tag hash) by logical
+//!   offset; small queues in heap, big ones in files; moves a queue between the two.
+//! - [`cqfile`]: a big queue's own files of 20-byte entries.
+//! - [`smallcq`]: the shared index: one segmented append-only file that makes every small
+//!   queue's entries durable, so an idle queue owns no file.
 //! - [`index`]: on-disk hash index from message key to commitlog offsets.
 //! - [`ack`]: ack head plus the set of acked entries above it.
 //! - [`flush`]: durability waiters and the flusher (sync = group commit, async = interval).
@@ -31,6 +36,7 @@
 pub mod ack;
 pub mod commitlog;
 pub mod consumequeue;
+pub mod cqfile;
 pub mod error;
 pub mod file;
 pub mod flush;
@@ -38,6 +44,7 @@ pub mod index;
 pub mod journal;
 pub mod meta;
 pub mod record;
+pub mod smallcq;
 pub mod store;
 
 pub use error::{Result, StoreError};

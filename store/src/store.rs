@@ -11,6 +11,11 @@
 //!                           durable queue's ack state here; read once, then journaled)
 //! commitlog/<20 digits>     segments
 //! consumequeue/<vhost>/<queue>/<20 digits>
+//!                           only for queues holding more than `small_queue_entries`
+//!                           (files of 20-byte entries); a small queue has no directory
+//! sharedcq/<20 digits>      the shared index: 40-byte entries (queue, logical offset,
+//!                           commitlog offset, size, tag hash, CRC) of every small durable
+//!                           queue, in segments deleted once nothing in them is live
 //! index/<20 digits>
 //! meta/journal-*, snapshot-*  the metadata journal (see [`crate::journal`]); the store's
 //!                           queue registry is its `Q` (queue id → record) and `N` (id
@@ -23,7 +28,12 @@
 //! records in the commitlog too, so they share the group commit and recovery replays them
 //! after the checkpoint's ack snapshot. Recovery always scans from the checkpoint (on a
 //! clean start that finds the end at once) and rebuilds consume-queue, index and ack
-//! state from the records it finds.
+//! state from the records it finds. Small queues first take their entries from the shared
+//! index; after the replay their live entries are written to fresh shared-index segments
+//! and the old segments deleted, so entries cut by the recovery cannot come back.
+//!
+//! Cost of a queue: an idle or near-empty durable queue owns no file and no mapping;
+//! 40 bytes of shared index and 24 bytes of heap per entry held, plus its `QueueState`.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -37,7 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ack::AckState;
 use crate::commitlog::{CommitLog, StoredRecord, Writer};
-use crate::consumequeue::{ConsumeQueue, CqEntry};
+use crate::consumequeue::{ConsumeQueue, CqEntry, SmallConfig};
 use crate::error::{Result, StoreError};
 use crate::file::{sync_dir, write_atomic};
 use crate::flush::{Durable, FlushMode, FlushShared};
@@ -45,6 +55,7 @@ use crate::index::{IndexConfig, IndexService};
 use crate::journal::{MetaJournal, MetaOp};
 use crate::meta::MetaStore;
 use crate::record::{self, Decoded, NewMessage};
+use crate::smallcq::{SharedIndex, SharedRecord};
 
 /// A queue's id in the store; never reused.
 pub type QueueId = u32;
@@ -55,8 +66,15 @@ pub struct StoreConfig {
     pub dir: PathBuf,
     /// Commitlog segment size (default 1 GiB).
     pub segment_size: u64,
-    /// Consume-queue entries per file (default 300,000: 6 MB files, as RocketMQ).
+    /// Consume-queue entries per file (default 300,000: 6 MB files, as RocketMQ), for
+    /// queues that hold more than `small_queue_entries`.
     pub cq_entries_per_file: u64,
+    /// A queue holding at most this many entries keeps them in heap and in the shared
+    /// index instead of its own files (default 64; at least 8; 0 = every queue has its own
+    /// files, as before the shared index).
+    pub small_queue_entries: u64,
+    /// Entries per shared-index segment (default 32,768: 1.25 MiB files).
+    pub shared_index_segment_entries: u64,
     pub index: IndexConfig,
     pub flush: FlushMode,
     /// How often consume queues and ack state are flushed and the checkpoint written.
@@ -76,6 +94,8 @@ impl StoreConfig {
             dir: dir.into(),
             segment_size: 1 << 30,
             cq_entries_per_file: 300_000,
+            small_queue_entries: 64,
+            shared_index_segment_entries: 32_768,
             index: IndexConfig::default(),
             flush: FlushMode::Sync,
             checkpoint_interval: Duration::from_secs(1),
@@ -262,6 +282,8 @@ struct Inner {
     queues: RwLock<HashMap<QueueId, Arc<QueueState>, foldhash::fast::RandomState>>,
     registry: Mutex<RegState>,
     index: IndexService,
+    /// Makes small queues' entries durable; `None` when `small_queue_entries` is 0.
+    shared: Option<Arc<SharedIndex>>,
     meta: MetaStore,
     journal: MetaJournal,
     flush: Arc<FlushShared>,
@@ -366,11 +388,19 @@ impl Store {
         let registry = load_registry(&journal, &meta)?;
         let cq_root = dir.join("consumequeue");
         remove_orphans(&cq_root, &registry)?;
+        // Queue directories appear later (a queue that outgrows the shared index); their
+        // root exists from the start, so the data directory's fsync below covers it.
+        std::fs::create_dir_all(&cq_root).map_err(StoreError::at(&cq_root))?;
 
+        // Small queues' entries, grouped by queue (in append order within each).
+        let (shared, mut loaded) = open_shared(&dir, &cfg)?;
         let mut queues = HashMap::with_hasher(foldhash::fast::RandomState::default());
         for rec in &registry.queues {
             let qdir = queue_dir(&cq_root, rec);
-            let cq = ConsumeQueue::open(&qdir, cfg.cq_entries_per_file)?;
+            let head = snapshot.get(&rec.id).map_or(0, |(_, a)| a.head());
+            let mine = loaded.remove(&rec.id).unwrap_or_default();
+            let cq = open_cq(&qdir, &cfg, &shared, rec, &mine, head)?;
+            drop(mine);
             let (ack, delivered) = match snapshot.get(&rec.id) {
                 Some((delivered, ack)) => (ack.clone(), *delivered),
                 None => (AckState::new(cq.min_offset()), 0),
@@ -432,12 +462,24 @@ impl Store {
             }
             Ok(())
         })?;
+        drop(loaded);
         for q in queues.values() {
             q.cq.truncate_commit_from(recovered.end)?;
+            let head = q.ack().head();
+            q.cq.ensure_next(head)?;
             if unclean {
                 q.delivered.store(q.cq.next_offset(), Ordering::Relaxed);
                 q.dirty.store(true, Ordering::Relaxed);
             }
+        }
+        // The shared index now holds exactly the live entries: move them out of the
+        // segments found at start (which may hold entries this recovery cut) and delete those.
+        if let Some(sh) = &shared {
+            let old = sh.opened_segments().to_vec();
+            for q in queues.values() {
+                q.cq.relocate(&old)?;
+            }
+            sh.retire()?;
         }
         if unclean || recovered.truncated {
             tracing::info!(
@@ -463,6 +505,7 @@ impl Store {
                 next_id: registry.next_id,
             }),
             index,
+            shared,
             meta,
             journal,
             flush,
@@ -829,6 +872,47 @@ fn queue_dir(root: &Path, q: &QueueRecord) -> PathBuf {
     root.join(dir_name(&q.vhost, None)).join(&q.dir)
 }
 
+/// Opens the shared index (when small queues are on) and groups what it holds by queue.
+#[allow(clippy::type_complexity)]
+fn open_shared(
+    dir: &Path,
+    cfg: &StoreConfig,
+) -> Result<(
+    Option<Arc<SharedIndex>>,
+    HashMap<QueueId, Vec<SharedRecord>>,
+)> {
+    let mut by_queue: HashMap<QueueId, Vec<SharedRecord>> = HashMap::new();
+    if cfg.small_queue_entries == 0 {
+        return Ok((None, by_queue));
+    }
+    let (shared, records) =
+        SharedIndex::open(&dir.join("sharedcq"), cfg.shared_index_segment_entries)?;
+    for r in records {
+        by_queue.entry(r.queue).or_default().push(r);
+    }
+    Ok((Some(Arc::new(shared)), by_queue))
+}
+
+/// A queue's consume queue: small while it holds few entries unless that is off.
+fn open_cq(
+    qdir: &Path,
+    cfg: &StoreConfig,
+    shared: &Option<Arc<SharedIndex>>,
+    rec: &QueueRecord,
+    loaded: &[SharedRecord],
+    ack_head: u64,
+) -> Result<ConsumeQueue> {
+    if cfg.small_queue_entries == 0 {
+        return ConsumeQueue::open(qdir, cfg.cq_entries_per_file);
+    }
+    let small = SmallConfig {
+        shared: shared.clone().filter(|_| rec.durable),
+        id: rec.id,
+        max: cfg.small_queue_entries,
+    };
+    ConsumeQueue::open_small(qdir, cfg.cq_entries_per_file, small, loaded, ack_head)
+}
+
 fn remove_dir_if_exists(p: &Path) -> Result<()> {
     match std::fs::remove_dir_all(p) {
         Ok(()) => Ok(()),
@@ -993,6 +1077,8 @@ impl Inner {
             for (s, e) in ranges {
                 a.ack_range(*s, *e);
             }
+            // a small queue drops consumed entries at once (heap only), so it stays small
+            q.cq.trim_below(a.head());
         }
         q.dirty.store(true, Ordering::Relaxed);
         let end = w.pos();
@@ -1022,7 +1108,7 @@ impl Inner {
         };
         let qdir = queue_dir(&self.cfg.dir.join("consumequeue"), &rec);
         remove_dir_if_exists(&qdir)?;
-        let cq = ConsumeQueue::open(&qdir, self.cfg.cq_entries_per_file)?;
+        let cq = open_cq(&qdir, &self.cfg, &self.shared, &rec, &[], 0)?;
         // A durable queue is one journal record. Transient ones never are (they vanish at
         // the next start, and their leftover files are removed as orphans); only the id
         // ceiling is, in blocks, so ids are never reused.
@@ -1164,6 +1250,9 @@ impl Inner {
         for q in qs {
             q.cq.flush()?;
         }
+        if let Some(sh) = &self.shared {
+            sh.flush()?;
+        }
         self.index.flush()?;
         // The ack states go in bounded records; each is a whole queue's state, so a crash
         // between two leaves every queue at its old or its new state, both of which the
@@ -1199,12 +1288,22 @@ impl Inner {
             .cloned()
             .collect();
         let mut needed = ckpt.min(self.log.end());
+        // Shared-index segments with few live entries left: their queues move them on.
+        let victims = self
+            .shared
+            .as_ref()
+            .map(|s| s.victims())
+            .unwrap_or_default();
         for q in &qs {
             let head = q.ack().head();
             if let Some(e) = q.cq.get(head) {
                 needed = needed.min(e.commit_offset);
             }
             q.cq.delete_files_below(head)?;
+            q.cq.relocate(&victims)?;
+        }
+        if let Some(sh) = &self.shared {
+            sh.retire()?;
         }
         let n = self.log.delete_below(needed)?;
         self.index.delete_files_below(needed)?;

@@ -15,6 +15,10 @@ fn small_cfg(dir: &Path) -> StoreConfig {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 8192;
     c.cq_entries_per_file = 16;
+    // queues move between heap + shared index and their own files, and shared-index
+    // segments roll and retire, within the few dozen messages a test writes
+    c.small_queue_entries = 8;
+    c.shared_index_segment_entries = 8;
     c.index.slots = 64;
     c.index.max_entries = 64;
     c.checkpoint_interval = Duration::from_secs(3600);
@@ -521,4 +525,192 @@ fn a_checkpoint_journals_only_the_ack_states_that_changed() {
     let s = Store::open(small_cfg(dir.path())).unwrap();
     assert!(s.is_acked(ids[9], 0).unwrap() && s.is_acked(ids[7], 0).unwrap());
     assert!(!s.is_acked(ids[8], 0).unwrap());
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(rd) = std::fs::read_dir(p) else {
+        return 0;
+    };
+    rd.map(|e| {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            dir_bytes(&e.path())
+        } else {
+            m.blocks() * 512
+        }
+    })
+    .sum()
+}
+
+fn count_entries(p: &Path) -> usize {
+    std::fs::read_dir(p).map_or(0, |rd| rd.count())
+}
+
+/// Many queues with a message or two: no per-queue file or directory; they survive a
+/// kill -9 and a clean restart; consuming and deleting them frees the shared index.
+#[test]
+fn small_queues_own_no_files_and_survive_crashes() {
+    const N: u64 = 500;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path());
+    cfg.segment_size = 1 << 20;
+    cfg.shared_index_segment_entries = 64;
+    cfg.checkpoint_interval = Duration::from_secs(3600);
+    cfg.retention_interval = Duration::from_secs(3600);
+    let store = Store::open(cfg.clone()).unwrap();
+    let ids: Vec<u32> = (0..N)
+        .map(|i| store.create_queue("/", &format!("dev-{i}"), true).unwrap())
+        .collect();
+    for (i, q) in ids.iter().enumerate() {
+        append(&store, &[*q], i as u64);
+    }
+    // a message for every queue at once: the shape of an MQTT fan-out
+    append(&store, &ids, N);
+    store.checkpoint().unwrap();
+    assert_eq!(
+        count_entries(&dir.path().join("consumequeue")),
+        0,
+        "no queue directory"
+    );
+    let shared = dir_bytes(&dir.path().join("sharedcq"));
+    assert!(
+        // segments of 64 entries (2,560 bytes, a 4 KiB block each)
+        shared <= ((2 * N).div_ceil(64) + 1) * 4096,
+        "shared index {shared} bytes for {N} queues of 2 entries"
+    );
+    store.abandon();
+
+    let store = Store::open(cfg.clone()).unwrap();
+    for (i, q) in ids.iter().enumerate() {
+        let info = store.queue_info(*q).unwrap();
+        assert_eq!((info.next_offset, info.pending()), (2, 2), "queue {i}");
+        let (_, rec) = store.read_queue(*q, 0).unwrap().unwrap();
+        assert_eq!(rec.body.as_ref(), body_for(i as u64).as_slice());
+        let (_, rec) = store.read_queue(*q, 1).unwrap().unwrap();
+        assert_eq!(rec.body.as_ref(), body_for(N).as_slice());
+    }
+    // consume everything: each queue keeps one entry (its next offset) and no more
+    for q in &ids {
+        store.ack_range(*q, 0, 2).unwrap().wait().unwrap();
+    }
+    store.checkpoint().unwrap();
+    store.run_retention().unwrap();
+    store.abandon();
+    let store = Store::open(cfg.clone()).unwrap();
+    let live_segments = count_entries(&dir.path().join("sharedcq"));
+    assert!(
+        live_segments <= (N as usize).div_ceil(64) + 1,
+        "{live_segments} segments for {N} live entries"
+    );
+    for q in &ids {
+        let info = store.queue_info(*q).unwrap();
+        assert_eq!((info.next_offset, info.pending()), (2, 0));
+        assert_eq!(store.read_queue(*q, 0).unwrap().map(|r| r.0), None);
+    }
+    // the next message gets offset 2, after a clean restart too
+    let (_, offs) = append(&store, &ids[..1], N + 1);
+    assert_eq!(offs, vec![(ids[0], 2)]);
+    drop(store);
+    let store = Store::open(cfg.clone()).unwrap();
+    assert_eq!(store.queue_info(ids[0]).unwrap().pending(), 1);
+    // deleting the queues frees the index down to the segment being written
+    for q in &ids {
+        store.delete_queue(*q).unwrap();
+    }
+    store.run_retention().unwrap();
+    assert_eq!(count_entries(&dir.path().join("sharedcq")), 1);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert!(store.queues().is_empty());
+    assert_eq!(count_entries(&dir.path().join("sharedcq")), 1);
+}
+
+/// A queue that grows gets its own files and loses them when drained; one old live entry
+/// does not pin a shared-index segment; crashes at each step lose nothing.
+#[test]
+fn queues_move_between_forms_and_old_segments_are_compacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_cfg(dir.path());
+    let store = Store::open(cfg.clone()).unwrap();
+    let idle = store.create_queue("/", "idle", true).unwrap();
+    let busy = store.create_queue("/", "busy", true).unwrap();
+    append(&store, &[idle], 0);
+    let qdir = dir.path().join("consumequeue").join("%2F").join("busy");
+    let mut n = 1;
+    for _ in 0..20 {
+        append(&store, &[busy], n);
+        n += 1;
+    }
+    assert!(qdir.exists(), "20 unconsumed entries: own files");
+    store.abandon();
+    let store = Store::open(cfg.clone()).unwrap();
+    assert_eq!(store.queue_info(busy).unwrap().next_offset, 20);
+    store.ack_range(busy, 0, 20).unwrap().wait().unwrap();
+    store.checkpoint().unwrap();
+    store.run_retention().unwrap();
+    assert!(!qdir.exists(), "drained: back in the shared index");
+    // fill segments with a consumed-as-it-goes queue; idle's one entry must not pin
+    // the first segment
+    for _ in 0..40 {
+        let (_, offs) = append(&store, &[busy], n);
+        store.ack(busy, &[offs[0].1]).unwrap().wait().unwrap();
+        n += 1;
+    }
+    store.checkpoint().unwrap();
+    store.run_retention().unwrap();
+    store.run_retention().unwrap();
+    let segs = count_entries(&dir.path().join("sharedcq"));
+    assert!(segs <= 2, "{segs} shared-index segments for 2 live entries");
+    store.abandon();
+    let store = Store::open(cfg.clone()).unwrap();
+    let (_, rec) = store.read_queue(idle, 0).unwrap().unwrap();
+    assert_eq!(rec.body.as_ref(), body_for(0).as_slice());
+    let info = store.queue_info(busy).unwrap();
+    assert_eq!((info.next_offset, info.pending()), (60, 0));
+    // a consumed small queue keeps its last entry (its next offset), no more
+    let (_, rec) = store.read_queue(busy, 59).unwrap().unwrap();
+    assert_eq!(rec.body.as_ref(), body_for(60).as_slice());
+    assert!(store.read_queue(busy, 58).unwrap().is_none());
+}
+
+/// A data directory written before the shared index (every queue with its own files)
+/// opens with its queues intact; drained, they move to the shared index.
+#[test]
+fn data_dir_with_per_queue_files_still_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = small_cfg(dir.path());
+    old.small_queue_entries = 0;
+    let store = Store::open(old).unwrap();
+    let a = store.create_queue("/", "a", true).unwrap();
+    let b = store.create_queue("/", "b", true).unwrap();
+    for i in 0..5 {
+        append(&store, &[a, b], i);
+    }
+    store.abandon();
+    let qdir = |q: &str| dir.path().join("consumequeue").join("%2F").join(q);
+    assert!(qdir("a").exists() && qdir("b").exists());
+
+    let store = Store::open(small_cfg(dir.path())).unwrap();
+    for q in [a, b] {
+        assert_eq!(store.queue_info(q).unwrap().pending(), 5);
+        let (_, rec) = store.read_queue(q, 4).unwrap().unwrap();
+        assert_eq!(rec.body.as_ref(), body_for(4).as_slice());
+    }
+    store.ack_range(a, 0, 5).unwrap().wait().unwrap();
+    store.checkpoint().unwrap();
+    store.run_retention().unwrap();
+    assert!(!qdir("a").exists(), "drained: its files are gone");
+    assert!(qdir("b").exists(), "5 pending of at most 8: kept as it was");
+    let (_, offs) = append(&store, &[a], 5);
+    assert_eq!(offs, vec![(a, 5)]);
+    store.abandon();
+    let store = Store::open(small_cfg(dir.path())).unwrap();
+    assert_eq!(store.queue_info(a).unwrap().pending(), 1);
+    assert_eq!(store.queue_info(b).unwrap().pending(), 5);
+    assert_eq!(
+        store.read_queue(a, 5).unwrap().unwrap().1.body.as_ref(),
+        body_for(5).as_slice()
+    );
 }

@@ -27,6 +27,14 @@ STORE OPTIONS:
   --duration SECS      run time when --count is not given (default 5); with --count, a cap
   --segment-size BYTES commitlog segment size (default 1 GiB)
   --read               then read everything back through read_queue and verify each body
+  --small-queue-entries N  store: queues holding at most N entries use the shared index
+                       (default 64); 0 = every queue has its own consume-queue files
+  --cq-entries-per-file N  store: entries per consume-queue file (default 300000)
+  --fleet N            instead of writers: the consume-queue layer alone, N queues with
+                       --per-queue entries each, then one busy queue of --busy entries;
+                       reports time, CPU, RssAnon, disk, mappings and fds per queue
+  --per-queue M        entries per fleet queue (default 1)
+  --busy N             entries of the fleet mode's busy queue (default 1000000)
   --keep               keep the data directory
   --allow-tmpfs        run on tmpfs/ramfs (refused by default: we want the real disk)
   --json               print only the final JSON line on stdout
@@ -144,6 +152,11 @@ pub struct StoreArgs {
     pub allow_tmpfs: bool,
     pub json: bool,
     pub quiet: bool,
+    pub small_queue_entries: Option<u64>,
+    pub cq_entries_per_file: Option<u64>,
+    pub fleet: Option<u64>,
+    pub per_queue: u64,
+    pub busy: u64,
 }
 
 impl Default for StoreArgs {
@@ -162,6 +175,11 @@ impl Default for StoreArgs {
             allow_tmpfs: false,
             json: false,
             quiet: false,
+            small_queue_entries: None,
+            cq_entries_per_file: None,
+            fleet: None,
+            per_queue: 1,
+            busy: 1_000_000,
         }
     }
 }
@@ -552,6 +570,11 @@ pub fn parse_store(args: &[String]) -> Result<StoreArgs, String> {
                 | "--count"
                 | "--duration"
                 | "--segment-size"
+                | "--small-queue-entries"
+                | "--cq-entries-per-file"
+                | "--fleet"
+                | "--per-queue"
+                | "--busy"
         )
     };
     while let Some(r) = f.next(valued) {
@@ -578,6 +601,19 @@ pub fn parse_store(args: &[String]) -> Result<StoreArgs, String> {
                     return Err("--segment-size must be at least 4096".into());
                 }
             }
+            "--small-queue-entries" => {
+                let n = parse_num(&flag, &v)?;
+                if n != 0 && n < 8 {
+                    return Err("--small-queue-entries must be 0 or at least 8".into());
+                }
+                o.small_queue_entries = Some(n);
+            }
+            "--cq-entries-per-file" => {
+                o.cq_entries_per_file = Some(positive(&flag, parse_num(&flag, &v)?)?)
+            }
+            "--fleet" => o.fleet = Some(positive(&flag, parse_num(&flag, &v)?)?),
+            "--per-queue" => o.per_queue = positive(&flag, parse_num(&flag, &v)?)?,
+            "--busy" => o.busy = parse_num(&flag, &v)?,
             "--read" => o.read = true,
             "--keep" => o.keep = true,
             "--allow-tmpfs" => o.allow_tmpfs = true,
@@ -1090,6 +1126,16 @@ mod tests {
         assert!(a.read && a.keep && a.json && a.quiet && a.allow_tmpfs);
         let b = parse_store(&v("--count 10 --duration 0.5")).unwrap();
         assert_eq!(b.time_cap(), Some(Duration::from_millis(500)));
+        let c = parse_store(&v(
+            "--fleet 100000 --per-queue 2 --busy 10 --small-queue-entries 0 \
+             --cq-entries-per-file 1024",
+        ))
+        .unwrap();
+        assert_eq!((c.fleet, c.per_queue, c.busy), (Some(100_000), 2, 10));
+        assert_eq!(
+            (c.small_queue_entries, c.cq_entries_per_file),
+            (Some(0), Some(1024))
+        );
     }
 
     #[test]
@@ -1106,6 +1152,9 @@ mod tests {
             "--json=yes",
             "--writers 2 --queues 3",
             "--segment-size 4k --size 4k",
+            "--small-queue-entries 4",
+            "--fleet 0",
+            "--per-queue 0",
         ] {
             assert!(parse_store(&v(bad)).is_err(), "{bad}");
         }

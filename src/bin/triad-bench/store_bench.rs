@@ -1,5 +1,6 @@
 //! `triad-bench store`: writer threads appending through `triad-store`, each waiting for
-//! its append to be durable before the next one.
+//! its append to be durable before the next one; with `--fleet N`, the consume-queue
+//! layer alone at N queues (what a queue costs idle and with a few messages).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Barrier};
@@ -174,10 +175,19 @@ fn read_back(store: &Store, queues: &[QueueId], a: &StoreArgs) -> Result<Value, 
 }
 
 pub fn run(a: &StoreArgs) -> Result<Value, String> {
+    if let Some(n) = a.fleet {
+        return fleet::run(a, n);
+    }
     let load = loadavg();
     let scratch = Scratch::create(&a.dir, "bench-data", a.allow_tmpfs, a.keep)?;
     let mut cfg = StoreConfig::new(&scratch.path);
     cfg.segment_size = a.segment_size;
+    if let Some(n) = a.small_queue_entries {
+        cfg.small_queue_entries = n;
+    }
+    if let Some(n) = a.cq_entries_per_file {
+        cfg.cq_entries_per_file = n;
+    }
     cfg.flush = match a.flush {
         Flush::Sync => FlushMode::Sync,
         Flush::Async => FlushMode::async_default(),
@@ -326,8 +336,275 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
         "fs": scratch.fs,
         "loadavg_at_start": load,
         "segment_size": a.segment_size,
+        "small_queue_entries": a.small_queue_entries.unwrap_or(64),
+        "cq_entries_per_file": a.cq_entries_per_file.unwrap_or(300_000),
         "read": read,
     }))
+}
+
+mod fleet {
+    //! `--fleet N`: N consume queues as the store opens them (`ConsumeQueue::open_small`
+    //! with the shared index, or `ConsumeQueue::open` with per-queue files when
+    //! `--small-queue-entries 0`), without the rest of the store, so the figures are the
+    //! consume-queue layer's own: the store's queue registry and ack state come on top.
+
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use serde_json::{json, Value};
+    use triad_store::consumequeue::{ConsumeQueue, CqEntry, SmallConfig};
+    use triad_store::smallcq::SharedIndex;
+
+    use crate::args::StoreArgs;
+    use crate::report::round;
+    use crate::sys::{loadavg, Cpu, Scratch};
+
+    /// What the process holds at one moment.
+    struct Snap {
+        rss_anon: u64,
+        maps: u64,
+        fds: u64,
+        disk: u64,
+    }
+
+    fn status_kib(key: &str) -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// Bytes allocated on disk under `p`, directories' own blocks included.
+    fn disk_bytes(p: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let own = std::fs::symlink_metadata(p).map_or(0, |m| m.blocks() * 512);
+        let Ok(rd) = std::fs::read_dir(p) else {
+            return own;
+        };
+        own + rd
+            .flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => disk_bytes(&e.path()),
+                _ => e.metadata().map_or(0, |m| m.blocks() * 512),
+            })
+            .sum::<u64>()
+    }
+
+    fn snap(dir: &Path) -> Snap {
+        let count = |p: &str| std::fs::read_dir(p).map_or(0, |d| d.count() as u64);
+        Snap {
+            rss_anon: status_kib("RssAnon:") * 1024,
+            maps: std::fs::read_to_string("/proc/self/maps")
+                .map_or(0, |m| m.lines().count() as u64),
+            fds: count("/proc/self/fd"),
+            disk: disk_bytes(dir),
+        }
+    }
+
+    fn per(delta: i128, n: u64) -> f64 {
+        round(delta as f64 / n.max(1) as f64, 1)
+    }
+
+    fn costs(before: &Snap, after: &Snap, n: u64) -> Value {
+        let d = |a: u64, b: u64| i128::from(b) - i128::from(a);
+        json!({
+            "rss_anon_bytes_per_queue": per(d(before.rss_anon, after.rss_anon), n),
+            "disk_bytes_per_queue": per(d(before.disk, after.disk), n),
+            "mappings_per_queue": per(d(before.maps, after.maps), n),
+            "fds_per_queue": per(d(before.fds, after.fds), n),
+            "rss_anon_mib": round(after.rss_anon as f64 / 1048576.0, 1),
+            "disk_mib": round(after.disk as f64 / 1048576.0, 1),
+            "mappings": after.maps,
+            "fds": after.fds,
+        })
+    }
+
+    fn rate(ops: u64, t0: Instant, cpu0: Cpu) -> Value {
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = Cpu::now().since(cpu0);
+        json!({
+            "ops": ops,
+            "seconds": round(secs, 3),
+            "ops_per_s": round(ops as f64 / secs.max(1e-9), 0),
+            "cpu_us_per_op": round(cpu.total().as_secs_f64() * 1e6 / ops.max(1) as f64, 2),
+        })
+    }
+
+    /// Refuses runs whose preallocated files would take more than half the free space
+    /// (the disk is shared).
+    fn check_space(dir: &Path, bytes: u64) -> Result<(), String> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: statvfs writes only the struct it is given; `c` is NUL-terminated.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+            return Ok(());
+        }
+        let free = st.f_bavail as u64 * st.f_frsize as u64;
+        if bytes > free / 2 {
+            return Err(format!(
+                "this run would preallocate about {} MiB of consume-queue files, over half \
+                 the {} MiB free; lower --fleet or --cq-entries-per-file",
+                bytes >> 20,
+                free >> 20
+            ));
+        }
+        Ok(())
+    }
+
+    fn entry(commit_offset: u64) -> CqEntry {
+        CqEntry {
+            commit_offset,
+            size: 100,
+            tag_hash: 0,
+        }
+    }
+
+    pub fn run(a: &StoreArgs, n: u64) -> Result<Value, String> {
+        let load = loadavg();
+        let small = a.small_queue_entries.unwrap_or(64);
+        let per_file = a.cq_entries_per_file.unwrap_or(300_000);
+        if small == 0 {
+            check_space(&a.dir, n.saturating_mul(per_file).saturating_mul(20))?;
+        }
+        let scratch = Scratch::create(&a.dir, "bench-fleet", a.allow_tmpfs, a.keep)?;
+        let root = scratch.path.join("consumequeue").join("%2F");
+        std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
+        let shared = if small > 0 {
+            let (ix, _) = SharedIndex::open(&scratch.path.join("sharedcq"), 32_768)
+                .map_err(|e| format!("shared index: {e}"))?;
+            Some(Arc::new(ix))
+        } else {
+            None
+        };
+        let open = |i: u64| -> Result<ConsumeQueue, String> {
+            let dir = root.join(format!("dev-{i}"));
+            let r = match &shared {
+                Some(sh) => ConsumeQueue::open_small(
+                    &dir,
+                    per_file,
+                    SmallConfig {
+                        shared: Some(Arc::clone(sh)),
+                        id: u32::try_from(i).map_err(|_| "too many queues")?,
+                        max: small,
+                    },
+                    &[],
+                    0,
+                ),
+                None => ConsumeQueue::open(&dir, per_file),
+            };
+            r.map_err(|e| format!("queue {i}: {e}"))
+        };
+        let progress = |what: &str, i: u64| {
+            if !a.quiet && i > 0 && i.is_multiple_of(20_000) {
+                eprintln!("  {what}: {i}");
+            }
+        };
+
+        // 1. create: what an idle queue costs
+        let s0 = snap(&scratch.path);
+        let (t0, cpu0) = (Instant::now(), Cpu::now());
+        let mut queues = Vec::with_capacity(n as usize);
+        let mut failed = None;
+        for i in 0..n {
+            match open(i) {
+                Ok(q) => queues.push(q),
+                Err(e) => {
+                    failed = Some(format!("create: {e}"));
+                    break;
+                }
+            }
+            progress("created", i);
+        }
+        let create = rate(queues.len() as u64, t0, cpu0);
+        let s1 = snap(&scratch.path);
+
+        // 2. --per-queue entries in every queue, round robin (a fan-out of one message
+        // per round to every queue), then the checkpoint's flush
+        let (t0, cpu0) = (Instant::now(), Cpu::now());
+        let mut puts = 0u64;
+        'rounds: for m in 0..a.per_queue {
+            for (i, q) in queues.iter().enumerate() {
+                if failed.is_some() {
+                    break 'rounds;
+                }
+                if let Err(e) = q.put(m, entry(puts * 100)) {
+                    failed = Some(format!("put {m} into queue {i} after {puts} puts: {e}"));
+                    break 'rounds;
+                }
+                puts += 1;
+                progress("put", puts);
+            }
+        }
+        let put = rate(puts, t0, cpu0);
+        let (t0, cpu0) = (Instant::now(), Cpu::now());
+        let mut flush_err = None;
+        if let Some(sh) = &shared {
+            flush_err = sh.flush().err();
+        }
+        for q in &queues {
+            if let Err(e) = q.flush() {
+                flush_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = flush_err {
+            failed.get_or_insert(format!("flush: {e}"));
+        }
+        let flush = rate(1, t0, cpu0);
+        let s2 = snap(&scratch.path);
+        let held = queues.len() as u64;
+        drop(queues);
+
+        // 3. one busy queue: with a consumer that keeps up (entries acked as they are
+        // appended) and without one (the queue grows: own files in both designs)
+        let mut busy = serde_json::Map::new();
+        if a.busy > 0 && failed.is_none() {
+            for (name, consumed) in [("kept_up", true), ("backlog", false)] {
+                let q = open(n + u64::from(!consumed))?;
+                let (t0, cpu0) = (Instant::now(), Cpu::now());
+                for l in 0..a.busy {
+                    q.put(l, entry(l * 100))
+                        .map_err(|e| format!("busy put {l}: {e}"))?;
+                    if consumed {
+                        q.trim_below(l + 1);
+                    }
+                }
+                let mut r = rate(a.busy, t0, cpu0);
+                r["own_files"] = json!(q.has_own_files());
+                busy.insert(name.into(), r);
+            }
+        }
+        let out = json!({
+            "bench": "store-fleet",
+            "design": if small > 0 { "shared" } else { "files" },
+            "small_queue_entries": small,
+            "cq_entries_per_file": per_file,
+            "queues": n,
+            "queues_opened": held,
+            "per_queue": a.per_queue,
+            "failed": failed,
+            "create": create,
+            "idle": costs(&s0, &s1, held),
+            "put": put,
+            "flush": flush,
+            "with_entries": costs(&s0, &s2, held),
+            "busy": busy,
+            "fs": scratch.fs,
+            "loadavg_at_start": load,
+        });
+        if !a.quiet {
+            // removing 100,000 directories can take minutes on a disk mounted with discard
+            eprintln!("{out}");
+            eprintln!("data directory {}", scratch.path.display());
+        }
+        drop(scratch);
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -382,5 +659,33 @@ mod tests {
             std::fs::read_dir(dir.path()).unwrap().next().is_none(),
             "scratch removed"
         );
+    }
+
+    #[test]
+    fn fleet_runs_both_designs() {
+        for small in [64, 0] {
+            let dir = tempfile::tempdir().unwrap();
+            let a = StoreArgs {
+                dir: dir.path().to_path_buf(),
+                fleet: Some(50),
+                per_queue: 2,
+                busy: 100,
+                small_queue_entries: Some(small),
+                cq_entries_per_file: Some(64),
+                allow_tmpfs: true,
+                quiet: true,
+                ..StoreArgs::default()
+            };
+            let v = run(&a).unwrap();
+            assert_eq!(v["failed"], Value::Null, "{v}");
+            assert_eq!(v["queues_opened"], 50);
+            assert_eq!(v["put"]["ops"], 100);
+            assert_eq!(v["busy"]["kept_up"]["own_files"], small == 0);
+            assert_eq!(v["busy"]["backlog"]["own_files"], true);
+            if small > 0 {
+                let maps = v["with_entries"]["mappings_per_queue"].as_f64().unwrap();
+                assert!(maps < 0.5, "{maps} mappings per small queue");
+            }
+        }
     }
 }
