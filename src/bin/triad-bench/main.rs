@@ -2,14 +2,15 @@
 //!
 //! Modes: `store` (appends straight through `triad-store`), `disk` (dd and
 //! write+fdatasync baselines), `table` (Markdown from result lines), and the end-to-end
-//! broker benchmarks `amqp`, `stomp`, `mqtt` and `mqtt-idle` (hand-written minimal
-//! clients on tokio). Every run prints its result as one JSON line on stdout; progress
+//! broker benchmarks `amqp`, `stomp`, `mqtt`, and `mqtt-idle`, `stomp-idle`, `amqp-idle`
+//! (hand-written minimal clients on tokio). Every run prints its result as one JSON line on stdout; progress
 //! goes to stderr.
 
 mod amqp;
 mod args;
 mod disk;
 mod e2e;
+mod idle;
 mod mqtt;
 mod report;
 mod stomp;
@@ -81,7 +82,7 @@ fn main() -> ExitCode {
             e2e::report_slow();
             r.and_then(|v| emit_checked(&v, a.load.json))
         }
-        Command::MqttIdle(a) => mqtt::run_idle(&a).and_then(|v| emit_checked(&v, a.json)),
+        Command::Idle(a) => idle::run(&a).and_then(|v| emit_checked(&v, a.json)),
         Command::Table(file) => {
             let input = match file {
                 Some(p) => std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display())),
