@@ -7,7 +7,9 @@
 //!   storm. The backoff resets after the next successful accept.
 //! - Each connection runs in its own task, tracked by the broker's [`TaskTracker`]
 //!   so that shutdown can wait for it, inside a `conn` span carrying `proto`, `peer`,
-//!   and (filled in by the adapter) `user` and `vhost`.
+//!   and (filled in by the adapter) `user`, `vhost` and MQTT's `client`. It is the
+//!   connection's only span: each span is a registry slot and a formatted field string
+//!   held as long as the connection, idle or not.
 //! - The accept loop never awaits per-peer work: deadlines (handshake, TLS) belong to
 //!   the handler, inside the spawned task.
 //!
@@ -238,7 +240,8 @@ impl<H: Handler> Listener<H> {
                 %proto,
                 %peer,
                 user = tracing::field::Empty,
-                vhost = tracing::field::Empty
+                vhost = tracing::field::Empty,
+                client = tracing::field::Empty
             );
             let handler = Arc::clone(&self.handler);
             let ctx = self.ctx.clone();
