@@ -195,7 +195,14 @@ impl<T: Service> Handler for TlsHandler<T> {
         let acceptor = self.acceptor.clone();
         let service = self.service.clone();
         async move {
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+            // Boxed, and the stream after it: a connection's task is sized for its
+            // largest state, and rustls' connection state (1.2 KiB, moved through each
+            // layer of the protocol's futures) would otherwise widen it several times over
+            // for as long as the connection lives.
+            let handshake = Box::pin(tokio::time::timeout(
+                HANDSHAKE_TIMEOUT,
+                acceptor.accept(stream),
+            ));
             let tls = tokio::select! {
                 () = ctx.shutdown.cancelled() => {
                     return Ok(Cow::Borrowed("shutdown during the TLS handshake"));
@@ -217,7 +224,7 @@ impl<T: Service> Handler for TlsHandler<T> {
                 peer_cert_cn = ?ctx.peer_cert_cn,
                 "TLS established"
             );
-            service.serve(tls, peer, ctx).await
+            service.serve(Box::new(tls), peer, ctx).await
         }
     }
 }
