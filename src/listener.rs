@@ -26,6 +26,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -243,20 +244,24 @@ impl<H: Handler> Listener<H> {
                 vhost = tracing::field::Empty,
                 client = tracing::field::Empty
             );
-            let handler = Arc::clone(&self.handler);
-            let ctx = self.ctx.clone();
-            self.tracker.spawn(
-                async move {
-                    if proto.plain() == Proto::Http {
-                        debug!(%peer, %proto, "connection opened");
-                    } else {
-                        info!(%peer, %proto, "connection opened");
-                    }
-                    let result = handler.serve(stream, peer, ctx).await;
-                    log_close(proto, peer, result);
-                    drop::<Option<OwnedSemaphorePermit>>(permit);
+            span.in_scope(|| {
+                if proto.plain() == Proto::Http {
+                    debug!(%peer, %proto, "connection opened");
+                } else {
+                    info!(%peer, %proto, "connection opened");
                 }
-                .instrument(span),
+            });
+            // The handler's future with `map`, not inside an async block: a future an
+            // async block awaits is moved into a second slot beside the one it was
+            // captured in, and the task is as large as both for the whole connection.
+            let serve = self.handler.serve(stream, peer, self.ctx.clone());
+            self.tracker.spawn(
+                serve
+                    .map(move |result| {
+                        log_close(proto, peer, result);
+                        drop::<Option<OwnedSemaphorePermit>>(permit);
+                    })
+                    .instrument(span),
             );
         }
     }

@@ -83,19 +83,26 @@ pub enum ServeError {
 }
 
 /// Serves one AMQP connection until it closes.
-pub async fn serve<S>(stream: S, peer: SocketAddr, ctx: AmqpContext) -> Result<(), ServeError>
+pub fn serve<S>(
+    stream: S,
+    peer: SocketAddr,
+    ctx: AmqpContext,
+) -> impl std::future::Future<Output = Result<(), ServeError>> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    // An async block using its captures in place: an async fn would keep its arguments
+    // twice (as captured and as locals) for as long as the connection lives.
     let span = tracing::debug_span!("conn", %peer, proto = "amqp");
-    run(stream, peer, ctx).instrument(span).await
+    let mut stream = stream;
+    async move { run(&mut stream, peer, &ctx).await }.instrument(span)
 }
 
-async fn run<S>(mut stream: S, peer: SocketAddr, ctx: AmqpContext) -> Result<(), ServeError>
+async fn run<S>(stream: &mut S, peer: SocketAddr, ctx: &AmqpContext) -> Result<(), ServeError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let cfg = ctx.config.clone();
+    let cfg = &ctx.config;
     let handshake_deadline = Instant::now() + cfg.handshake_timeout;
     // Let go while the connection waits (see `read_some`): an idle connection holds no
     // read buffer.
@@ -113,7 +120,7 @@ where
             }
             HeaderCheck::Incomplete => {}
         }
-        match timeout_at(handshake_deadline, read_some(&mut stream, &mut rbuf)).await {
+        match timeout_at(handshake_deadline, read_some(stream, &mut rbuf)).await {
             Ok(Ok(0)) | Err(_) => return Ok(()),
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(e.into()),
@@ -121,14 +128,7 @@ where
     }
 
     let mut session = Session::new(ctx.broker.clone(), cfg.clone(), peer.ip());
-    let result = connection_loop(
-        &mut stream,
-        &mut rbuf,
-        &mut session,
-        &ctx,
-        handshake_deadline,
-    )
-    .await;
+    let result = connection_loop(stream, &mut rbuf, &mut session, ctx, handshake_deadline).await;
     session.teardown();
     // bounded: a TLS close_notify cannot be written to a peer that does not read
     let _ = tokio::time::timeout(LAST_WORDS, stream.shutdown()).await;
@@ -225,9 +225,10 @@ where
             last_write = Instant::now();
         }
         if outbox.is_empty() && wbuf.capacity() > 0 {
-            // going idle: no write buffer, no event buffer
+            // going idle: no write buffer, no event buffer, no encoder scratch
             wbuf = BytesMut::new();
             events = Vec::new();
+            session.release_buffers();
         }
         if matches!(session.state(), State::Closed) || fatal {
             return Ok(());

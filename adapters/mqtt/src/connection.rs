@@ -25,12 +25,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use triad_core::queue::Queue;
 use triad_core::{
-    Backpressure, ConnectionId, ConnectionSlot, ConsumeRequest, CoreError, FieldTable, FieldValue,
-    OutEvent, Outbox, Properties, Publish, QueueDeclare, User, Vhost, VhostAccess,
+    Backpressure, ConnectionId, ConnectionSlot, ConsumeRequest, ConsumerHandle, CoreError,
+    FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish, QueueDeclare, User, Vhost,
+    VhostAccess,
 };
 use triad_store::flush::Durable;
 
-use crate::codec::{self, Connect, Limits, Packet, SubAck};
+use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
 use crate::session::{PubRec, Session};
 use crate::state::{LiveClient, MqttState, VhostState};
 use crate::topic::{routing_key_to_topic, topic_to_routing_key, valid_filter};
@@ -70,11 +71,19 @@ enum End {
 /// I/O failures; log them at `debug`. The client id and user are recorded as `client`
 /// and `user` in the current span (the listener's `conn` span): a span of its own cost
 /// each idle connection a second registry slot.
-pub async fn serve<S>(stream: S, peer: SocketAddr, ctx: MqttContext) -> Result<(), MqttError>
+// Not an `async fn` on purpose (see the comment inside).
+#[allow(clippy::manual_async_fn)]
+pub fn serve<S>(
+    mut stream: S,
+    peer: SocketAddr,
+    ctx: MqttContext,
+) -> impl std::future::Future<Output = Result<(), MqttError>> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    run(stream, peer, ctx).await
+    // An async block using its captures in place: an async fn would keep its arguments
+    // twice (as captured and as locals) for as long as the connection lives.
+    async move { run(&mut stream, peer, &ctx).await }
 }
 
 async fn write_now<S: AsyncWrite + Unpin>(stream: &mut S, p: &Packet) -> Result<(), MqttError> {
@@ -161,27 +170,116 @@ impl Drop for Registration {
     }
 }
 
-async fn run<S>(mut stream: S, peer: SocketAddr, ctx: MqttContext) -> Result<(), MqttError>
+/// What a connection keeps once its CONNECT is accepted.
+struct Connected {
+    c: Conn,
+    outbox: Arc<Outbox>,
+    consumer: ConsumerHandle,
+    keep_alive: u16,
+    will: Option<Will>,
+    kick: CancellationToken,
+    vhost_name: String,
+    /// Counted against the user's connection limit while it lives.
+    _slot: ConnectionSlot,
+    /// Dropped last: unregisters the client id.
+    _registration: Registration,
+}
+
+async fn run<S>(stream: &mut S, peer: SocketAddr, ctx: &MqttContext) -> Result<(), MqttError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let mut rbuf = BytesMut::new();
+    // Boxed: the CONNECT phase's state (the packet, login, takeover wait, refusals) is
+    // larger than what a connected client keeps, and the task would be sized for it.
+    let Some(k) = Box::pin(accept(stream, &mut rbuf, peer, ctx)).await? else {
+        return Ok(());
+    };
+    let Connected {
+        mut c,
+        outbox,
+        consumer,
+        keep_alive,
+        will,
+        kick,
+        vhost_name,
+        _slot,
+        _registration,
+    } = k;
+    let end = c
+        .run(
+            stream,
+            &mut rbuf,
+            &outbox,
+            keep_alive,
+            &kick,
+            &ctx.shutdown,
+            ctx.broker.alarms(),
+        )
+        .await;
+
+    // give back what the client did not ack: it comes back redelivered (DUP)
+    consumer.cancel();
+    for ev in outbox.close() {
+        if let OutEvent::Deliver(d) = ev {
+            d.queue.nack(&[d.offset], true);
+        }
+    }
+    let clean = c.clean;
+    let (targets, carry) = std::mem::take(&mut c.session).finish();
+    for (q, off) in targets {
+        q.nack(&[off], true);
+    }
+    if !clean {
+        ctx.state.put_carry(&vhost_name, &c.client_id, carry);
+    }
+    ctx.broker.connection_closed(c.conn);
+    ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
+    // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
+    let abnormal = matches!(end, End::PeerClosed | End::Takeover | End::Error(_));
+    if let (true, Some(w)) = (abnormal, will) {
+        tracing::debug!(topic = w.topic, "publishing the will");
+        if let Err(e) = c.publish_in(&w.topic, w.payload, w.qos, w.retain) {
+            tracing::debug!(error = %e, "will not published");
+        }
+    }
+    match end {
+        End::Error(e) => {
+            tracing::debug!(error = %e, "MQTT connection closed");
+            Err(e)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The CONNECT phase: reads CONNECT, logs in, registers the client id (taking over a
+/// connected session), opens the session and its queue, consumes from it, and encodes
+/// CONNACK. `None`: refused (the refusal is sent) or the peer left.
+async fn accept<S>(
+    stream: &mut S,
+    rbuf: &mut BytesMut,
+    peer: SocketAddr,
+    ctx: &MqttContext,
+) -> Result<Option<Connected>, MqttError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let pre = Limits {
         max_packet_size: ctx.limits.max_packet_size_pre_connect,
         max_filters: ctx.limits.max_filters,
     };
     let first = tokio::select! {
-        _ = ctx.shutdown.cancelled() => return Ok(()),
-        r = tokio::time::timeout(ctx.limits.connect_timeout, read_connect(&mut stream, &mut rbuf, &pre)) => r,
+        _ = ctx.shutdown.cancelled() => return Ok(None),
+        r = tokio::time::timeout(ctx.limits.connect_timeout, read_connect(stream, rbuf, &pre)) => r,
     };
     let connect = match first {
         Err(_) => return Err(MqttError::Timeout("no CONNECT")),
         Ok(Ok(Some(c))) => c,
-        Ok(Ok(None)) => return Ok(()),
+        Ok(Ok(None)) => return Ok(None),
         Ok(Err(MqttError::Decode(codec::DecodeError::UnacceptableProtocol { name, level }))) => {
             tracing::debug!(name, level, "unacceptable protocol");
-            refuse(&mut stream, BAD_PROTOCOL).await?;
-            return Ok(());
+            refuse(stream, BAD_PROTOCOL).await?;
+            return Ok(None);
         }
         Ok(Err(e)) => return Err(e),
     };
@@ -189,7 +287,7 @@ where
     // authentication, then the vhost (always the default one)
     let broker = ctx.broker.clone();
     let vhost_name = broker.default_vhost().to_string();
-    let (user, access, _slot) = match login(&ctx, peer, &connect, &vhost_name) {
+    let (user, access, _slot) = match login(ctx, peer, &connect, &vhost_name) {
         Ok(l) => l,
         Err((code, why)) => {
             let user = connect.username.as_deref().unwrap_or("");
@@ -201,8 +299,8 @@ where
                     _ = ctx.shutdown.cancelled() => {}
                 }
             }
-            refuse(&mut stream, code).await?;
-            return Ok(());
+            refuse(stream, code).await?;
+            return Ok(None);
         }
     };
     tracing::Span::current().record("user", user.name.as_str());
@@ -212,8 +310,8 @@ where
     let mut client_id = connect.client_id.clone();
     if client_id.is_empty() {
         if !connect.clean_session {
-            refuse(&mut stream, BAD_CLIENT_ID).await?;
-            return Ok(());
+            refuse(stream, BAD_CLIENT_ID).await?;
+            return Ok(None);
         }
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -222,8 +320,8 @@ where
         client_id = format!("triad-{conn:x}-{nanos:x}");
     }
     if client_id.len() > ctx.limits.max_client_id_len {
-        refuse(&mut stream, BAD_CLIENT_ID).await?;
-        return Ok(());
+        refuse(stream, BAD_CLIENT_ID).await?;
+        return Ok(None);
     }
     tracing::Span::current().record("client", client_id.as_str());
 
@@ -231,8 +329,8 @@ where
         Ok(v) => v,
         Err(e) => {
             tracing::warn!(error = %e, "MQTT state unavailable");
-            refuse(&mut stream, UNAVAILABLE).await?;
-            return Ok(());
+            refuse(stream, UNAVAILABLE).await?;
+            return Ok(None);
         }
     };
 
@@ -280,8 +378,8 @@ where
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "cannot open the MQTT session");
-            refuse(&mut stream, UNAVAILABLE).await?;
-            return Ok(());
+            refuse(stream, UNAVAILABLE).await?;
+            return Ok(None);
         }
     };
 
@@ -332,9 +430,9 @@ where
         Ok(h) => h,
         Err(e) => {
             tracing::warn!(error = %e, "cannot consume the MQTT subscription queue");
-            refuse(&mut stream, UNAVAILABLE).await?;
+            refuse(stream, UNAVAILABLE).await?;
             broker.connection_closed(conn);
-            return Ok(());
+            return Ok(None);
         }
     };
     // a transient message is QoS 0 here: delivered at most once, no ack per copy
@@ -345,52 +443,17 @@ where
         session_present,
         "MQTT client connected"
     );
-
-    let will = connect.will.clone();
-    let end = c
-        .run(
-            &mut stream,
-            &mut rbuf,
-            &outbox,
-            connect.keep_alive,
-            &kick,
-            &ctx.shutdown,
-            ctx.broker.alarms(),
-        )
-        .await;
-
-    // give back what the client did not ack: it comes back redelivered (DUP)
-    consumer.cancel();
-    for ev in outbox.close() {
-        if let OutEvent::Deliver(d) = ev {
-            d.queue.nack(&[d.offset], true);
-        }
-    }
-    let clean = c.clean;
-    let (targets, carry) = std::mem::take(&mut c.session).finish();
-    for (q, off) in targets {
-        q.nack(&[off], true);
-    }
-    if !clean {
-        ctx.state.put_carry(&vhost_name, &client_id, carry);
-    }
-    broker.connection_closed(conn);
-    ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
-    // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
-    let abnormal = matches!(end, End::PeerClosed | End::Takeover | End::Error(_));
-    if let (true, Some(w)) = (abnormal, will) {
-        tracing::debug!(topic = w.topic, "publishing the will");
-        if let Err(e) = c.publish_in(&w.topic, w.payload, w.qos, w.retain) {
-            tracing::debug!(error = %e, "will not published");
-        }
-    }
-    match end {
-        End::Error(e) => {
-            tracing::debug!(error = %e, "MQTT connection closed");
-            Err(e)
-        }
-        _ => Ok(()),
-    }
+    Ok(Some(Connected {
+        c,
+        outbox,
+        consumer,
+        keep_alive: connect.keep_alive,
+        will: connect.will,
+        kick,
+        vhost_name,
+        _slot,
+        _registration,
+    }))
 }
 
 /// Logs a CONNECT in: user name and password; no user name: the certificate's CN

@@ -135,19 +135,29 @@ const MAX_PENDING_RECEIPTS: usize = 4096;
 /// The user and vhost are recorded as `user` and `vhost` in the current span (the
 /// listener's `conn` span): a span of its own cost each idle connection a second
 /// registry slot.
-pub async fn serve<S>(mut stream: S, peer: SocketAddr, ctx: StompContext) -> Result<(), ServeError>
+// Not an `async fn` on purpose (see the comment inside).
+#[allow(clippy::manual_async_fn)]
+pub fn serve<S>(
+    mut stream: S,
+    peer: SocketAddr,
+    ctx: StompContext,
+) -> impl std::future::Future<Output = Result<(), ServeError>> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let mut session = Session::new(ctx.broker.clone(), peer, ctx.session_config());
-    let res = run(&mut stream, &mut session, &ctx).await;
-    session.close();
-    let _ = stream.shutdown().await;
-    match &res {
-        Ok(()) => tracing::debug!("connection closed"),
-        Err(e) => tracing::debug!(error = %e, "connection failed"),
+    // An async block using its captures in place: an async fn would keep its arguments
+    // twice (as captured and as locals) for as long as the connection lives.
+    async move {
+        let mut session = Session::new(ctx.broker.clone(), peer, ctx.session_config());
+        let res = run(&mut stream, &mut session, &ctx).await;
+        session.close();
+        let _ = stream.shutdown().await;
+        match &res {
+            Ok(()) => tracing::debug!("connection closed"),
+            Err(e) => tracing::debug!(error = %e, "connection failed"),
+        }
+        res
     }
-    res
 }
 
 struct Pending {
@@ -275,6 +285,17 @@ where
         }
         let reading = !disconnecting && receipts.len() < MAX_PENDING_RECEIPTS && !alarm_blocked;
         let connected = session.is_connected();
+        // One timer for the three deadlines (each `Sleep` in the `select!` below is
+        // 112 bytes of every connection's task, waiting or not).
+        let watch_silence = recv_iv.is_some() && !alarm_blocked;
+        let timer = [
+            send_iv.map(|_| send_at),
+            watch_silence.then_some(silent_at),
+            (!connected).then_some(handshake_deadline),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
 
         tokio::select! {
             _ = ctx.shutdown.cancelled() => {
@@ -324,16 +345,19 @@ where
                     }
                 }
             }
-            _ = sleep_until(send_at), if send_iv.is_some() => {
-                wbuf.put_slice(HEARTBEAT);
-            }
-            _ = sleep_until(silent_at), if recv_iv.is_some() && !alarm_blocked => {
-                tracing::debug!("no heart-beat from the peer within twice the interval; closing");
-                return Ok(());
-            }
-            _ = sleep_until(handshake_deadline), if !connected => {
-                tracing::debug!("no CONNECT within the handshake timeout; closing");
-                return Ok(());
+            _ = sleep_until(timer.unwrap_or(far)), if timer.is_some() => {
+                let now = Instant::now();
+                if !connected && now >= handshake_deadline {
+                    tracing::debug!("no CONNECT within the handshake timeout; closing");
+                    return Ok(());
+                }
+                if watch_silence && now >= silent_at {
+                    tracing::debug!("no heart-beat from the peer within twice the interval; closing");
+                    return Ok(());
+                }
+                if send_iv.is_some() && now >= send_at {
+                    wbuf.put_slice(HEARTBEAT);
+                }
             }
         }
     }
