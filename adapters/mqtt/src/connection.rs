@@ -174,7 +174,6 @@ impl Drop for Registration {
 struct Connected {
     c: Conn,
     outbox: Arc<Outbox>,
-    consumer: ConsumerHandle,
     keep_alive: u16,
     will: Option<Will>,
     kick: CancellationToken,
@@ -192,52 +191,44 @@ where
     let mut rbuf = BytesMut::new();
     // Boxed: the CONNECT phase's state (the packet, login, takeover wait, refusals) is
     // larger than what a connected client keeps, and the task would be sized for it.
-    let Some(k) = Box::pin(accept(stream, &mut rbuf, peer, ctx)).await? else {
+    let Some(mut k) = Box::pin(accept(stream, &mut rbuf, peer, ctx)).await? else {
         return Ok(());
     };
-    let Connected {
-        mut c,
-        outbox,
-        consumer,
-        keep_alive,
-        will,
-        kick,
-        vhost_name,
-        _slot,
-        _registration,
-    } = k;
-    let end = c
-        .run(
+    // `k` is used in place (moving its fields out would keep them twice in this future)
+    let end =
+        k.c.run(
             stream,
             &mut rbuf,
-            &outbox,
-            keep_alive,
-            &kick,
+            &k.outbox,
+            k.keep_alive,
+            &k.kick,
             &ctx.shutdown,
             ctx.broker.alarms(),
         )
         .await;
 
     // give back what the client did not ack: it comes back redelivered (DUP)
-    consumer.cancel();
-    for ev in outbox.close() {
+    if let Some(consumer) = &k.c.consumer {
+        consumer.cancel();
+    }
+    for ev in k.outbox.close() {
         if let OutEvent::Deliver(d) = ev {
             d.queue.nack(&[d.offset], true);
         }
     }
-    let clean = c.clean;
+    let c = &mut k.c;
     let (targets, carry) = std::mem::take(&mut c.session).finish();
     for (q, off) in targets {
         q.nack(&[off], true);
     }
-    if !clean {
-        ctx.state.put_carry(&vhost_name, &c.client_id, carry);
+    if !c.clean {
+        ctx.state.put_carry(&k.vhost_name, &c.client_id, carry);
     }
     ctx.broker.connection_closed(c.conn);
     ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
     // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
     let abnormal = matches!(end, End::PeerClosed | End::Takeover | End::Error(_));
-    if let (true, Some(w)) = (abnormal, will) {
+    if let (true, Some(w)) = (abnormal, k.will.take()) {
         tracing::debug!(topic = w.topic, "publishing the will");
         if let Err(e) = c.publish_in(&w.topic, w.payload, w.qos, w.retain) {
             tracing::debug!(error = %e, "will not published");
@@ -395,6 +386,9 @@ where
         session,
         topic_cache: None,
         pending: VecDeque::new(),
+        outbox: Outbox::new((ctx.limits.max_inflight as usize).max(64)),
+        consumer: None,
+        prefetch: ctx.limits.max_inflight,
         wbuf: BytesMut::with_capacity(4096),
         limits: Limits {
             max_packet_size: ctx.limits.max_packet_size,
@@ -413,30 +407,17 @@ where
     for id in resend {
         codec::encode(&Packet::PubRel(id), &mut c.wbuf);
     }
-    let outbox = Outbox::new((ctx.limits.max_inflight as usize).max(64));
-    let consumer = match c.vhost.consume(
-        &c.qname,
-        ConsumeRequest {
-            tag: client_id.clone(),
-            no_ack: false,
-            exclusive: true,
-            prefetch: ctx.limits.max_inflight,
-            priority: 0,
-            conn,
-            outbox: outbox.clone(),
-            gate: None,
-        },
-    ) {
-        Ok(h) => h,
-        Err(e) => {
+    // A clean session's queue waits for the first SUBSCRIBE: a client that only
+    // publishes (or has not subscribed yet) costs no queue, no consumer, no store entry.
+    if !c.clean {
+        if let Err(e) = c.subscription_queue(false) {
             tracing::warn!(error = %e, "cannot consume the MQTT subscription queue");
             refuse(stream, UNAVAILABLE).await?;
             broker.connection_closed(conn);
             return Ok(None);
         }
-    };
-    // a transient message is QoS 0 here: delivered at most once, no ack per copy
-    consumer.ack_transient_on_delivery();
+    }
+    let outbox = c.outbox.clone();
     ctx.state.stats.connected.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(
         clean = connect.clean_session,
@@ -446,7 +427,6 @@ where
     Ok(Some(Connected {
         c,
         outbox,
-        consumer,
         keep_alive: connect.keep_alive,
         will: connect.will,
         kick,
@@ -527,12 +507,7 @@ fn open_session(
         }
         vs.sessions.remove(client_id);
         state.take_carry(vhost_name, client_id);
-        vhost.declare_queue(QueueDeclare {
-            name: qname.to_string(),
-            exclusive: true,
-            conn,
-            ..Default::default()
-        })?;
+        // the queue is declared by the first SUBSCRIBE (`Conn::subscription_queue`)
         Ok((false, Session::default()))
     } else {
         if existing.as_ref().is_some_and(|q| !q.durable()) {
@@ -587,6 +562,13 @@ struct Conn {
     /// Boxed: an idle connection keeps a pointer, not the entry.
     topic_cache: Option<Box<TopicCache>>,
     pending: VecDeque<Pending>,
+    /// Where the subscription queue delivers.
+    outbox: Arc<Outbox>,
+    /// Consuming the subscription queue: from CONNECT for a persistent session, from the
+    /// first SUBSCRIBE for a clean one.
+    consumer: Option<ConsumerHandle>,
+    /// Outbound QoS 1/2 messages in flight (the consumer's prefetch).
+    prefetch: u32,
     wbuf: BytesMut,
     limits: Limits,
 }
@@ -862,6 +844,39 @@ impl Conn {
             .collect())
     }
 
+    /// Consumes the subscription queue if not yet done, declaring it first when `declare`
+    /// (a clean session's queue, exclusive to this connection).
+    fn subscription_queue(&mut self, declare: bool) -> Result<(), CoreError> {
+        if self.consumer.is_some() {
+            return Ok(());
+        }
+        if declare {
+            self.vhost.declare_queue(QueueDeclare {
+                name: self.qname.clone(),
+                exclusive: true,
+                conn: self.conn,
+                ..Default::default()
+            })?;
+        }
+        let consumer = self.vhost.consume(
+            &self.qname,
+            ConsumeRequest {
+                tag: self.client_id.clone(),
+                no_ack: false,
+                exclusive: true,
+                prefetch: self.prefetch,
+                priority: 0,
+                conn: self.conn,
+                outbox: self.outbox.clone(),
+                gate: None,
+            },
+        )?;
+        // a transient message is QoS 0 here: delivered at most once, no ack per copy
+        consumer.ack_transient_on_delivery();
+        self.consumer = Some(consumer);
+        Ok(())
+    }
+
     fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), MqttError> {
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut retained = Vec::new();
@@ -881,7 +896,7 @@ impl Conn {
                     self.access
                         .queue_bind_key(&self.vhost, &self.qname, "amq.topic", &key)
                 });
-            if let Err(e) = allowed {
+            if let Err(e) = allowed.and_then(|()| self.subscription_queue(self.clean)) {
                 tracing::debug!(filter, error = %e, "subscription refused");
                 codes.push(0x80);
                 continue;
