@@ -195,23 +195,13 @@ impl<T: Service> Handler for TlsHandler<T> {
         let acceptor = self.acceptor.clone();
         let service = self.service.clone();
         async move {
-            // Boxed, and the stream after it: a connection's task is sized for its
-            // largest state, and rustls' connection state (1.2 KiB, moved through each
-            // layer of the protocol's futures) would otherwise widen it several times over
-            // for as long as the connection lives.
-            let handshake = Box::pin(tokio::time::timeout(
-                HANDSHAKE_TIMEOUT,
-                acceptor.accept(stream),
-            ));
-            let tls = tokio::select! {
-                () = ctx.shutdown.cancelled() => {
-                    return Ok(Cow::Borrowed("shutdown during the TLS handshake"));
-                }
-                r = handshake => match r {
-                    Err(_elapsed) => return Ok(Cow::Borrowed("TLS handshake timeout")),
-                    Ok(Err(e)) => return Err(format!("TLS handshake failed: {e}").into()),
-                    Ok(Ok(tls)) => tls,
-                },
+            // Boxed (the handshake and the stream after it): a connection's task is sized
+            // for its largest state, and rustls' connection state (1.2 KiB) and the
+            // handshake's temporaries would otherwise widen it several times over for as
+            // long as the connection lives.
+            let tls = match Box::pin(handshake(&acceptor, stream, &ctx.shutdown)).await {
+                Ok(tls) => tls,
+                Err(end) => return end,
             };
             let (_, conn) = tls.get_ref();
             ctx.peer_cert_cn = conn
@@ -224,8 +214,26 @@ impl<T: Service> Handler for TlsHandler<T> {
                 peer_cert_cn = ?ctx.peer_cert_cn,
                 "TLS established"
             );
-            service.serve(Box::new(tls), peer, ctx).await
+            service.serve(tls, peer, ctx).await
         }
+    }
+}
+
+/// The TLS handshake under [`HANDSHAKE_TIMEOUT`]; `Err` is how the connection ends.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    stream: TcpStream,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<Box<tokio_rustls::server::TlsStream<TcpStream>>, ConnResult> {
+    tokio::select! {
+        () = shutdown.cancelled() => {
+            Err(Ok(Cow::Borrowed("shutdown during the TLS handshake")))
+        }
+        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match r {
+            Err(_elapsed) => Err(Ok(Cow::Borrowed("TLS handshake timeout"))),
+            Ok(Err(e)) => Err(Err(format!("TLS handshake failed: {e}").into())),
+            Ok(Ok(tls)) => Ok(Box::new(tls)),
+        },
     }
 }
 
