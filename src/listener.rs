@@ -413,3 +413,42 @@ mod tests {
         assert_eq!(limit.available_permits(), 1);
     }
 }
+
+/// A connection's task is as large as its future's largest state for as long as the
+/// connection lives, idle or not (see BENCHMARKS.md, idle connections). These bounds
+/// catch a buffer, a timer or a TLS stream added inline, or a future kept twice.
+#[cfg(test)]
+mod task_size {
+    use super::*;
+
+    const MAX_TASK_FUTURE: usize = 2 << 10;
+
+    #[tokio::test]
+    async fn connection_futures_stay_small() {
+        let shutdown = CancellationToken::new();
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let ctx = test_ctx(Proto::Mqtt, Config::default(), &shutdown);
+        let stream = || async { TcpStream::connect(addr).await.expect("connect") };
+        let sizes = [
+            (
+                "mqtt",
+                std::mem::size_of_val(&crate::adapters::mqtt(stream().await, addr, ctx.clone())),
+            ),
+            (
+                "stomp",
+                std::mem::size_of_val(&crate::adapters::stomp(stream().await, addr, ctx.clone())),
+            ),
+            (
+                "amqp",
+                std::mem::size_of_val(&crate::adapters::amqp(stream().await, addr, ctx.clone())),
+            ),
+        ];
+        for (proto, size) in sizes {
+            assert!(
+                size <= MAX_TASK_FUTURE,
+                "{proto} connection future is {size} bytes"
+            );
+        }
+    }
+}
