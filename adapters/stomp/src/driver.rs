@@ -96,6 +96,8 @@ pub enum ServeError {
 
 /// Deliveries turned into frames per wake-up.
 const BATCH: usize = 256;
+/// Receipts waiting on durability before the socket stops being read.
+const MAX_PENDING_RECEIPTS: usize = 4096;
 /// The write buffer taken for a batch of frames (it grows for larger batches).
 const WBUF: usize = 8 << 10;
 /// Most bytes taken per read while the read buffer is let go (on the task's stack).
@@ -128,8 +130,6 @@ async fn read_some<S: AsyncRead + Unpin>(
     })
     .await
 }
-/// Receipts waiting on durability before the socket stops being read.
-const MAX_PENDING_RECEIPTS: usize = 4096;
 
 /// Serves one STOMP connection until the peer leaves, an error closes it, or shutdown.
 /// The user and vhost are recorded as `user` and `vhost` in the current span (the
