@@ -7,6 +7,8 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::net::SocketAddr;
 
+use futures_util::FutureExt;
+
 use crate::listener::{ConnContext, ConnResult, Service, Stream};
 
 /// [`amqp`] as a [`Service`].
@@ -52,8 +54,24 @@ impl Service for Mqtt {
     }
 }
 
+/// The future of a connection's task is as large as its largest state, for as long as
+/// the connection lives (idle or not), and an `async fn`'s arguments keep a slot of their
+/// own beside what it awaits. These functions are therefore plain functions: they build
+/// the adapter's context from the [`ConnContext`] (dropped here) and return the adapter's
+/// future with only its result mapped.
+fn closed<E: Into<crate::listener::BoxError>>(
+    serve: impl Future<Output = Result<(), E>> + Send + 'static,
+) -> impl Future<Output = ConnResult> + Send + 'static {
+    // `map`, not an async block: awaiting a captured future moves it into a second slot
+    serve.map(|r| r.map(|()| Cow::Borrowed("closed")).map_err(|e| e.into()))
+}
+
 /// Serves one AMQP 0-9-1 connection.
-pub async fn amqp<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+pub fn amqp<S: Stream>(
+    stream: S,
+    peer: SocketAddr,
+    ctx: ConnContext,
+) -> impl Future<Output = ConnResult> + Send + 'static {
     let limits = &ctx.config.limits;
     let config = triad_amqp::AmqpConfig {
         frame_max: u32::try_from(limits.frame_max.bytes()).unwrap_or(u32::MAX),
@@ -70,14 +88,15 @@ pub async fn amqp<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> C
         config,
         shutdown: ctx.shutdown.clone(),
     };
-    triad_amqp::serve(stream, peer, actx)
-        .await
-        .map(|()| Cow::Borrowed("closed"))
-        .map_err(|e| e.into())
+    closed(triad_amqp::serve(stream, peer, actx))
 }
 
 /// Serves one STOMP 1.0-1.2 connection.
-pub async fn stomp<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+pub fn stomp<S: Stream>(
+    stream: S,
+    peer: SocketAddr,
+    ctx: ConnContext,
+) -> impl Future<Output = ConnResult> + Send + 'static {
     let mut sctx = triad_stomp::StompContext::new(ctx.broker.clone(), ctx.shutdown.clone());
     sctx.default_user = ctx.config.auth.default_user.clone();
     sctx.default_pass = ctx.config.auth.default_pass.clone();
@@ -87,14 +106,15 @@ pub async fn stomp<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> 
     sctx.failed_login_delay = ctx.config.auth.failed_login_delay.get();
     sctx.ssl_cert_login = ctx.config.auth.ssl_cert_login;
     sctx.peer_cert_cn = ctx.peer_cert_cn.clone();
-    triad_stomp::serve(stream, peer, sctx)
-        .await
-        .map(|()| Cow::Borrowed("closed"))
-        .map_err(|e| e.into())
+    closed(triad_stomp::serve(stream, peer, sctx))
 }
 
 /// Serves one MQTT 3.1.1 connection.
-pub async fn mqtt<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+pub fn mqtt<S: Stream>(
+    stream: S,
+    peer: SocketAddr,
+    ctx: ConnContext,
+) -> impl Future<Output = ConnResult> + Send + 'static {
     let mctx = triad_mqtt::MqttContext {
         broker: ctx.broker.clone(),
         state: ctx.mqtt.clone(),
@@ -113,8 +133,5 @@ pub async fn mqtt<S: Stream>(stream: S, peer: SocketAddr, ctx: ConnContext) -> C
             peer_cert_cn: ctx.peer_cert_cn.clone(),
         },
     };
-    triad_mqtt::serve(stream, peer, mctx)
-        .await
-        .map(|()| Cow::Borrowed("closed"))
-        .map_err(|e| e.into())
+    closed(triad_mqtt::serve(stream, peer, mctx))
 }

@@ -7,7 +7,9 @@
 //!   storm. The backoff resets after the next successful accept.
 //! - Each connection runs in its own task, tracked by the broker's [`TaskTracker`]
 //!   so that shutdown can wait for it, inside a `conn` span carrying `proto`, `peer`,
-//!   and (filled in by the adapter) `user` and `vhost`.
+//!   and (filled in by the adapter) `user`, `vhost` and MQTT's `client`. It is the
+//!   connection's only span: each span is a registry slot and a formatted field string
+//!   held as long as the connection, idle or not.
 //! - The accept loop never awaits per-peer work: deadlines (handshake, TLS) belong to
 //!   the handler, inside the spawned task.
 //!
@@ -24,6 +26,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -238,22 +241,27 @@ impl<H: Handler> Listener<H> {
                 %proto,
                 %peer,
                 user = tracing::field::Empty,
-                vhost = tracing::field::Empty
+                vhost = tracing::field::Empty,
+                client = tracing::field::Empty
             );
-            let handler = Arc::clone(&self.handler);
-            let ctx = self.ctx.clone();
-            self.tracker.spawn(
-                async move {
-                    if proto.plain() == Proto::Http {
-                        debug!(%peer, %proto, "connection opened");
-                    } else {
-                        info!(%peer, %proto, "connection opened");
-                    }
-                    let result = handler.serve(stream, peer, ctx).await;
-                    log_close(proto, peer, result);
-                    drop::<Option<OwnedSemaphorePermit>>(permit);
+            span.in_scope(|| {
+                if proto.plain() == Proto::Http {
+                    debug!(%peer, %proto, "connection opened");
+                } else {
+                    info!(%peer, %proto, "connection opened");
                 }
-                .instrument(span),
+            });
+            // The handler's future with `map`, not inside an async block: a future an
+            // async block awaits is moved into a second slot beside the one it was
+            // captured in, and the task is as large as both for the whole connection.
+            let serve = self.handler.serve(stream, peer, self.ctx.clone());
+            self.tracker.spawn(
+                serve
+                    .map(move |result| {
+                        log_close(proto, peer, result);
+                        drop::<Option<OwnedSemaphorePermit>>(permit);
+                    })
+                    .instrument(span),
             );
         }
     }
@@ -403,5 +411,44 @@ mod tests {
         tracker.close();
         tracker.wait().await;
         assert_eq!(limit.available_permits(), 1);
+    }
+}
+
+/// A connection's task is as large as its future's largest state for as long as the
+/// connection lives, idle or not (see BENCHMARKS.md, idle connections). These bounds
+/// catch a buffer, a timer or a TLS stream added inline, or a future kept twice.
+#[cfg(test)]
+mod task_size {
+    use super::*;
+
+    const MAX_TASK_FUTURE: usize = 2 << 10;
+
+    #[tokio::test]
+    async fn connection_futures_stay_small() {
+        let shutdown = CancellationToken::new();
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let ctx = test_ctx(Proto::Mqtt, Config::default(), &shutdown);
+        let stream = || async { TcpStream::connect(addr).await.expect("connect") };
+        let sizes = [
+            (
+                "mqtt",
+                std::mem::size_of_val(&crate::adapters::mqtt(stream().await, addr, ctx.clone())),
+            ),
+            (
+                "stomp",
+                std::mem::size_of_val(&crate::adapters::stomp(stream().await, addr, ctx.clone())),
+            ),
+            (
+                "amqp",
+                std::mem::size_of_val(&crate::adapters::amqp(stream().await, addr, ctx.clone())),
+            ),
+        ];
+        for (proto, size) in sizes {
+            assert!(
+                size <= MAX_TASK_FUTURE,
+                "{proto} connection future is {size} bytes"
+            );
+        }
     }
 }

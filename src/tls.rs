@@ -195,16 +195,13 @@ impl<T: Service> Handler for TlsHandler<T> {
         let acceptor = self.acceptor.clone();
         let service = self.service.clone();
         async move {
-            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-            let tls = tokio::select! {
-                () = ctx.shutdown.cancelled() => {
-                    return Ok(Cow::Borrowed("shutdown during the TLS handshake"));
-                }
-                r = handshake => match r {
-                    Err(_elapsed) => return Ok(Cow::Borrowed("TLS handshake timeout")),
-                    Ok(Err(e)) => return Err(format!("TLS handshake failed: {e}").into()),
-                    Ok(Ok(tls)) => tls,
-                },
+            // Boxed (the handshake and the stream after it): a connection's task is sized
+            // for its largest state, and rustls' connection state (1.2 KiB) and the
+            // handshake's temporaries would otherwise widen it several times over for as
+            // long as the connection lives.
+            let tls = match Box::pin(handshake(&acceptor, stream, &ctx.shutdown)).await {
+                Ok(tls) => tls,
+                Err(end) => return end,
             };
             let (_, conn) = tls.get_ref();
             ctx.peer_cert_cn = conn
@@ -219,6 +216,24 @@ impl<T: Service> Handler for TlsHandler<T> {
             );
             service.serve(tls, peer, ctx).await
         }
+    }
+}
+
+/// The TLS handshake under [`HANDSHAKE_TIMEOUT`]; `Err` is how the connection ends.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    stream: TcpStream,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<Box<tokio_rustls::server::TlsStream<TcpStream>>, ConnResult> {
+    tokio::select! {
+        () = shutdown.cancelled() => {
+            Err(Ok(Cow::Borrowed("shutdown during the TLS handshake")))
+        }
+        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match r {
+            Err(_elapsed) => Err(Ok(Cow::Borrowed("TLS handshake timeout"))),
+            Ok(Err(e)) => Err(Err(format!("TLS handshake failed: {e}").into())),
+            Ok(Ok(tls)) => Ok(Box::new(tls)),
+        },
     }
 }
 

@@ -124,7 +124,7 @@ impl Session {
     }
 
     fn chan(&mut self, id: u16) -> Result<&mut Channel, AmqpError> {
-        self.channels.get_mut(&id).ok_or_else(|| {
+        self.channels.get_mut(&id).map(|c| &mut **c).ok_or_else(|| {
             AmqpError::connection(errors::CHANNEL_ERROR, format!("channel {id} not open"))
         })
     }
@@ -148,7 +148,7 @@ impl Session {
                     )
                     .on(cid, mid));
                 }
-                self.channels.insert(id, Channel::new());
+                self.channels.insert(id, Box::new(Channel::new()));
                 self.send(
                     id,
                     AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),

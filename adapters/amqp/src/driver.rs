@@ -22,6 +22,39 @@ use crate::codec::{self, HeaderCheck, PROTOCOL_HEADER};
 use crate::session::{Session, State};
 use crate::AmqpConfig;
 
+/// The write buffer taken for a batch of frames (it grows for larger batches).
+const WBUF: usize = 8 << 10;
+/// Most bytes taken per read while the read buffer is let go (on the task's stack).
+const STACK_READ: usize = 8 << 10;
+
+/// Reads once into `buf`. An empty `buf` is let go first and the read goes through a
+/// buffer on the stack, copied into a `buf` just big enough: a connection waiting for
+/// its peer holds no read buffer (its 8 KiB were most of an idle connection's memory).
+/// The rest of a frame that arrives in pieces is read straight into `buf`.
+/// Cancel-safe: bytes read are in `buf` before the future returns `Ready`.
+async fn read_some<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> std::io::Result<usize> {
+    if !buf.is_empty() {
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(WBUF);
+        }
+        return stream.read_buf(buf).await;
+    }
+    if buf.capacity() > 0 {
+        *buf = BytesMut::new();
+    }
+    std::future::poll_fn(|cx| {
+        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); STACK_READ];
+        let mut rb = tokio::io::ReadBuf::uninit(&mut stack);
+        std::task::ready!(std::pin::Pin::new(&mut *stream).poll_read(cx, &mut rb))?;
+        buf.extend_from_slice(rb.filled());
+        std::task::Poll::Ready(Ok(rb.filled().len()))
+    })
+    .await
+}
+
 /// How long the last bytes to a peer (connection.close at shutdown, TLS close_notify)
 /// may take before the connection is dropped without them.
 const LAST_WORDS: Duration = Duration::from_secs(1);
@@ -50,21 +83,30 @@ pub enum ServeError {
 }
 
 /// Serves one AMQP connection until it closes.
-pub async fn serve<S>(stream: S, peer: SocketAddr, ctx: AmqpContext) -> Result<(), ServeError>
+pub fn serve<S>(
+    stream: S,
+    peer: SocketAddr,
+    ctx: AmqpContext,
+) -> impl std::future::Future<Output = Result<(), ServeError>> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    // An async block using its captures in place: an async fn would keep its arguments
+    // twice (as captured and as locals) for as long as the connection lives.
     let span = tracing::debug_span!("conn", %peer, proto = "amqp");
-    run(stream, peer, ctx).instrument(span).await
+    let mut stream = stream;
+    async move { run(&mut stream, peer, &ctx).await }.instrument(span)
 }
 
-async fn run<S>(mut stream: S, peer: SocketAddr, ctx: AmqpContext) -> Result<(), ServeError>
+async fn run<S>(stream: &mut S, peer: SocketAddr, ctx: &AmqpContext) -> Result<(), ServeError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let cfg = ctx.config.clone();
+    let cfg = &ctx.config;
     let handshake_deadline = Instant::now() + cfg.handshake_timeout;
-    let mut rbuf = BytesMut::with_capacity(8192);
+    // Let go while the connection waits (see `read_some`): an idle connection holds no
+    // read buffer.
+    let mut rbuf = BytesMut::new();
 
     // Protocol header, under the handshake deadline.
     loop {
@@ -78,7 +120,7 @@ where
             }
             HeaderCheck::Incomplete => {}
         }
-        match timeout_at(handshake_deadline, stream.read_buf(&mut rbuf)).await {
+        match timeout_at(handshake_deadline, read_some(stream, &mut rbuf)).await {
             Ok(Ok(0)) | Err(_) => return Ok(()),
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(e.into()),
@@ -86,14 +128,7 @@ where
     }
 
     let mut session = Session::new(ctx.broker.clone(), cfg.clone(), peer.ip());
-    let result = connection_loop(
-        &mut stream,
-        &mut rbuf,
-        &mut session,
-        &ctx,
-        handshake_deadline,
-    )
-    .await;
+    let result = connection_loop(stream, &mut rbuf, &mut session, ctx, handshake_deadline).await;
     session.teardown();
     // bounded: a TLS close_notify cannot be written to a peer that does not read
     let _ = tokio::time::timeout(LAST_WORDS, stream.shutdown()).await;
@@ -137,7 +172,8 @@ where
 {
     let cfg = &ctx.config;
     let outbox = session.outbox().clone();
-    let mut wbuf = BytesMut::with_capacity(8192);
+    // Taken for each batch of output and let go when nothing more is waiting.
+    let mut wbuf = BytesMut::new();
     let mut events = Vec::new();
     let mut last_read = Instant::now();
     let mut last_write = Instant::now();
@@ -178,12 +214,21 @@ where
             }
         }
         if session.has_output() {
+            if wbuf.capacity() == 0 {
+                wbuf.reserve(WBUF);
+            }
             session.write_to(&mut wbuf)?;
             if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
                 return Ok(());
             }
             wbuf.clear();
             last_write = Instant::now();
+        }
+        if outbox.is_empty() && wbuf.capacity() > 0 {
+            // going idle: no write buffer, no event buffer, no encoder scratch
+            wbuf = BytesMut::new();
+            events = Vec::new();
+            session.release_buffers();
         }
         if matches!(session.state(), State::Closed) || fatal {
             return Ok(());
@@ -236,7 +281,7 @@ where
                     blocked = alarms.borrow_and_update().any();
                 }
             }
-            r = stream.read_buf(rbuf), if reading => {
+            r = read_some(stream, rbuf), if reading => {
                 if r? == 0 {
                     return Ok(());
                 }

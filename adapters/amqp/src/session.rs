@@ -67,7 +67,9 @@ pub struct Session {
     slot: Option<ConnectionSlot>,
     /// A login was refused: the driver waits `failed_login_delay` before answering.
     login_failed: bool,
-    pub(crate) channels: HashMap<u16, Channel, FastHash>,
+    /// Boxed: a map allocates room for four entries at least, and a `Channel` is
+    /// several hundred bytes (an idle connection with one channel held 2.4 KiB here).
+    pub(crate) channels: HashMap<u16, Box<Channel>, FastHash>,
     /// Consumer tag → channel (tags are unique per connection here).
     pub(crate) consumer_channels: HashMap<Arc<str>, u16, FastHash>,
     pub(crate) outbox: Arc<Outbox>,
@@ -223,6 +225,16 @@ impl Session {
             self.encoder.encode(&f, buf)?;
         }
         Ok(())
+    }
+
+    /// Lets go of the output vector and the encoder's scratch buffer kept between
+    /// batches; the driver calls it when nothing is waiting, so that an idle connection
+    /// holds neither.
+    pub fn release_buffers(&mut self) {
+        if self.out.is_empty() {
+            self.out = Vec::new();
+        }
+        self.encoder = codec::Encoder::default();
     }
 
     /// Whether frames are waiting to be written.

@@ -23,15 +23,15 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use triad_core::queue::Queue;
 use triad_core::{
-    Backpressure, ConnectionId, ConnectionSlot, ConsumeRequest, CoreError, FieldTable, FieldValue,
-    OutEvent, Outbox, Properties, Publish, QueueDeclare, User, Vhost, VhostAccess,
+    Backpressure, ConnectionId, ConnectionSlot, ConsumeRequest, ConsumerHandle, CoreError,
+    FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish, QueueDeclare, User, Vhost,
+    VhostAccess,
 };
 use triad_store::flush::Durable;
 
-use crate::codec::{self, Connect, Limits, Packet, SubAck};
+use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
 use crate::session::{PubRec, Session};
 use crate::state::{LiveClient, MqttState, VhostState};
 use crate::topic::{routing_key_to_topic, topic_to_routing_key, valid_filter};
@@ -68,19 +68,22 @@ enum End {
 }
 
 /// Serves one MQTT connection until it closes. Errors are what the peer did wrong or
-/// I/O failures; log them at `debug`.
-pub async fn serve<S>(stream: S, peer: SocketAddr, ctx: MqttContext) -> Result<(), MqttError>
+/// I/O failures; log them at `debug`. The client id and user are recorded as `client`
+/// and `user` in the current span (the listener's `conn` span): a span of its own cost
+/// each idle connection a second registry slot.
+// Not an `async fn` on purpose (see the comment inside).
+#[allow(clippy::manual_async_fn)]
+pub fn serve<S>(
+    mut stream: S,
+    peer: SocketAddr,
+    ctx: MqttContext,
+) -> impl std::future::Future<Output = Result<(), MqttError>> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let span = tracing::info_span!(
-        "conn",
-        proto = "mqtt",
-        %peer,
-        client = tracing::field::Empty,
-        user = tracing::field::Empty
-    );
-    run(stream, peer, ctx).instrument(span).await
+    // An async block using its captures in place: an async fn would keep its arguments
+    // twice (as captured and as locals) for as long as the connection lives.
+    async move { run(&mut stream, peer, &ctx).await }
 }
 
 async fn write_now<S: AsyncWrite + Unpin>(stream: &mut S, p: &Packet) -> Result<(), MqttError> {
@@ -114,11 +117,41 @@ async fn read_connect<S: AsyncRead + Unpin>(
             Some(_) => return Err(MqttError::Protocol("first packet is not CONNECT")),
             None => {}
         }
-        rbuf.reserve(1024);
-        if stream.read_buf(rbuf).await? == 0 {
+        if read_some(stream, rbuf).await? == 0 {
             return Ok(None);
         }
     }
+}
+
+/// Most bytes taken per read while the read buffer is let go (on the task's stack).
+const STACK_READ: usize = 8 << 10;
+
+/// Reads once into `buf`. An empty `buf` is let go first and the read goes through a
+/// buffer on the stack, copied into a `buf` just big enough: a connection waiting for
+/// its peer holds no read buffer (its 4 KiB were a third of an idle connection's
+/// memory). The rest of a packet that arrives in pieces is read straight into `buf`.
+/// Cancel-safe: bytes read are in `buf` before the future returns `Ready`.
+async fn read_some<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> std::io::Result<usize> {
+    if !buf.is_empty() {
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(4096);
+        }
+        return stream.read_buf(buf).await;
+    }
+    if buf.capacity() > 0 {
+        *buf = BytesMut::new();
+    }
+    std::future::poll_fn(|cx| {
+        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); STACK_READ];
+        let mut rb = tokio::io::ReadBuf::uninit(&mut stack);
+        std::task::ready!(std::pin::Pin::new(&mut *stream).poll_read(cx, &mut rb))?;
+        buf.extend_from_slice(rb.filled());
+        std::task::Poll::Ready(Ok(rb.filled().len()))
+    })
+    .await
 }
 
 /// Unregisters the client id and signals a waiting takeover, however the task ends.
@@ -137,27 +170,109 @@ impl Drop for Registration {
     }
 }
 
-async fn run<S>(mut stream: S, peer: SocketAddr, ctx: MqttContext) -> Result<(), MqttError>
+/// What a connection keeps once its CONNECT is accepted.
+struct Connected {
+    c: Conn,
+    outbox: Arc<Outbox>,
+    keep_alive: u16,
+    will: Option<Will>,
+    kick: CancellationToken,
+    vhost_name: String,
+    /// Counted against the user's connection limit while it lives.
+    _slot: ConnectionSlot,
+    /// Dropped last: unregisters the client id.
+    _registration: Registration,
+}
+
+async fn run<S>(stream: &mut S, peer: SocketAddr, ctx: &MqttContext) -> Result<(), MqttError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let mut rbuf = BytesMut::with_capacity(4096);
+    let mut rbuf = BytesMut::new();
+    // Boxed: the CONNECT phase's state (the packet, login, takeover wait, refusals) is
+    // larger than what a connected client keeps, and the task would be sized for it.
+    let Some(mut k) = Box::pin(accept(stream, &mut rbuf, peer, ctx)).await? else {
+        return Ok(());
+    };
+    // `k` is used in place (moving its fields out would keep them twice in this future)
+    let end =
+        k.c.run(
+            stream,
+            &mut rbuf,
+            &k.outbox,
+            k.keep_alive,
+            &k.kick,
+            &ctx.shutdown,
+            ctx.broker.alarms(),
+        )
+        .await;
+
+    // give back what the client did not ack: it comes back redelivered (DUP)
+    if let Some(consumer) = &k.c.consumer {
+        consumer.cancel();
+    }
+    for ev in k.outbox.close() {
+        if let OutEvent::Deliver(d) = ev {
+            d.queue.nack(&[d.offset], true);
+        }
+    }
+    let c = &mut k.c;
+    let (targets, carry) = std::mem::take(&mut c.session).finish();
+    for (q, off) in targets {
+        q.nack(&[off], true);
+    }
+    if !c.clean {
+        ctx.state.put_carry(&k.vhost_name, &c.client_id, carry);
+        // before the registration is dropped, so a takeover's connect comes after it
+        ctx.state.session_disconnected(&c.vs, &c.client_id);
+    }
+    ctx.broker.connection_closed(c.conn);
+    ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
+    // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
+    let abnormal = matches!(end, End::PeerClosed | End::Takeover | End::Error(_));
+    if let (true, Some(w)) = (abnormal, k.will.take()) {
+        tracing::debug!(topic = w.topic, "publishing the will");
+        if let Err(e) = c.publish_in(&w.topic, w.payload, w.qos, w.retain) {
+            tracing::debug!(error = %e, "will not published");
+        }
+    }
+    match end {
+        End::Error(e) => {
+            tracing::debug!(error = %e, "MQTT connection closed");
+            Err(e)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The CONNECT phase: reads CONNECT, logs in, registers the client id (taking over a
+/// connected session), opens the session and its queue, consumes from it, and encodes
+/// CONNACK. `None`: refused (the refusal is sent) or the peer left.
+async fn accept<S>(
+    stream: &mut S,
+    rbuf: &mut BytesMut,
+    peer: SocketAddr,
+    ctx: &MqttContext,
+) -> Result<Option<Connected>, MqttError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let pre = Limits {
         max_packet_size: ctx.limits.max_packet_size_pre_connect,
         max_filters: ctx.limits.max_filters,
     };
     let first = tokio::select! {
-        _ = ctx.shutdown.cancelled() => return Ok(()),
-        r = tokio::time::timeout(ctx.limits.connect_timeout, read_connect(&mut stream, &mut rbuf, &pre)) => r,
+        _ = ctx.shutdown.cancelled() => return Ok(None),
+        r = tokio::time::timeout(ctx.limits.connect_timeout, read_connect(stream, rbuf, &pre)) => r,
     };
     let connect = match first {
         Err(_) => return Err(MqttError::Timeout("no CONNECT")),
         Ok(Ok(Some(c))) => c,
-        Ok(Ok(None)) => return Ok(()),
+        Ok(Ok(None)) => return Ok(None),
         Ok(Err(MqttError::Decode(codec::DecodeError::UnacceptableProtocol { name, level }))) => {
             tracing::debug!(name, level, "unacceptable protocol");
-            refuse(&mut stream, BAD_PROTOCOL).await?;
-            return Ok(());
+            refuse(stream, BAD_PROTOCOL).await?;
+            return Ok(None);
         }
         Ok(Err(e)) => return Err(e),
     };
@@ -165,7 +280,7 @@ where
     // authentication, then the vhost (always the default one)
     let broker = ctx.broker.clone();
     let vhost_name = broker.default_vhost().to_string();
-    let (user, access, _slot) = match login(&ctx, peer, &connect, &vhost_name) {
+    let (user, access, _slot) = match login(ctx, peer, &connect, &vhost_name) {
         Ok(l) => l,
         Err((code, why)) => {
             let user = connect.username.as_deref().unwrap_or("");
@@ -177,8 +292,8 @@ where
                     _ = ctx.shutdown.cancelled() => {}
                 }
             }
-            refuse(&mut stream, code).await?;
-            return Ok(());
+            refuse(stream, code).await?;
+            return Ok(None);
         }
     };
     tracing::Span::current().record("user", user.name.as_str());
@@ -188,8 +303,8 @@ where
     let mut client_id = connect.client_id.clone();
     if client_id.is_empty() {
         if !connect.clean_session {
-            refuse(&mut stream, BAD_CLIENT_ID).await?;
-            return Ok(());
+            refuse(stream, BAD_CLIENT_ID).await?;
+            return Ok(None);
         }
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -198,8 +313,8 @@ where
         client_id = format!("triad-{conn:x}-{nanos:x}");
     }
     if client_id.len() > ctx.limits.max_client_id_len {
-        refuse(&mut stream, BAD_CLIENT_ID).await?;
-        return Ok(());
+        refuse(stream, BAD_CLIENT_ID).await?;
+        return Ok(None);
     }
     tracing::Span::current().record("client", client_id.as_str());
 
@@ -207,8 +322,8 @@ where
         Ok(v) => v,
         Err(e) => {
             tracing::warn!(error = %e, "MQTT state unavailable");
-            refuse(&mut stream, UNAVAILABLE).await?;
-            return Ok(());
+            refuse(stream, UNAVAILABLE).await?;
+            return Ok(None);
         }
     };
 
@@ -257,14 +372,14 @@ where
             Ok(()) => (present, session),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot store the MQTT session");
-                refuse(&mut stream, UNAVAILABLE).await?;
-                return Ok(());
+                refuse(stream, UNAVAILABLE).await?;
+                return Ok(None);
             }
         },
         Err(e) => {
             tracing::warn!(error = %e, "cannot open the MQTT session");
-            refuse(&mut stream, UNAVAILABLE).await?;
-            return Ok(());
+            refuse(stream, UNAVAILABLE).await?;
+            return Ok(None);
         }
     };
 
@@ -280,6 +395,9 @@ where
         session,
         topic_cache: None,
         pending: VecDeque::new(),
+        outbox: Outbox::new((ctx.limits.max_inflight as usize).max(64)),
+        consumer: None,
+        prefetch: ctx.limits.max_inflight,
         wbuf: BytesMut::with_capacity(4096),
         limits: Limits {
             max_packet_size: ctx.limits.max_packet_size,
@@ -298,84 +416,33 @@ where
     for id in resend {
         codec::encode(&Packet::PubRel(id), &mut c.wbuf);
     }
-    let outbox = Outbox::new((ctx.limits.max_inflight as usize).max(64));
-    let consumer = match c.vhost.consume(
-        &c.qname,
-        ConsumeRequest {
-            tag: client_id.clone(),
-            no_ack: false,
-            exclusive: true,
-            prefetch: ctx.limits.max_inflight,
-            priority: 0,
-            conn,
-            outbox: outbox.clone(),
-            gate: None,
-        },
-    ) {
-        Ok(h) => h,
-        Err(e) => {
+    // A clean session's queue waits for the first SUBSCRIBE: a client that only
+    // publishes (or has not subscribed yet) costs no queue, no consumer, no store entry.
+    if !c.clean {
+        if let Err(e) = c.subscription_queue(false) {
             tracing::warn!(error = %e, "cannot consume the MQTT subscription queue");
-            refuse(&mut stream, UNAVAILABLE).await?;
+            refuse(stream, UNAVAILABLE).await?;
             broker.connection_closed(conn);
-            return Ok(());
+            return Ok(None);
         }
-    };
-    // a transient message is QoS 0 here: delivered at most once, no ack per copy
-    consumer.ack_transient_on_delivery();
+    }
+    let outbox = c.outbox.clone();
     ctx.state.stats.connected.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(
         clean = connect.clean_session,
         session_present,
         "MQTT client connected"
     );
-
-    let will = connect.will.clone();
-    let end = c
-        .run(
-            &mut stream,
-            &mut rbuf,
-            &outbox,
-            connect.keep_alive,
-            &kick,
-            &ctx.shutdown,
-            ctx.broker.alarms(),
-        )
-        .await;
-
-    // give back what the client did not ack: it comes back redelivered (DUP)
-    consumer.cancel();
-    for ev in outbox.close() {
-        if let OutEvent::Deliver(d) = ev {
-            d.queue.nack(&[d.offset], true);
-        }
-    }
-    let clean = c.clean;
-    let (targets, carry) = std::mem::take(&mut c.session).finish();
-    for (q, off) in targets {
-        q.nack(&[off], true);
-    }
-    if !clean {
-        ctx.state.put_carry(&vhost_name, &client_id, carry);
-        // before the registration is dropped, so a takeover's connect comes after it
-        ctx.state.session_disconnected(&vs, &client_id);
-    }
-    broker.connection_closed(conn);
-    ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
-    // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
-    let abnormal = matches!(end, End::PeerClosed | End::Takeover | End::Error(_));
-    if let (true, Some(w)) = (abnormal, will) {
-        tracing::debug!(topic = w.topic, "publishing the will");
-        if let Err(e) = c.publish_in(&w.topic, w.payload, w.qos, w.retain) {
-            tracing::debug!(error = %e, "will not published");
-        }
-    }
-    match end {
-        End::Error(e) => {
-            tracing::debug!(error = %e, "MQTT connection closed");
-            Err(e)
-        }
-        _ => Ok(()),
-    }
+    Ok(Some(Connected {
+        c,
+        outbox,
+        keep_alive: connect.keep_alive,
+        will: connect.will,
+        kick,
+        vhost_name,
+        _slot,
+        _registration,
+    }))
 }
 
 /// Logs a CONNECT in: user name and password; no user name: the certificate's CN
@@ -449,13 +516,8 @@ fn open_session(
         }
         vs.sessions.remove(client_id);
         state.take_carry(vhost_name, client_id);
-        let (_, durable) = vhost.declare_queue_deferred(QueueDeclare {
-            name: qname.to_string(),
-            exclusive: true,
-            conn,
-            ..Default::default()
-        })?;
-        Ok((false, Session::default(), durable))
+        // the queue is declared by the first SUBSCRIBE (`Conn::subscription_queue`)
+        Ok((false, Session::default(), Durable::ready()))
     } else {
         if existing.as_ref().is_some_and(|q| !q.durable()) {
             vhost.delete_queue(qname, false, false, conn)?;
@@ -516,6 +578,13 @@ struct Conn {
     /// Boxed: an idle connection keeps a pointer, not the entry.
     topic_cache: Option<Box<TopicCache>>,
     pending: VecDeque<Pending>,
+    /// Where the subscription queue delivers.
+    outbox: Arc<Outbox>,
+    /// Consuming the subscription queue: from CONNECT for a persistent session, from the
+    /// first SUBSCRIBE for a clean one.
+    consumer: Option<ConsumerHandle>,
+    /// Outbound QoS 1/2 messages in flight (the consumer's prefetch).
+    prefetch: u32,
     wbuf: BytesMut,
     limits: Limits,
 }
@@ -618,8 +687,8 @@ impl Conn {
             if !outbox.is_empty() {
                 continue;
             }
-            if rbuf.capacity() - rbuf.len() < 1024 {
-                rbuf.reserve(4096);
+            if evs.capacity() > 0 {
+                evs = Vec::new();
             }
             // While a resource alarm is raised, a client that publishes is not read from
             // (subscribers keep draining); its keep-alive clock stops meanwhile.
@@ -638,7 +707,7 @@ impl Conn {
                     }
                 }
                 // stop reading while too many acks wait for the disk (back-pressure)
-                r = stream.read_buf(rbuf), if self.pending.len() < MAX_PENDING && !alarm_blocked => match r {
+                r = read_some(stream, rbuf), if self.pending.len() < MAX_PENDING && !alarm_blocked => match r {
                     Ok(0) => break End::PeerClosed,
                     Ok(_) => {}
                     Err(e) => break End::Error(e.into()),
@@ -791,6 +860,39 @@ impl Conn {
             .collect())
     }
 
+    /// Consumes the subscription queue if not yet done, declaring it first when `declare`
+    /// (a clean session's queue, exclusive to this connection).
+    fn subscription_queue(&mut self, declare: bool) -> Result<(), CoreError> {
+        if self.consumer.is_some() {
+            return Ok(());
+        }
+        if declare {
+            self.vhost.declare_queue(QueueDeclare {
+                name: self.qname.clone(),
+                exclusive: true,
+                conn: self.conn,
+                ..Default::default()
+            })?;
+        }
+        let consumer = self.vhost.consume(
+            &self.qname,
+            ConsumeRequest {
+                tag: self.client_id.clone(),
+                no_ack: false,
+                exclusive: true,
+                prefetch: self.prefetch,
+                priority: 0,
+                conn: self.conn,
+                outbox: self.outbox.clone(),
+                gate: None,
+            },
+        )?;
+        // a transient message is QoS 0 here: delivered at most once, no ack per copy
+        consumer.ack_transient_on_delivery();
+        self.consumer = Some(consumer);
+        Ok(())
+    }
+
     fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), MqttError> {
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut retained = Vec::new();
@@ -811,7 +913,7 @@ impl Conn {
                     self.access
                         .queue_bind_key(&self.vhost, &self.qname, "amq.topic", &key)
                 });
-            if let Err(e) = allowed {
+            if let Err(e) = allowed.and_then(|()| self.subscription_queue(self.clean)) {
                 tracing::debug!(filter, error = %e, "subscription refused");
                 codes.push(0x80);
                 continue;

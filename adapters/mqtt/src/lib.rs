@@ -19,9 +19,10 @@
 //! PUBLISH goes to `amq.topic` with the routing key of [`topic`]'s mapping; QoS ≥ 1 is
 //! persistent (delivery mode 2) and the QoS travels in header `x-mqtt-publish-qos`.
 //! Each client's subscriptions are one queue, `mqtt-subscription-<client id>`, bound to
-//! `amq.topic` once per filter: exclusive and transient for clean session 1, durable
-//! for clean session 0 (it then queues messages while the client is away and survives
-//! restarts). Outbound QoS = min(message QoS, highest QoS granted by a matching
+//! `amq.topic` once per filter: exclusive and transient for clean session 1 (declared
+//! by the client's first SUBSCRIBE: a connected client that never subscribes costs no
+//! queue), durable for clean session 0 (declared at CONNECT; it then queues messages
+//! while the client is away and survives restarts). Outbound QoS = min(message QoS, highest QoS granted by a matching
 //! filter); an AMQP message without the header counts as QoS 1 when persistent, else
 //! 0. Deliveries carry the body only.
 

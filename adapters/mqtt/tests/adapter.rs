@@ -276,6 +276,35 @@ async fn qos_0_1_2_round_trips_with_granted_qos() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_session_queue_waits_for_the_first_subscribe() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let vhost = s.ctx.state.vhost_state("/").unwrap().vhost.clone();
+    let mut sub = connect(s.addr, "lazy", true).await;
+    // connected, not subscribed: no queue, no consumer (an idle client costs neither)
+    assert!(vhost.queue("mqtt-subscription-lazy").is_none());
+    assert_eq!(sub.sub("lazy/#", QoS::AtLeastOnce).await, [1]);
+    assert!(vhost.queue("mqtt-subscription-lazy").is_some());
+    let publ = connect(s.addr, "lazy-pub", true).await;
+    assert!(vhost.queue("mqtt-subscription-lazy-pub").is_none());
+    publ.c
+        .publish("lazy/1", QoS::AtLeastOnce, false, "m")
+        .await
+        .unwrap();
+    let p = sub.publish().await;
+    assert_eq!((p.topic.as_str(), body(&p)), ("lazy/1", "m"));
+    // a second SUBSCRIBE reuses the queue and its consumer
+    assert_eq!(sub.sub("other/#", QoS::AtMostOnce).await, [0]);
+    publ.c
+        .publish("other/x", QoS::AtMostOnce, false, "n")
+        .await
+        .unwrap();
+    assert_eq!(body(&sub.publish().await), "n");
+    drop(vhost);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wildcards_overlaps_and_dollar_topics() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(dir.path()).await;

@@ -12,7 +12,6 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use triad_core::Broker;
 
 use crate::codec::{self, Limits, HEARTBEAT};
@@ -99,19 +98,55 @@ pub enum ServeError {
 const BATCH: usize = 256;
 /// Receipts waiting on durability before the socket stops being read.
 const MAX_PENDING_RECEIPTS: usize = 4096;
+/// The write buffer taken for a batch of frames (it grows for larger batches).
+const WBUF: usize = 8 << 10;
+/// Most bytes taken per read while the read buffer is let go (on the task's stack).
+const STACK_READ: usize = 8 << 10;
+
+/// Reads once into `buf`. An empty `buf` is let go first and the read goes through a
+/// buffer on the stack, copied into a `buf` just big enough: a connection waiting for
+/// its peer holds no read buffer (its 8 KiB were most of an idle connection's memory).
+/// The rest of a frame that arrives in pieces is read straight into `buf`.
+/// Cancel-safe: bytes read are in `buf` before the future returns `Ready`.
+async fn read_some<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> std::io::Result<usize> {
+    if !buf.is_empty() {
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(WBUF);
+        }
+        return stream.read_buf(buf).await;
+    }
+    if buf.capacity() > 0 {
+        *buf = BytesMut::new();
+    }
+    std::future::poll_fn(|cx| {
+        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); STACK_READ];
+        let mut rb = tokio::io::ReadBuf::uninit(&mut stack);
+        std::task::ready!(std::pin::Pin::new(&mut *stream).poll_read(cx, &mut rb))?;
+        buf.extend_from_slice(rb.filled());
+        std::task::Poll::Ready(Ok(rb.filled().len()))
+    })
+    .await
+}
 
 /// Serves one STOMP connection until the peer leaves, an error closes it, or shutdown.
-pub async fn serve<S>(mut stream: S, peer: SocketAddr, ctx: StompContext) -> Result<(), ServeError>
+/// The user and vhost are recorded as `user` and `vhost` in the current span (the
+/// listener's `conn` span): a span of its own cost each idle connection a second
+/// registry slot.
+// Not an `async fn` on purpose (see the comment inside).
+#[allow(clippy::manual_async_fn)]
+pub fn serve<S>(
+    mut stream: S,
+    peer: SocketAddr,
+    ctx: StompContext,
+) -> impl std::future::Future<Output = Result<(), ServeError>> + Send
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let span = tracing::info_span!(
-        "conn",
-        proto = "stomp",
-        %peer,
-        user = tracing::field::Empty,
-        vhost = tracing::field::Empty
-    );
+    // An async block using its captures in place: an async fn would keep its arguments
+    // twice (as captured and as locals) for as long as the connection lives.
     async move {
         let mut session = Session::new(ctx.broker.clone(), peer, ctx.session_config());
         let res = run(&mut stream, &mut session, &ctx).await;
@@ -123,8 +158,6 @@ where
         }
         res
     }
-    .instrument(span)
-    .await
 }
 
 struct Pending {
@@ -146,10 +179,12 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let outbox = session.outbox().clone();
-    let mut rbuf = BytesMut::with_capacity(8 << 10);
+    // Both buffers are let go while the connection waits (see `read_some`; `wbuf` when
+    // nothing more is to be sent), so an idle connection holds neither.
+    let mut rbuf = BytesMut::new();
     // the frame at the front of rbuf, parsed as far as it has arrived
     let mut decoder = codec::Decoder::default();
-    let mut wbuf = BytesMut::with_capacity(8 << 10);
+    let mut wbuf = BytesMut::new();
     let mut actions: Vec<Action> = Vec::new();
     let mut events = Vec::new();
     let mut receipts: VecDeque<Pending> = VecDeque::new();
@@ -182,6 +217,9 @@ where
             false
         };
         let dialect = session.dialect();
+        if wbuf.capacity() == 0 && !actions.is_empty() {
+            wbuf.reserve(WBUF);
+        }
         for a in actions.drain(..) {
             match a {
                 Action::Send(f) => codec::encode_with(&f, &mut wbuf, dialect),
@@ -224,6 +262,12 @@ where
             wbuf.clear();
             last_write = Instant::now();
         }
+        if !more_events {
+            // going idle: let go of what a burst left allocated
+            wbuf = BytesMut::new();
+            actions = Vec::new();
+            events = Vec::new();
+        }
         if closing || (disconnecting && receipts.is_empty()) {
             let _ = stream.flush().await;
             return Ok(());
@@ -241,12 +285,23 @@ where
         }
         let reading = !disconnecting && receipts.len() < MAX_PENDING_RECEIPTS && !alarm_blocked;
         let connected = session.is_connected();
+        // One timer for the three deadlines (each `Sleep` in the `select!` below is
+        // 112 bytes of every connection's task, waiting or not).
+        let watch_silence = recv_iv.is_some() && !alarm_blocked;
+        let timer = [
+            send_iv.map(|_| send_at),
+            watch_silence.then_some(silent_at),
+            (!connected).then_some(handshake_deadline),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
 
         tokio::select! {
             _ = ctx.shutdown.cancelled() => {
                 session.error_and_close("Server shutdown", "the broker is shutting down", &mut actions);
             }
-            r = stream.read_buf(&mut rbuf), if reading => {
+            r = read_some(stream, &mut rbuf), if reading => {
                 if r? == 0 {
                     return Ok(());
                 }
@@ -290,16 +345,19 @@ where
                     }
                 }
             }
-            _ = sleep_until(send_at), if send_iv.is_some() => {
-                wbuf.put_slice(HEARTBEAT);
-            }
-            _ = sleep_until(silent_at), if recv_iv.is_some() && !alarm_blocked => {
-                tracing::debug!("no heart-beat from the peer within twice the interval; closing");
-                return Ok(());
-            }
-            _ = sleep_until(handshake_deadline), if !connected => {
-                tracing::debug!("no CONNECT within the handshake timeout; closing");
-                return Ok(());
+            _ = sleep_until(timer.unwrap_or(far)), if timer.is_some() => {
+                let now = Instant::now();
+                if !connected && now >= handshake_deadline {
+                    tracing::debug!("no CONNECT within the handshake timeout; closing");
+                    return Ok(());
+                }
+                if watch_silence && now >= silent_at {
+                    tracing::debug!("no heart-beat from the peer within twice the interval; closing");
+                    return Ok(());
+                }
+                if send_iv.is_some() && now >= send_at {
+                    wbuf.put_slice(HEARTBEAT);
+                }
             }
         }
     }

@@ -16,6 +16,8 @@ USAGE:
   triad-bench mqtt-idle [OPTIONS]  N idle MQTT connections held open; broker RSS per connection
   triad-bench fleet [OPTIONS]   N persistent MQTT sessions: create rate per block, disk and
                                 RSS per session, restart time
+  triad-bench stomp-idle [OPTIONS] the same for STOMP (CONNECT, heart-beat 0,0)
+  triad-bench amqp-idle [OPTIONS]  the same for AMQP (handshake and one open channel)
 
 STORE OPTIONS:
   --dir DIR            parent of the data directory bench-data-<pid> (default .; removed after)
@@ -94,11 +96,14 @@ MQTT OPTIONS:
                        T/(j % N) (default 1: every subscriber gets every message)
   --inflight N         unacknowledged QoS 1/2 publishes per publisher (default 100)
 
-MQTT-IDLE OPTIONS:
+MQTT-IDLE, STOMP-IDLE, AMQP-IDLE OPTIONS:
   --host, --port, --broker-pid, --user, --pass, --json, --quiet as above
   --connections N      idle clients to connect (default 1000, at most 100000)
   --hold SECS          how long to hold them once all are connected (default 5)
   --parallel N         connects in flight at once (default 200)
+  --tls                over TLS (the server certificate is not verified; give the TLS port)
+  --sources K          connect from 127.0.0.1 ..= 127.0.0.K in turn (default 1), so that
+                       many connections do not run out of ephemeral ports
 
 FLEET OPTIONS (device n: client id dev-<n>, clean session 0, SUBSCRIBE dev/<n>/cmd QoS 1):
   the broker, one of:
@@ -412,8 +417,28 @@ pub struct MqttArgs {
     pub inflight: usize,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdleProto {
+    Mqtt,
+    Stomp,
+    Amqp,
+}
+
+impl IdleProto {
+    pub fn name(self) -> &'static str {
+        match self {
+            IdleProto::Mqtt => "mqtt",
+            IdleProto::Stomp => "stomp",
+            IdleProto::Amqp => "amqp",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
-pub struct MqttIdleArgs {
+pub struct IdleArgs {
+    pub proto: IdleProto,
+    pub tls: bool,
+    pub sources: u8,
     pub host: String,
     pub port: u16,
     pub connections: usize,
@@ -472,7 +497,7 @@ pub enum Command {
     Amqp(AmqpArgs),
     Stomp(StompArgs),
     Mqtt(MqttArgs),
-    MqttIdle(MqttIdleArgs),
+    Idle(IdleArgs),
     Fleet(FleetArgs),
     Table(Option<PathBuf>),
     Help,
@@ -874,10 +899,17 @@ pub fn parse_mqtt(args: &[String]) -> Result<MqttArgs, String> {
     Ok(o)
 }
 
-pub fn parse_mqtt_idle(args: &[String]) -> Result<MqttIdleArgs, String> {
-    let mut o = MqttIdleArgs {
+pub fn parse_idle(proto: IdleProto, args: &[String]) -> Result<IdleArgs, String> {
+    let mut o = IdleArgs {
+        proto,
+        tls: false,
+        sources: 1,
         host: "127.0.0.1".into(),
-        port: 1883,
+        port: match proto {
+            IdleProto::Mqtt => 1883,
+            IdleProto::Stomp => 61613,
+            IdleProto::Amqp => 5672,
+        },
         connections: 1000,
         hold: Duration::from_secs(5),
         parallel: 200,
@@ -899,6 +931,7 @@ pub fn parse_mqtt_idle(args: &[String]) -> Result<MqttIdleArgs, String> {
                 | "--broker-pid"
                 | "--user"
                 | "--pass"
+                | "--sources"
         )
     };
     while let Some(r) = f.next(valued) {
@@ -906,6 +939,13 @@ pub fn parse_mqtt_idle(args: &[String]) -> Result<MqttIdleArgs, String> {
         match flag.as_str() {
             "--host" => o.host = v,
             "--port" => o.port = parse_num(&flag, &v)?,
+            "--tls" => o.tls = true,
+            "--sources" => {
+                o.sources = parse_num(&flag, &v)?;
+                if o.sources == 0 || o.sources > 254 {
+                    return Err("--sources: 1 to 254".into());
+                }
+            }
             "--connections" => {
                 o.connections = positive(&flag, parse_num(&flag, &v)?)? as usize;
                 if o.connections > 100_000 {
@@ -919,7 +959,7 @@ pub fn parse_mqtt_idle(args: &[String]) -> Result<MqttIdleArgs, String> {
             "--pass" => o.pass = Some(v),
             "--json" => o.json = true,
             "--quiet" => o.quiet = true,
-            _ => return Err(format!("unknown option {flag} for `mqtt-idle`")),
+            _ => return Err(format!("unknown option {flag} for `{}-idle`", proto.name())),
         }
     }
     loopback(&o.host)?;
@@ -1067,7 +1107,9 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         "amqp" => parse_amqp(rest).map(Command::Amqp),
         "stomp" => parse_stomp(rest).map(Command::Stomp),
         "mqtt" => parse_mqtt(rest).map(Command::Mqtt),
-        "mqtt-idle" => parse_mqtt_idle(rest).map(Command::MqttIdle),
+        "mqtt-idle" => parse_idle(IdleProto::Mqtt, rest).map(Command::Idle),
+        "stomp-idle" => parse_idle(IdleProto::Stomp, rest).map(Command::Idle),
+        "amqp-idle" => parse_idle(IdleProto::Amqp, rest).map(Command::Idle),
         "fleet" => parse_fleet(rest).map(Command::Fleet),
         "table" => match rest {
             [] => Ok(Command::Table(None)),
@@ -1262,7 +1304,7 @@ mod tests {
             assert!(parse_mqtt(&v(bad)).is_err(), "{bad}");
         }
 
-        let Command::MqttIdle(i) = parse(&v(
+        let Command::Idle(i) = parse(&v(
             "mqtt-idle --port 1891 --connections 10000 --hold 2.5 --broker-pid 7",
         ))
         .unwrap() else {
@@ -1273,9 +1315,25 @@ mod tests {
             (1891, 10000, Some(7))
         );
         assert_eq!(i.hold, Duration::from_millis(2500));
-        assert!(parse_mqtt_idle(&v("--connections 0")).is_err());
-        assert!(parse_mqtt_idle(&v("--connections 200000")).is_err());
-        assert!(parse_mqtt_idle(&v("--host 192.168.1.1")).is_err());
+        assert_eq!((i.proto, i.tls, i.sources), (IdleProto::Mqtt, false, 1));
+        let mqtt = |a: &str| parse_idle(IdleProto::Mqtt, &v(a));
+        assert!(mqtt("--connections 0").is_err());
+        assert!(mqtt("--connections 200000").is_err());
+        assert!(mqtt("--host 192.168.1.1").is_err());
+        assert!(mqtt("--sources 0").is_err());
+        assert!(mqtt("--sources 255").is_err());
+
+        let Command::Idle(i) = parse(&v("amqp-idle --tls --sources 8 --port 5671")).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (i.proto, i.tls, i.sources, i.port),
+            (IdleProto::Amqp, true, 8, 5671)
+        );
+        let Command::Idle(i) = parse(&v("stomp-idle")).unwrap() else {
+            panic!()
+        };
+        assert_eq!((i.proto, i.port), (IdleProto::Stomp, 61613));
     }
 
     #[test]

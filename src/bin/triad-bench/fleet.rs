@@ -39,9 +39,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::{FleetArgs, FleetTarget};
 use crate::e2e;
+use crate::idle::raise_nofile;
 use crate::mqtt::{
-    connect_with, packet, packet_at, pid_packet, publish, put_str, raise_nofile, want, CONNACK,
-    DISCONNECT, PUBACK, PUBLISH, SUBACK, SUBSCRIBE,
+    connect_with, packet, packet_at, pid_packet, publish, put_str, want, CONNACK, DISCONNECT,
+    PUBACK, PUBLISH, SUBACK, SUBSCRIBE,
 };
 use crate::report::{latency_json, new_histogram, round};
 use crate::sys::{loadavg, Cpu, Scratch};

@@ -2,8 +2,9 @@
 //!
 //! Modes: `store` (appends straight through `triad-store`), `disk` (dd and
 //! write+fdatasync baselines), `table` (Markdown from result lines), and the end-to-end
-//! broker benchmarks `amqp`, `stomp`, `mqtt`, `mqtt-idle` and `fleet` (hand-written
-//! minimal clients on tokio). Every run prints its result as one JSON line on stdout; progress
+//! broker benchmarks `amqp`, `stomp`, `mqtt`, `mqtt-idle`, `stomp-idle`, `amqp-idle` and
+//! `fleet` (hand-written minimal clients on tokio). Every run prints its result as one JSON
+//! line on stdout; progress
 //! goes to stderr.
 
 mod amqp;
@@ -11,6 +12,7 @@ mod args;
 mod disk;
 mod e2e;
 mod fleet;
+mod idle;
 mod mqtt;
 mod report;
 mod stomp;
@@ -82,7 +84,7 @@ fn main() -> ExitCode {
             e2e::report_slow();
             r.and_then(|v| emit_checked(&v, a.load.json))
         }
-        Command::MqttIdle(a) => mqtt::run_idle(&a).and_then(|v| emit_checked(&v, a.json)),
+        Command::Idle(a) => idle::run(&a).and_then(|v| emit_checked(&v, a.json)),
         Command::Fleet(a) => fleet::run(&a).and_then(|v| emit_checked(&v, a.json)),
         Command::Table(file) => {
             let input = match file {

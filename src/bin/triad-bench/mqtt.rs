@@ -1,14 +1,12 @@
-//! `triad-bench mqtt` and `mqtt-idle`: a minimal MQTT 3.1.1 client (CONNECT, PUBLISH with
+//! `triad-bench mqtt`: a minimal MQTT 3.1.1 client (CONNECT, PUBLISH with
 //! QoS 0/1/2 flows, SUBSCRIBE, PINGREQ, DISCONNECT), after emqtt-bench.
 //!
 //! `mqtt`: publisher i publishes to `<topic>/<i % topics>`, subscriber j subscribes to
 //! `<topic>/<j % topics>`; each subscriber must see every message of its topic's publishers
 //! (so `--topics 1` with many subscribers is fan-out). Clean sessions, no keep-alive.
-//!
-//! `mqtt-idle`: N connected clients that only answer their keep-alive, held for a while;
-//! the broker's RSS before and after gives its memory per connection.
+//! `mqtt-idle` is in [`crate::idle`].
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,10 +17,8 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::args::{MqttArgs, MqttIdleArgs};
+use crate::args::MqttArgs;
 use crate::e2e::{self, Checker, Counters, Harness, Pacer};
-use crate::report::round;
-use crate::sys::{loadavg, Cpu};
 use crate::wire::{Rd, ReadBuf};
 
 pub(crate) const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,8 +33,6 @@ const PUBREL: u8 = 6;
 const PUBCOMP: u8 = 7;
 pub(crate) const SUBSCRIBE: u8 = 8;
 pub(crate) const SUBACK: u8 = 9;
-const PINGREQ: u8 = 12;
-const PINGRESP: u8 = 13;
 pub(crate) const DISCONNECT: u8 = 14;
 
 // ---- encoding ----
@@ -71,7 +65,7 @@ pub(crate) fn packet(out: &mut Vec<u8>, first: u8, f: impl FnOnce(&mut Vec<u8>))
     out.extend_from_slice(&body);
 }
 
-fn connect(
+pub(crate) fn connect(
     out: &mut Vec<u8>,
     client_id: &str,
     keepalive: u16,
@@ -249,7 +243,7 @@ async fn write_out(w: &mut OwnedWriteHalf, out: &mut Vec<u8>) -> Result<(), Stri
     Ok(())
 }
 
-fn client_id(kind: char, i: usize) -> String {
+pub(crate) fn client_id(kind: char, i: usize) -> String {
     format!("tb-{}-{kind}{i}", std::process::id())
 }
 
@@ -546,238 +540,6 @@ async fn run_async(a: Arc<MqttArgs>) -> Result<Value, String> {
             "inflight": (a.qos > 0).then_some(a.inflight),
         }),
     ))
-}
-
-// ---- mqtt-idle ----
-
-/// Raises RLIMIT_NOFILE so that `need` descriptors fit; returns the soft limit in force.
-pub(crate) fn raise_nofile(need: u64) -> u64 {
-    // SAFETY: getrlimit/setrlimit only read and write the struct they are given.
-    unsafe {
-        let mut rl: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
-            return 0;
-        }
-        if rl.rlim_cur >= need {
-            return rl.rlim_cur;
-        }
-        let want = libc::rlimit {
-            rlim_cur: need.max(rl.rlim_cur),
-            rlim_max: need.max(rl.rlim_max),
-        };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-            return want.rlim_cur;
-        }
-        let soft = libc::rlimit {
-            rlim_cur: rl.rlim_max,
-            rlim_max: rl.rlim_max,
-        };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &soft) == 0 {
-            return soft.rlim_cur;
-        }
-        rl.rlim_cur
-    }
-}
-
-/// One idle client: connected, answering nothing but its keep-alive, until `stop`.
-async fn idle_client(
-    mut c: Conn,
-    stop: CancellationToken,
-    alive: Arc<AtomicU64>,
-) -> Result<(), String> {
-    let res: Result<(), String> = async {
-        let mut ping = tokio::time::interval(Duration::from_secs(30));
-        ping.tick().await;
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return Ok(()),
-                _ = ping.tick() => {
-                    c.out.extend_from_slice(&[PINGREQ << 4, 0]);
-                    c.flush().await?;
-                }
-                r = c.r.fill(2) => {
-                    r?;
-                    while let Some((first, off, len)) = packet_at(c.r.data())? {
-                        if first >> 4 != PINGRESP {
-                            return Err(format!("unexpected packet type {}", first >> 4));
-                        }
-                        c.r.consume(off + len);
-                    }
-                }
-            }
-        }
-    }
-    .await;
-    alive.fetch_sub(1, Ordering::Relaxed);
-    if res.is_ok() {
-        c.disconnect().await;
-    }
-    res
-}
-
-pub fn run_idle(a: &MqttIdleArgs) -> Result<Value, String> {
-    let limit = raise_nofile(a.connections as u64 + 256);
-    if limit < a.connections as u64 + 64 {
-        return Err(format!(
-            "RLIMIT_NOFILE is {limit}, too low for {} connections",
-            a.connections
-        ));
-    }
-    e2e::runtime(2)?.block_on(idle_async(a.clone(), limit))
-}
-
-async fn idle_async(a: MqttIdleArgs, nofile: u64) -> Result<Value, String> {
-    let load = loadavg();
-    let before = a
-        .broker_pid
-        .map(|p| e2e::proc_sample(p).ok_or_else(|| format!("cannot read /proc/{p}/stat")));
-    let before = before.transpose()?;
-    let cpu0 = Cpu::now();
-    let stop = CancellationToken::new();
-    let alive = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let first_err = Arc::new(std::sync::Mutex::new(None::<String>));
-    let gate = Arc::new(Semaphore::new(a.parallel));
-    let t0 = Instant::now();
-    let mut tasks = Vec::with_capacity(a.connections);
-    let mut connects = Vec::with_capacity(a.connections);
-    for i in 0..a.connections {
-        let (a, stop, alive, failed, first_err, gate) = (
-            a.clone(),
-            stop.clone(),
-            alive.clone(),
-            failed.clone(),
-            first_err.clone(),
-            gate.clone(),
-        );
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        connects.push(rx);
-        tasks.push(tokio::spawn(async move {
-            let permit = gate.acquire_owned().await;
-            let c = Conn::open(
-                &a.host,
-                a.port,
-                &client_id('i', i),
-                60,
-                a.user.as_deref(),
-                a.pass.as_deref(),
-                64,
-            )
-            .await;
-            drop(permit);
-            match c {
-                Ok(c) => {
-                    alive.fetch_add(1, Ordering::Relaxed);
-                    let _ = tx.send(());
-                    idle_client(c, stop, alive).await
-                }
-                Err(e) => {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut f) = first_err.lock() {
-                        f.get_or_insert(e.clone());
-                    }
-                    drop(tx);
-                    Err(e)
-                }
-            }
-        }));
-    }
-    let mut connected = 0u64;
-    let mut next_tick = Instant::now() + Duration::from_secs(1);
-    for rx in connects {
-        if rx.await.is_ok() {
-            connected += 1;
-        }
-        if !a.quiet && Instant::now() >= next_tick {
-            eprintln!(
-                "[{:>4.0}s] connected {connected} failed {}",
-                t0.elapsed().as_secs_f64(),
-                failed.load(Ordering::Relaxed)
-            );
-            next_tick += Duration::from_secs(1);
-        }
-    }
-    let connect_s = t0.elapsed().as_secs_f64();
-    // let the broker settle, then measure; hold; measure again
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let settled = a.broker_pid.and_then(e2e::proc_sample);
-    let hold_end = Instant::now() + a.hold;
-    while Instant::now() < hold_end {
-        tokio::time::sleep(
-            hold_end
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_secs(1)),
-        )
-        .await;
-        if !a.quiet {
-            eprintln!(
-                "[{:>4.0}s] holding {} connections",
-                t0.elapsed().as_secs_f64(),
-                alive.load(Ordering::Relaxed)
-            );
-        }
-    }
-    let after = a.broker_pid.and_then(e2e::proc_sample);
-    let alive_at_end = alive.load(Ordering::Relaxed);
-    stop.cancel();
-    let mut dropped = Vec::new();
-    for t in tasks {
-        if let Ok(Err(e)) = t.await {
-            dropped.push(e);
-        }
-    }
-    let client_cpu = Cpu::now().since(cpu0);
-    let mut errors: Vec<String> = Vec::new();
-    if let Some(e) = first_err.lock().ok().and_then(|f| f.clone()) {
-        errors.push(format!(
-            "{} connects failed, first: {e}",
-            failed.load(Ordering::Relaxed)
-        ));
-    }
-    if alive_at_end < connected {
-        errors.push(format!(
-            "{} connections dropped while idle",
-            connected - alive_at_end
-        ));
-    }
-    let broker = match (a.broker_pid, before, after) {
-        (Some(pid), Some(b), Some(af)) => {
-            let per = |x: u64| {
-                (connected > 0).then(|| round((x as f64 - b.rss_kib as f64) / connected as f64, 2))
-            };
-            let s = settled.unwrap_or(af);
-            json!({
-                "pid": pid,
-                "rss_kib_before": b.rss_kib,
-                "rss_kib_connected": s.rss_kib,
-                "rss_kib_after": af.rss_kib,
-                "rss_kib_per_conn": per(af.rss_kib),
-                "rss_kib_per_conn_connected": per(s.rss_kib),
-                "cpu_s_connect": round(s.cpu.saturating_sub(b.cpu).as_secs_f64(), 3),
-                "cpu_s_hold": round(af.cpu.saturating_sub(s.cpu).as_secs_f64(), 3),
-            })
-        }
-        (Some(pid), _, _) => json!({"pid": pid, "error": "broker gone"}),
-        _ => Value::Null,
-    };
-    let per_conn = broker.get("rss_kib_per_conn").cloned();
-    Ok(json!({
-        "bench": "mqtt-idle",
-        "target": format!("{}:{}", a.host, a.port),
-        "connections": a.connections,
-        "connected": connected,
-        "failed": failed.load(Ordering::Relaxed),
-        "alive_at_end": alive_at_end,
-        "connect_s": round(connect_s, 3),
-        "connects_per_s": round(connected as f64 / connect_s.max(1e-9), 0),
-        "hold_s": a.hold.as_secs_f64(),
-        "broker": broker,
-        "rss_kib_per_conn": per_conn,
-        "client_cpu_s": round(client_cpu.total().as_secs_f64(), 3),
-        "nofile_limit": nofile,
-        "errors": errors,
-        "loadavg_at_start": load,
-    }))
 }
 
 #[cfg(test)]

@@ -111,13 +111,15 @@ fn fmt_ratio(r: Option<f64>) -> String {
     }
 }
 
-/// Summary of a broker benchmark (`amqp`, `stomp`, `mqtt`, `mqtt-idle`).
+/// Summary of a broker benchmark (`amqp`, `stomp`, `mqtt`, `*-idle`).
 fn human_e2e(v: &Value) -> String {
     let n = |k: &str| fmt_num(get_f(v, &[k]));
     let int = |k: &str| fmt_int(get_f(v, &[k]));
-    if get_s(v, "bench") == "mqtt-idle" {
+    if get_s(v, "bench").ends_with("-idle") {
         return format!(
-            "mqtt-idle {}: {} of {} connected in {} s ({} failed, {} alive at the end)\n  broker RSS KiB: before {} connected {} after {}; per connection {} KiB",
+            "{}{} {}: {} of {} connected in {} s ({} failed, {} alive at the end)\n  broker RSS KiB: before {} connected {} after {}; per connection {} KiB ({} KiB anonymous)",
+            get_s(v, "bench"),
+            if v.get("tls").and_then(Value::as_bool) == Some(true) { " tls" } else { "" },
             get_s(v, "target"),
             int("connected"),
             int("connections"),
@@ -128,6 +130,7 @@ fn human_e2e(v: &Value) -> String {
             fmt_num(get_f(v, &["broker", "rss_kib_connected"])),
             fmt_num(get_f(v, &["broker", "rss_kib_after"])),
             fmt_num(get_f(v, &["broker", "rss_kib_per_conn"])),
+            fmt_num(get_f(v, &["broker", "rss_anon_kib_per_conn"])),
         );
     }
     let mut s = format!(
@@ -230,7 +233,7 @@ pub fn human(v: &Value) -> String {
     if bench == "fleet" {
         return human_fleet(v);
     }
-    if matches!(bench, "amqp" | "stomp" | "mqtt" | "mqtt-idle") {
+    if matches!(bench, "amqp" | "stomp" | "mqtt") || bench.ends_with("-idle") {
         return human_e2e(v);
     }
     let what = match bench {
