@@ -387,12 +387,28 @@ impl ConsumeQueue {
             (small.base.min(logical), small.next().max(logical + 1))
         };
         if hi - lo > max {
-            self.promote(&mut form)?;
-            let Form::Files(fq) = &*form else {
-                return Err(StoreError::Fatal("consume queue promotion failed".into()));
-            };
-            return fq.put(logical, entry);
+            match self.promote(&mut form) {
+                Ok(()) => {
+                    let Form::Files(fq) = &*form else {
+                        return Err(StoreError::Fatal("consume queue promotion failed".into()));
+                    };
+                    return fq.put(logical, entry);
+                }
+                // Out of space for the queue's own files: it stays small (heap and shared
+                // index) past the threshold, and the next put tries again. The commitlog
+                // record this entry belongs to is already written, so failing here would
+                // stop the store; a full disk must raise the alarm, not stop the broker.
+                Err(e @ StoreError::DiskFull { .. }) => {
+                    let _ = remove_dir_if_exists(&suffixed(&self.dir, "+promote"));
+                    tracing::warn!(dir = %self.dir.display(), error = %e,
+                        "consume queue: no space to promote to files; staying in the shared index");
+                }
+                Err(e) => return Err(e),
+            }
         }
+        let Form::Small(small) = &mut *form else {
+            return Err(StoreError::Fatal("consume queue form changed".into()));
+        };
         let seg = match (self.durable_shared(), &self.small) {
             (Some(shared), Some(c)) => shared.append(c.id, logical, entry)?,
             _ => NO_SEG,
