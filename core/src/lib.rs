@@ -20,6 +20,8 @@
 //!   requeue, TTL, length limits, dead-lettering.
 //! - [`outbox`]: how queues hand deliveries to connections, with back-pressure.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
+//! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while
+//!   the peer is idle).
 //! - `encoding` (private): the bounds-checked storage encoding of values.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
@@ -35,6 +37,7 @@ pub mod broker;
 mod encoding;
 pub mod envelope;
 pub mod error;
+pub mod io;
 pub mod message;
 pub mod outbox;
 pub mod password;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -21,39 +21,10 @@ use triad_core::Broker;
 use crate::codec::{self, HeaderCheck, PROTOCOL_HEADER};
 use crate::session::{Session, State};
 use crate::AmqpConfig;
+use triad_core::io::read_some;
 
 /// The write buffer taken for a batch of frames (it grows for larger batches).
 const WBUF: usize = 8 << 10;
-/// Most bytes taken per read while the read buffer is let go (on the task's stack).
-const STACK_READ: usize = 8 << 10;
-
-/// Reads once into `buf`. An empty `buf` is let go first and the read goes through a
-/// buffer on the stack, copied into a `buf` just big enough: a connection waiting for
-/// its peer holds no read buffer (its 8 KiB were most of an idle connection's memory).
-/// The rest of a frame that arrives in pieces is read straight into `buf`.
-/// Cancel-safe: bytes read are in `buf` before the future returns `Ready`.
-async fn read_some<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut BytesMut,
-) -> std::io::Result<usize> {
-    if !buf.is_empty() {
-        if buf.capacity() - buf.len() < 1024 {
-            buf.reserve(WBUF);
-        }
-        return stream.read_buf(buf).await;
-    }
-    if buf.capacity() > 0 {
-        *buf = BytesMut::new();
-    }
-    std::future::poll_fn(|cx| {
-        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); STACK_READ];
-        let mut rb = tokio::io::ReadBuf::uninit(&mut stack);
-        std::task::ready!(std::pin::Pin::new(&mut *stream).poll_read(cx, &mut rb))?;
-        buf.extend_from_slice(rb.filled());
-        std::task::Poll::Ready(Ok(rb.filled().len()))
-    })
-    .await
-}
 
 /// How long the last bytes to a peer (connection.close at shutdown, TLS close_notify)
 /// may take before the connection is dropped without them.
@@ -120,7 +91,7 @@ where
             }
             HeaderCheck::Incomplete => {}
         }
-        match timeout_at(handshake_deadline, read_some(stream, &mut rbuf)).await {
+        match timeout_at(handshake_deadline, read_some(stream, &mut rbuf, WBUF)).await {
             Ok(Ok(0)) | Err(_) => return Ok(()),
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(e.into()),
@@ -281,7 +252,7 @@ where
                     blocked = alarms.borrow_and_update().any();
                 }
             }
-            r = read_some(stream, rbuf), if reading => {
+            r = read_some(stream, rbuf, WBUF), if reading => {
                 if r? == 0 {
                     return Ok(());
                 }

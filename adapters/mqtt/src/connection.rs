@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use triad_core::queue::Queue;
 use triad_core::{
@@ -36,6 +36,7 @@ use crate::session::{PubRec, Session};
 use crate::state::{LiveClient, MqttState, VhostState};
 use crate::topic::{routing_key_to_topic, topic_to_routing_key, valid_filter};
 use crate::{MqttContext, MqttError};
+use triad_core::io::read_some;
 
 /// Header carrying the MQTT QoS of a message through the core (RabbitMQ's name).
 pub(crate) const QOS_HEADER: &str = "x-mqtt-publish-qos";
@@ -117,41 +118,10 @@ async fn read_connect<S: AsyncRead + Unpin>(
             Some(_) => return Err(MqttError::Protocol("first packet is not CONNECT")),
             None => {}
         }
-        if read_some(stream, rbuf).await? == 0 {
+        if read_some(stream, rbuf, 4096).await? == 0 {
             return Ok(None);
         }
     }
-}
-
-/// Most bytes taken per read while the read buffer is let go (on the task's stack).
-const STACK_READ: usize = 8 << 10;
-
-/// Reads once into `buf`. An empty `buf` is let go first and the read goes through a
-/// buffer on the stack, copied into a `buf` just big enough: a connection waiting for
-/// its peer holds no read buffer (its 4 KiB were a third of an idle connection's
-/// memory). The rest of a packet that arrives in pieces is read straight into `buf`.
-/// Cancel-safe: bytes read are in `buf` before the future returns `Ready`.
-async fn read_some<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut BytesMut,
-) -> std::io::Result<usize> {
-    if !buf.is_empty() {
-        if buf.capacity() - buf.len() < 1024 {
-            buf.reserve(4096);
-        }
-        return stream.read_buf(buf).await;
-    }
-    if buf.capacity() > 0 {
-        *buf = BytesMut::new();
-    }
-    std::future::poll_fn(|cx| {
-        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); STACK_READ];
-        let mut rb = tokio::io::ReadBuf::uninit(&mut stack);
-        std::task::ready!(std::pin::Pin::new(&mut *stream).poll_read(cx, &mut rb))?;
-        buf.extend_from_slice(rb.filled());
-        std::task::Poll::Ready(Ok(rb.filled().len()))
-    })
-    .await
 }
 
 /// Unregisters the client id and signals a waiting takeover, however the task ends.
@@ -707,7 +677,7 @@ impl Conn {
                     }
                 }
                 // stop reading while too many acks wait for the disk (back-pressure)
-                r = read_some(stream, rbuf), if self.pending.len() < MAX_PENDING && !alarm_blocked => match r {
+                r = read_some(stream, rbuf, 4096), if self.pending.len() < MAX_PENDING && !alarm_blocked => match r {
                     Ok(0) => break End::PeerClosed,
                     Ok(_) => {}
                     Err(e) => break End::Error(e.into()),

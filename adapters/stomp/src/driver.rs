@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use triad_core::Broker;
@@ -17,6 +17,7 @@ use triad_core::Broker;
 use crate::codec::{self, Limits, HEARTBEAT};
 use crate::frame::Frame;
 use crate::session::{Action, DurableWait, Session, SessionConfig};
+use triad_core::io::read_some;
 
 /// Everything a STOMP connection needs from the process.
 #[derive(Debug, Clone)]
@@ -100,36 +101,6 @@ const BATCH: usize = 256;
 const MAX_PENDING_RECEIPTS: usize = 4096;
 /// The write buffer taken for a batch of frames (it grows for larger batches).
 const WBUF: usize = 8 << 10;
-/// Most bytes taken per read while the read buffer is let go (on the task's stack).
-const STACK_READ: usize = 8 << 10;
-
-/// Reads once into `buf`. An empty `buf` is let go first and the read goes through a
-/// buffer on the stack, copied into a `buf` just big enough: a connection waiting for
-/// its peer holds no read buffer (its 8 KiB were most of an idle connection's memory).
-/// The rest of a frame that arrives in pieces is read straight into `buf`.
-/// Cancel-safe: bytes read are in `buf` before the future returns `Ready`.
-async fn read_some<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    buf: &mut BytesMut,
-) -> std::io::Result<usize> {
-    if !buf.is_empty() {
-        if buf.capacity() - buf.len() < 1024 {
-            buf.reserve(WBUF);
-        }
-        return stream.read_buf(buf).await;
-    }
-    if buf.capacity() > 0 {
-        *buf = BytesMut::new();
-    }
-    std::future::poll_fn(|cx| {
-        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); STACK_READ];
-        let mut rb = tokio::io::ReadBuf::uninit(&mut stack);
-        std::task::ready!(std::pin::Pin::new(&mut *stream).poll_read(cx, &mut rb))?;
-        buf.extend_from_slice(rb.filled());
-        std::task::Poll::Ready(Ok(rb.filled().len()))
-    })
-    .await
-}
 
 /// Serves one STOMP connection until the peer leaves, an error closes it, or shutdown.
 /// The user and vhost are recorded as `user` and `vhost` in the current span (the
@@ -301,7 +272,7 @@ where
             _ = ctx.shutdown.cancelled() => {
                 session.error_and_close("Server shutdown", "the broker is shutting down", &mut actions);
             }
-            r = read_some(stream, &mut rbuf), if reading => {
+            r = read_some(stream, &mut rbuf, WBUF), if reading => {
                 if r? == 0 {
                     return Ok(());
                 }
