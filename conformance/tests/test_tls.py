@@ -16,6 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 import stomp
+import stomp.exception
 
 from helpers import StompListener, consume
 
@@ -127,12 +128,25 @@ def test_paho_over_tls_qos1_round_trip(tls_broker, certs, uid):
 
 def test_stomp_py_over_tls_round_trip(tls_broker, certs, uid):
     host, port = tls_broker.host_port("stomps")
-    conn = stomp.Connection12([("localhost", port)])
-    conn.set_ssl(for_hosts=[("localhost", port)], ca_certs=certs("ca.pem"),
-                 cert_file=certs("client.pem"), key_file=certs("client.key"))
-    listener = StompListener()
-    conn.set_listener("l", listener)
-    conn.connect("guest", "guest", wait=True)
+
+    def connect():
+        conn = stomp.Connection12([("localhost", port)])
+        conn.set_ssl(for_hosts=[("localhost", port)], ca_certs=certs("ca.pem"),
+                     cert_file=certs("client.pem"), key_file=certs("client.key"))
+        listener = StompListener()
+        conn.set_listener("l", listener)
+        conn.connect("guest", "guest", wait=True)
+        return conn, listener
+
+    try:
+        conn, listener = connect()
+    except stomp.exception.ConnectFailedException:
+        # stomp.py over TLS fails a connect now and then on its side (jasonrbriggs/stomp.py
+        # issue 450, "Random ConnectFailedException with TLS enabled", seen with other
+        # brokers too): here about 1 full run in 3, never alone. One more attempt on a new
+        # connection, and the broker's log in the output in case it was the broker.
+        print("stomp.py TLS connect failed once; broker log:\n" + "".join(tls_broker.log)[-4000:])
+        conn, listener = connect()
     dest = f"/queue/tls-{uid}"
     conn.subscribe(dest, id="1", ack="auto")
     conn.send(dest, body="hello over tls", headers={"receipt": "r1"})
