@@ -513,23 +513,34 @@ impl Vhost {
         key: &str,
         args: &FieldTable,
     ) -> Result<(), CoreError> {
-        let done = {
-            let mut topo = self.topology_mut();
-            let queues = self.queues_read();
-            let lookup = |n: &str| queues.contains_key(n);
-            let dest = Destination::exchange(destination);
-            let new = topo.bind(source, dest.clone(), key, args.clone(), &lookup)?;
-            if new
-                && Self::exchange_is_durable(&topo, source)
-                && Self::exchange_is_durable(&topo, destination)
-            {
-                let k = binding_key(&self.name, source, &dest, key, args);
-                self.journal(vec![MetaOp::put(k, Vec::new())])?
-            } else {
-                Durable::ready()
-            }
-        };
+        let done = self.bind(source, Destination::exchange(destination), key, args)?;
         Self::durable(done)
+    }
+
+    /// Adds a binding and journals it when both ends are durable; returns what the reply
+    /// waits for.
+    fn bind(
+        &self,
+        source: &str,
+        dest: Destination,
+        key: &str,
+        args: &FieldTable,
+    ) -> Result<Durable, CoreError> {
+        let mut topo = self.topology_mut();
+        let queues = self.queues_read();
+        let lookup = |n: &str| queues.contains_key(n);
+        let new = topo.bind(source, dest.clone(), key, args.clone(), &lookup)?;
+        // a queue may have been deleted and declared again since the caller looked
+        let durable_dest = match &dest {
+            Destination::Queue(q) => queues.get(q).is_some_and(|cur| cur.durable()),
+            Destination::Exchange(x) => Self::exchange_is_durable(&topo, x),
+        };
+        if new && durable_dest && Self::exchange_is_durable(&topo, source) {
+            let k = binding_key(&self.name, source, &dest, key, args);
+            self.journal(vec![MetaOp::put(k, Vec::new())])
+        } else {
+            Ok(self.journaled_so_far())
+        }
     }
 
     /// `exchange.unbind`.
@@ -810,24 +821,8 @@ impl Vhost {
         args: &FieldTable,
         conn: ConnectionId,
     ) -> Result<Durable, CoreError> {
-        let q = self.queue_for(queue, conn)?;
-        let done = {
-            let mut topo = self.topology_mut();
-            let queues = self.queues_read();
-            let lookup = |n: &str| queues.contains_key(n);
-            let dest = Destination::queue(queue);
-            let new = topo.bind(exchange, dest.clone(), key, args.clone(), &lookup)?;
-            // the queue may have been deleted and declared again meanwhile
-            let durable_dest = queues.get(queue).is_some_and(|cur| cur.durable());
-            if new && durable_dest && Self::exchange_is_durable(&topo, exchange) {
-                let k = binding_key(&self.name, exchange, &dest, key, args);
-                self.journal(vec![MetaOp::put(k, Vec::new())])?
-            } else {
-                self.journaled_so_far()
-            }
-        };
-        drop(q);
-        Ok(done)
+        self.queue_for(queue, conn)?;
+        self.bind(exchange, Destination::queue(queue), key, args)
     }
 
     /// `queue.unbind`.
