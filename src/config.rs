@@ -223,6 +223,9 @@ pub struct StoreSection {
     pub flush_interval: HumanDuration,
     pub flush_dirty_bytes: ByteSize,
     pub checkpoint_interval: HumanDuration,
+    /// How often segments nothing needs are deleted and segments with little live data
+    /// compacted.
+    pub retention_interval: HumanDuration,
     /// The metadata journal is compacted into a snapshot once it is past this size (and
     /// twice the last snapshot).
     pub metadata_compact_size: ByteSize,
@@ -237,6 +240,7 @@ impl Default for StoreSection {
             flush_interval: HumanDuration::millis(200),
             flush_dirty_bytes: ByteSize::mib(16),
             checkpoint_interval: HumanDuration::secs(1),
+            retention_interval: HumanDuration::secs(10),
             metadata_compact_size: ByteSize::mib(8),
         }
     }
@@ -421,6 +425,13 @@ impl Config {
             return Err(invalid(
                 "store.checkpoint_interval",
                 s.checkpoint_interval,
+                "must be above zero",
+            ));
+        }
+        if s.retention_interval.get().is_zero() {
+            return Err(invalid(
+                "store.retention_interval",
+                s.retention_interval,
                 "must be above zero",
             ));
         }
@@ -734,6 +745,7 @@ impl Config {
             },
         };
         cfg.checkpoint_interval = s.checkpoint_interval.get();
+        cfg.retention_interval = s.retention_interval.get();
         cfg.meta_compact_bytes = s.metadata_compact_size.bytes();
         cfg.repair = repair;
         cfg

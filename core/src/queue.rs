@@ -726,7 +726,7 @@ impl Queue {
     /// A ready entry leaves the queue without a consumer: dead-letter it if configured.
     fn drop_entry(&self, off: u64, e: Entry, reason: &'static str, after: &mut After) {
         if self.args.dead_letter_exchange.is_some() {
-            if let Ok(rec) = self.store.read(e.commit_offset) {
+            if let Ok(rec) = self.store.read_entry(self.id, off, e.commit_offset) {
                 after.dead.push((off, rec, reason));
                 return;
             }
@@ -903,7 +903,7 @@ impl Queue {
         e: &Entry,
         after: &mut After,
     ) -> Option<(StoredRecord, Arc<str>, Arc<str>, Properties)> {
-        let rec = match self.store.read(e.commit_offset) {
+        let rec = match self.store.read_entry(self.id, off, e.commit_offset) {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(queue = %self.name, offset = off, error = %err, "dropping an unreadable message");
@@ -1237,7 +1237,7 @@ impl Queue {
             let Some((&key, &e)) = st.ready.iter().next() else {
                 return;
             };
-            let Ok(rec) = self.store.read(e.commit_offset) else {
+            let Ok(rec) = self.store.read_entry(self.id, key.1, e.commit_offset) else {
                 return;
             };
             let Ok((_, _, props)) = envelope::decode(&rec.properties) else {

@@ -32,6 +32,21 @@
 //! index; after the replay their live entries are written to fresh shared-index segments
 //! and the old segments deleted, so entries cut by the recovery cannot come back.
 //!
+//! Retention and compaction (every `retention_interval`): a sealed segment below the
+//! checkpoint is deleted once no queue holds a live (unacked) entry in it, wherever it is
+//! in the log; the offsets it covered become a gap, which only recovery from a checkpoint
+//! above it ever meets (a gap above the checkpoint is still damage). Liveness is counted
+//! by walking every queue's unacked entries, O(pending entries) per pass, nothing on the
+//! publish or ack path. A segment whose live bytes are below half its size is compacted:
+//! its live records are copied to the end of the log (same timestamps, keys, properties
+//! and body; the queue list cut to the entries still live, at their logical offsets, so
+//! that replaying the copy repoints them), their entries repointed, and the segment deleted
+//! once the copies are flushed. The checkpoint is below every copy it does not cover, so a
+//! crash at any step replays the copies and leaves every entry pointing at exactly one
+//! record. One slow queue holding a few old messages thus costs their bytes, not the log
+//! from them on. Core keeps commit offsets of loaded entries; a read that finds the
+//! segment gone asks the consume queue again ([`Store::read_entry`]).
+//!
 //! Cost of a queue: an idle or near-empty durable queue owns no file and no mapping;
 //! 40 bytes of shared index and 24 bytes of heap per entry held, plus its `QueueState`.
 
@@ -639,6 +654,24 @@ impl Store {
         self.inner.log.read(commit_offset)
     }
 
+    /// The record of entry `logical` of `queue` whose commit offset the caller noted as
+    /// `commit_offset`: read there, or, if compaction moved the record since (its old
+    /// segment is gone), wherever the entry points now.
+    pub fn read_entry(
+        &self,
+        queue: QueueId,
+        logical: u64,
+        commit_offset: u64,
+    ) -> Result<StoredRecord> {
+        match self.inner.log.read(commit_offset) {
+            Err(StoreError::NotFound(why)) => match self.entry(queue, logical) {
+                Some(e) if e.commit_offset != commit_offset => self.inner.log.read(e.commit_offset),
+                _ => Err(StoreError::NotFound(why)),
+            },
+            r => r,
+        }
+    }
+
     /// Entry `logical` of `queue` and its record, or `None` past the end.
     pub fn read_queue(
         &self,
@@ -647,7 +680,10 @@ impl Store {
     ) -> Result<Option<(CqEntry, StoredRecord)>> {
         let q = self.inner.queue(queue)?;
         match q.cq.get(logical) {
-            Some(e) => Ok(Some((e, self.inner.log.read(e.commit_offset)?))),
+            Some(e) => {
+                let rec = self.read_entry(queue, logical, e.commit_offset)?;
+                Ok(Some((e, rec)))
+            }
             None => Ok(None),
         }
     }
@@ -753,7 +789,15 @@ impl Store {
                 break;
             }
             if let Ok(r) = self.inner.log.read(off) {
-                if r.keys().iter().any(|k| k.as_ref() == key) {
+                // compaction indexes a copy under the same keys; until the original's
+                // segment is deleted both are found: one message, listed once
+                let copy_of = |o: &StoredRecord| {
+                    o.store_ts_ms == r.store_ts_ms
+                        && o.born_ts_ms == r.born_ts_ms
+                        && o.properties == r.properties
+                        && o.body == r.body
+                };
+                if r.keys().iter().any(|k| k.as_ref() == key) && !out.iter().any(copy_of) {
                     out.push(r);
                 }
             }
@@ -771,7 +815,26 @@ impl Store {
         self.inner.checkpoint()
     }
 
-    /// Deletes segments and files no queue needs any more; returns the segments deleted.
+    /// Copies up to `max` live records of the oldest sealed segment below the checkpoint
+    /// forward, as compaction does, and deletes nothing: a crash test's way to stop a
+    /// compaction half-way. Returns the records copied.
+    #[doc(hidden)]
+    pub fn compact_partly(&self, max: usize) -> Result<usize> {
+        let ckpt = *lock(&self.inner.checkpoint);
+        let Some(seg) = self
+            .inner
+            .log
+            .sealed_segments()
+            .into_iter()
+            .find(|s| s.end() <= ckpt)
+        else {
+            return Ok(0);
+        };
+        Ok(self.inner.copy_live(seg.start(), max)?.1)
+    }
+
+    /// Deletes segments and files no queue needs any more and compacts segments with
+    /// little live data (see the module notes); returns the segments deleted.
     pub fn run_retention(&self) -> Result<usize> {
         self.inner.retention()
     }
@@ -1278,6 +1341,12 @@ impl Inner {
         Ok(())
     }
 
+    /// Deletes what no queue needs any more and compacts the log (see the module notes):
+    /// consume-queue files below each ack head, shared-index segments, then every sealed
+    /// commitlog segment below the checkpoint that holds nothing live, and, for those
+    /// whose live share is below [`COMPACT_LIVE_PERCENT`], copies the live records to the
+    /// end of the log, repoints their entries and deletes the segment once the copies are
+    /// on disk. Returns the segments deleted.
     fn retention(&self) -> Result<usize> {
         let ckpt = *lock(&self.checkpoint);
         let qs: Vec<Arc<QueueState>> = self
@@ -1287,7 +1356,6 @@ impl Inner {
             .values()
             .cloned()
             .collect();
-        let mut needed = ckpt.min(self.log.end());
         // Shared-index segments with few live entries left: their queues move them on.
         let victims = self
             .shared
@@ -1296,25 +1364,153 @@ impl Inner {
             .unwrap_or_default();
         for q in &qs {
             let head = q.ack().head();
-            if let Some(e) = q.cq.get(head) {
-                needed = needed.min(e.commit_offset);
-            }
             q.cq.delete_files_below(head)?;
             q.cq.relocate(&victims)?;
         }
         if let Some(sh) = &self.shared {
             sh.retire()?;
         }
-        let n = self.log.delete_below(needed)?;
-        self.index.delete_files_below(needed)?;
-        if n > 0 {
-            tracing::debug!(
-                segments = n,
-                below = needed,
-                "store: retention deleted segments"
-            );
+        // Only sealed segments the checkpoint covers: recovery never replays them.
+        let sealed: Vec<(u64, u64)> = self
+            .log
+            .sealed_segments()
+            .iter()
+            .map(|s| (s.start(), s.end()))
+            .filter(|(_, end)| *end <= ckpt)
+            .collect();
+        let live = live_bytes(&qs, &sealed);
+        drop(qs);
+        let mut deleted = 0;
+        let mut compacted = Vec::new();
+        // a bound on one pass's copying (a log left pinned by an earlier version can hold
+        // many candidates at once); the next pass goes on where this one stopped
+        let mut budget = self
+            .cfg
+            .segment_size
+            .saturating_mul(COMPACT_SEGMENTS_PER_PASS);
+        for ((start, end), live) in sealed.iter().zip(&live) {
+            if *live == 0 {
+                deleted += usize::from(self.log.delete_segment(*start)?);
+            } else if budget > 0 && live * 100 < (end - start) * COMPACT_LIVE_PERCENT {
+                let copied = self.compact_segment(*start)?;
+                budget = budget.saturating_sub(copied.max(1));
+                compacted.push((*start, *live, copied));
+            }
         }
-        Ok(n)
+        if !compacted.is_empty() {
+            // The copies are on disk before the originals go. A crash after this replays
+            // them from the checkpoint (which is below them) and repoints the entries again.
+            self.flush_to(self.log.end())?;
+            for (start, live, copied) in compacted {
+                let gone = self.log.delete_segment(start)?;
+                deleted += usize::from(gone);
+                tracing::debug!(
+                    segment = start,
+                    live,
+                    copied,
+                    deleted = gone,
+                    "store: compacted a commitlog segment"
+                );
+            }
+        }
+        self.index.delete_files_below(self.log.min_offset())?;
+        if deleted > 0 {
+            tracing::debug!(segments = deleted, "store: retention deleted segments");
+        }
+        Ok(deleted)
+    }
+
+    /// Copies the live records of the sealed segment at `start` to the end of the log
+    /// (a record keeps its timestamps, keys, properties and body, and lists only the
+    /// queue entries still live, at their logical offsets) and points those entries at
+    /// the copies. Returns the bytes written.
+    fn compact_segment(&self, start: u64) -> Result<u64> {
+        Ok(self.copy_live(start, usize::MAX)?.0)
+    }
+
+    /// Copies forward up to `max` live records of the sealed segment at `start`; returns
+    /// the bytes and records written.
+    fn copy_live(&self, start: u64, max: usize) -> Result<(u64, usize)> {
+        let (mut bytes, mut records) = (0u64, 0usize);
+        self.log.scan_segment(start, |off, raw, d| {
+            if let Decoded::Message { view, .. } = d {
+                if records < max {
+                    let n = self.copy_forward(off, raw, view)?;
+                    bytes += n;
+                    records += usize::from(n > 0);
+                }
+            }
+            Ok(())
+        })?;
+        Ok((bytes, records))
+    }
+
+    /// One record of [`Inner::compact_segment`], under the writer lock: acks of durable
+    /// queues take it too, so the entries found live here stay live until repointed.
+    fn copy_forward(&self, off: u64, raw: &[u8], view: &record::MessageView<'_>) -> Result<u64> {
+        let mut w = self.writer();
+        let live: Vec<(Arc<QueueState>, u64)> = {
+            let map = self.queues.read().unwrap_or_else(|e| e.into_inner());
+            view.queues()
+                .filter_map(|(id, l)| {
+                    let q = map.get(&id)?;
+                    let here = q.cq.get(l).is_some_and(|e| e.commit_offset == off);
+                    (here && !q.ack().is_acked(l)).then(|| (q.clone(), l))
+                })
+                .collect()
+        };
+        if live.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<QueueId> = live.iter().map(|(q, _)| q.rec.id).collect();
+        let offs: Vec<u64> = live.iter().map(|(_, l)| *l).collect();
+        let keys: Vec<&[u8]> = view.keys().collect();
+        let (Some(properties), Some(body)) =
+            (raw.get(view.properties.clone()), raw.get(view.body.clone()))
+        else {
+            return Err(StoreError::Fatal(format!(
+                "commitlog record at {off} does not hold its own fields"
+            )));
+        };
+        let msg = NewMessage {
+            queues: &ids,
+            flags: view.flags,
+            born_ts_ms: view.born_ts_ms,
+            tag_hash: view.tag_hash,
+            keys: &keys,
+            properties,
+            body,
+        };
+        let len = record::message_len(&msg)? as u64;
+        let size = u32::try_from(len).map_err(|_| StoreError::TooLarge {
+            size: len,
+            max: u32::MAX as u64,
+        })?;
+        let commit_offset = self.note_disk_full(self.log.append(&mut w, len, |buf| {
+            record::encode_message(buf, &msg, view.store_ts_ms, &offs)
+        }))?;
+        self.log.publish(&w);
+        let entry = CqEntry {
+            commit_offset,
+            size,
+            tag_hash: view.tag_hash,
+        };
+        for (q, l) in &live {
+            if let Err(e) = q.cq.put(*l, entry) {
+                let why = format!("consume queue write failed during compaction: {e}");
+                self.flush.fail(why.clone());
+                return Err(StoreError::Fatal(why));
+            }
+        }
+        for key in &keys {
+            if let Err(e) = self.index.put(key, commit_offset, view.store_ts_ms) {
+                tracing::warn!(error = %e, "store: index write failed; lookups by key may miss");
+            }
+        }
+        let end = w.pos();
+        drop(w);
+        drop(self.after_append(end));
+        Ok(len)
     }
 
     fn flusher(&self) {
@@ -1380,6 +1576,49 @@ impl Inner {
             }
         }
     }
+}
+
+/// A sealed segment whose live bytes are below this share of its size is compacted, so
+/// the log holds at most about twice the live data plus the segments the checkpoint has
+/// not reached yet.
+const COMPACT_LIVE_PERCENT: u64 = 50;
+/// One retention pass copies at most this many segments' worth of live records.
+const COMPACT_SEGMENTS_PER_PASS: u64 = 4;
+/// Unacked entries are walked in batches of this many (bounded memory per queue).
+const LIVE_BATCH: usize = 4096;
+
+/// Bytes of entries still needed (unacked, in a queue that exists) in each of the
+/// `sealed` segments (sorted, disjoint `(start, end)`), in the same order. An entry is
+/// counted once per queue that holds it, so a message stored for several queues may count
+/// more than once: the estimate errs towards keeping a segment.
+fn live_bytes(qs: &[Arc<QueueState>], sealed: &[(u64, u64)]) -> Vec<u64> {
+    let mut live = vec![0u64; sealed.len()];
+    let Some(&(_, below)) = sealed.last() else {
+        return live;
+    };
+    for q in qs {
+        let next = q.cq.next_offset();
+        let mut from = 0;
+        loop {
+            let batch = q.ack().unacked_from(from, next, LIVE_BATCH);
+            for l in &batch {
+                let Some(e) = q.cq.get(*l).filter(|e| e.commit_offset < below) else {
+                    continue;
+                };
+                let i = sealed.partition_point(|(_, end)| *end <= e.commit_offset);
+                if let Some(((start, _), n)) = sealed.get(i).zip(live.get_mut(i)) {
+                    if *start <= e.commit_offset {
+                        *n += u64::from(e.size);
+                    }
+                }
+            }
+            match batch.last() {
+                Some(last) if batch.len() == LIVE_BATCH => from = last + 1,
+                _ => break,
+            }
+        }
+    }
+    live
 }
 
 const CKPT_MAGIC: &[u8; 4] = b"TCKP";
