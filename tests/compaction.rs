@@ -290,3 +290,75 @@ fn kill9_during_compaction_loses_and_duplicates_nothing() {
         "the test confirmed too little to prove anything"
     );
 }
+
+/// A queue removed by `x-expires` frees the disk its messages held.
+#[test]
+fn an_expired_queue_frees_its_disk() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let broker = TestBroker::start_with_config(CONFIG);
+    let addr = broker.amqp_addr();
+    rt.block_on(async {
+        let conn = amqp::connect(addr).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let mut args = FieldTable::default();
+        args.insert("x-expires".into(), lapin::types::AMQPValue::LongInt(1500));
+        ch.queue_declare(
+            "expiring".into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let mut pending = Vec::new();
+        for i in 0..2000 {
+            let c = ch
+                .basic_publish(
+                    "".into(),
+                    "expiring".into(),
+                    BasicPublishOptions::default(),
+                    &body(&format!("e-{i}")),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap();
+            pending.push(c);
+        }
+        for c in pending {
+            assert!(matches!(c.await.unwrap(), Confirmation::Ack(_)));
+        }
+        conn.close(200, "done".into()).await.unwrap();
+    });
+    let written = log_bytes(broker.data_dir());
+    assert!(written > 20 * SEGMENT, "{written} bytes of log written");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while log_bytes(broker.data_dir()) > 2 * SEGMENT {
+        assert!(
+            Instant::now() < deadline,
+            "the log still holds {} bytes after the queue expired",
+            log_bytes(broker.data_dir())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // and the queue is gone
+    rt.block_on(async {
+        let conn = amqp::connect(addr).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let r = ch
+            .queue_declare(
+                "expiring".into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        assert!(r.is_err(), "expired queue still declared: {r:?}");
+    });
+}
