@@ -786,8 +786,10 @@ impl CommitLog {
     }
 
     /// Visits every record of the sealed segment starting at `start`, in order, with its
-    /// offset and bytes, until padding or the end. A record that does not decode is an error (a
-    /// sealed segment below the end was fully written and flushed when it was rolled).
+    /// offset and bytes, until padding or the end. The CRC is not checked (a caller that
+    /// uses a record's body checks it with [`record::verify`]); a record whose fields do
+    /// not decode is an error (a sealed segment was fully written and flushed when it was
+    /// rolled).
     pub fn scan_segment(
         &self,
         start: u64,
@@ -802,7 +804,7 @@ impl CommitLog {
             let Some(rest) = seg.slice(local, seg.len) else {
                 break;
             };
-            let d = record::decode(rest);
+            let d = record::decode_unverified(rest);
             match &d {
                 Decoded::Message { len, .. } | Decoded::Ack { len, .. } => {
                     let raw = rest.get(..*len as usize).unwrap_or_default();

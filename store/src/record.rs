@@ -330,6 +330,25 @@ pub enum Decoded<'a> {
 /// Decodes the record at the start of `buf` (`buf` runs to the segment's end). Never
 /// panics and never trusts a length it has not checked against `buf`.
 pub fn decode(buf: &[u8]) -> Decoded<'_> {
+    decode_with(buf, true)
+}
+
+/// As [`decode`] without the CRC check: for a scan that reads only the header fields of
+/// most records (compaction looking for live ones) and verifies those it uses with
+/// [`verify`]. Still never panics and never trusts an unchecked length.
+pub fn decode_unverified(buf: &[u8]) -> Decoded<'_> {
+    decode_with(buf, false)
+}
+
+/// Whether the CRC of the record `rec` (exactly one record's bytes) matches.
+pub fn verify(rec: &[u8]) -> bool {
+    match (rec.get(8..12), rec.get(HEADER_LEN..)) {
+        (Some(crc), Some(payload)) => crc32c::crc32c(payload).to_le_bytes() == *crc,
+        _ => false,
+    }
+}
+
+fn decode_with(buf: &[u8], check_crc: bool) -> Decoded<'_> {
     let mut r = Reader { buf, pos: 0 };
     let (Some(len), Some(magic)) = (r.u32(), r.u32()) else {
         return if buf.iter().all(|b| *b == 0) {
@@ -362,7 +381,7 @@ pub fn decode(buf: &[u8]) -> Decoded<'_> {
         return Decoded::Invalid("truncated header".into());
     };
     let payload = rec.get(HEADER_LEN..).unwrap_or_default();
-    if crc32c::crc32c(payload) != crc {
+    if check_crc && crc32c::crc32c(payload) != crc {
         return Decoded::Invalid("checksum mismatch".into());
     }
     let parsed = if magic == MAGIC_MESSAGE {

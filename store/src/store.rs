@@ -41,7 +41,7 @@
 //! its live records are copied to the end of the log (same timestamps, keys, properties
 //! and body; the queue list cut to the entries still live, at their logical offsets, so
 //! that replaying the copy repoints them), their entries repointed, and the segment deleted
-//! once the copies are flushed. The checkpoint is below every copy it does not cover, so a
+//! once the log is flushed up to the last copy. The checkpoint is below every copy it does not cover, so a
 //! crash at any step replays the copies and leaves every entry pointing at exactly one
 //! record. One slow queue holding a few old messages thus costs their bytes, not the log
 //! from them on. Core keeps commit offsets of loaded entries; a read that finds the
@@ -304,6 +304,9 @@ struct Inner {
     flush: Arc<FlushShared>,
     /// Commitlog offset of the last checkpoint; the lock also serialises checkpoints.
     checkpoint: Mutex<u64>,
+    /// The log's end after the last record compaction copied forward: segments are
+    /// deleted only once the log is flushed up to it.
+    copied_to: AtomicU64,
     /// Set when a write failed for want of space (a new segment could not be
     /// preallocated); the broker raises its disk alarm until enough space is free again.
     disk_full: AtomicBool,
@@ -525,6 +528,7 @@ impl Store {
             journal,
             flush,
             checkpoint: Mutex::new(ckpt_offset),
+            copied_to: AtomicU64::new(0),
             disk_full: AtomicBool::new(false),
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
@@ -1380,6 +1384,9 @@ impl Inner {
             .collect();
         let live = live_bytes(&qs, &sealed);
         drop(qs);
+        // Segments left dead by an earlier pass's copies go only once those are on disk
+        // (always so, unless that pass's flush failed).
+        let copies_durable = self.flush.flushed() >= self.copied_to.load(Ordering::Acquire);
         let mut deleted = 0;
         let mut compacted = Vec::new();
         // a bound on one pass's copying (a log left pinned by an earlier version can hold
@@ -1390,7 +1397,9 @@ impl Inner {
             .saturating_mul(COMPACT_SEGMENTS_PER_PASS);
         for ((start, end), live) in sealed.iter().zip(&live) {
             if *live == 0 {
-                deleted += usize::from(self.log.delete_segment(*start)?);
+                if copies_durable {
+                    deleted += usize::from(self.log.delete_segment(*start)?);
+                }
             } else if budget > 0 && live * 100 < (end - start) * COMPACT_LIVE_PERCENT {
                 let copied = self.compact_segment(*start)?;
                 budget = budget.saturating_sub(copied.max(1));
@@ -1398,9 +1407,11 @@ impl Inner {
             }
         }
         if !compacted.is_empty() {
-            // The copies are on disk before the originals go. A crash after this replays
-            // them from the checkpoint (which is below them) and repoints the entries again.
-            self.flush_to(self.log.end())?;
+            // The copies are on disk before the originals go: a flush up to the last copy,
+            // which group commit (or the async flusher) has mostly done already. A crash
+            // after this replays them from the checkpoint (which is below them) and repoints
+            // the entries again.
+            self.flush_to(self.copied_to.load(Ordering::Acquire))?;
             for (start, live, copied) in compacted {
                 let gone = self.log.delete_segment(start)?;
                 deleted += usize::from(gone);
@@ -1429,26 +1440,62 @@ impl Inner {
     }
 
     /// Copies forward up to `max` live records of the sealed segment at `start`; returns
-    /// the bytes and records written.
+    /// the bytes and records written. The scan picks the records that may be live without
+    /// any lock; they are then checked again and copied in batches, one writer lock each.
     fn copy_live(&self, start: u64, max: usize) -> Result<(u64, usize)> {
-        let (mut bytes, mut records) = (0u64, 0usize);
-        self.log.scan_segment(start, |off, raw, d| {
+        // Each queue's ack head as the scan first meets it: an entry below it is acked for
+        // good, so most dead records are told apart without a lock.
+        let mut heads: HashMap<QueueId, Option<u64>> = HashMap::new();
+        let mut candidates = Vec::new();
+        self.log.scan_segment(start, |off, _, d| {
             if let Decoded::Message { view, .. } = d {
-                if records < max {
-                    let n = self.copy_forward(off, raw, view)?;
-                    bytes += n;
-                    records += usize::from(n > 0);
+                let maybe_live = view.queues().any(|(id, l)| {
+                    let head = heads.entry(id).or_insert_with(|| {
+                        let map = self.queues.read().unwrap_or_else(|e| e.into_inner());
+                        map.get(&id).map(|q| q.ack().head())
+                    });
+                    head.is_some_and(|h| l >= h)
+                });
+                if maybe_live {
+                    candidates.push(off);
                 }
             }
             Ok(())
         })?;
+        let (mut bytes, mut records) = (0u64, 0usize);
+        for batch in candidates.chunks(COPY_BATCH) {
+            if records >= max {
+                break;
+            }
+            // read (and checksum-verified) outside the lock
+            let recs: Vec<StoredRecord> = batch
+                .iter()
+                .map(|off| self.log.read(*off))
+                .collect::<Result<_>>()?;
+            let mut w = self.writer();
+            for rec in &recs {
+                if records >= max {
+                    break;
+                }
+                let n = self.copy_forward(&mut w, rec)?;
+                bytes += n;
+                records += usize::from(n > 0);
+            }
+            let end = w.pos();
+            self.copied_to.fetch_max(end, Ordering::AcqRel);
+            drop(w);
+            drop(self.after_append(end));
+        }
         Ok((bytes, records))
     }
 
-    /// One record of [`Inner::compact_segment`], under the writer lock: acks of durable
-    /// queues take it too, so the entries found live here stay live until repointed.
-    fn copy_forward(&self, off: u64, raw: &[u8], view: &record::MessageView<'_>) -> Result<u64> {
-        let mut w = self.writer();
+    /// One record of [`Inner::copy_live`], under the writer lock: acks of durable queues
+    /// take it too, so the entries found live here stay live until repointed.
+    fn copy_forward(&self, w: &mut Writer, rec: &StoredRecord) -> Result<u64> {
+        let off = rec.commit_offset;
+        let Decoded::Message { view, .. } = record::decode_unverified(&rec.raw) else {
+            return Ok(0);
+        };
         let live: Vec<(Arc<QueueState>, u64)> = {
             let map = self.queues.read().unwrap_or_else(|e| e.into_inner());
             view.queues()
@@ -1465,31 +1512,24 @@ impl Inner {
         let ids: Vec<QueueId> = live.iter().map(|(q, _)| q.rec.id).collect();
         let offs: Vec<u64> = live.iter().map(|(_, l)| *l).collect();
         let keys: Vec<&[u8]> = view.keys().collect();
-        let (Some(properties), Some(body)) =
-            (raw.get(view.properties.clone()), raw.get(view.body.clone()))
-        else {
-            return Err(StoreError::Fatal(format!(
-                "commitlog record at {off} does not hold its own fields"
-            )));
-        };
         let msg = NewMessage {
             queues: &ids,
             flags: view.flags,
             born_ts_ms: view.born_ts_ms,
             tag_hash: view.tag_hash,
             keys: &keys,
-            properties,
-            body,
+            properties: &rec.properties,
+            body: &rec.body,
         };
         let len = record::message_len(&msg)? as u64;
         let size = u32::try_from(len).map_err(|_| StoreError::TooLarge {
             size: len,
             max: u32::MAX as u64,
         })?;
-        let commit_offset = self.note_disk_full(self.log.append(&mut w, len, |buf| {
+        let commit_offset = self.note_disk_full(self.log.append(w, len, |buf| {
             record::encode_message(buf, &msg, view.store_ts_ms, &offs)
         }))?;
-        self.log.publish(&w);
+        self.log.publish(w);
         let entry = CqEntry {
             commit_offset,
             size,
@@ -1507,9 +1547,6 @@ impl Inner {
                 tracing::warn!(error = %e, "store: index write failed; lookups by key may miss");
             }
         }
-        let end = w.pos();
-        drop(w);
-        drop(self.after_append(end));
         Ok(len)
     }
 
@@ -1584,6 +1621,8 @@ impl Inner {
 const COMPACT_LIVE_PERCENT: u64 = 50;
 /// One retention pass copies at most this many segments' worth of live records.
 const COMPACT_SEGMENTS_PER_PASS: u64 = 4;
+/// Compaction copies live records in batches of this many per writer lock.
+const COPY_BATCH: usize = 64;
 /// Unacked entries are walked in batches of this many (bounded memory per queue).
 const LIVE_BATCH: usize = 4096;
 

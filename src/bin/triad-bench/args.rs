@@ -29,6 +29,10 @@ STORE OPTIONS:
   --duration SECS      run time when --count is not given (default 5); with --count, a cap
   --segment-size BYTES commitlog segment size (default 1 GiB)
   --read               then read everything back through read_queue and verify each body
+  --consume            ack each message once durable (a consumer that keeps up); with
+                       retention every second, reports the log's size on disk
+  --slow-every N       with --consume: every Nth message also goes to one slow queue
+                       nobody consumes, which commitlog compaction must not let pin the log
   --small-queue-entries N  store: queues holding at most N entries use the shared index
                        (default 64); 0 = every queue has its own consume-queue files
   --cq-entries-per-file N  store: entries per consume-queue file (default 300000)
@@ -162,6 +166,10 @@ pub struct StoreArgs {
     pub fleet: Option<u64>,
     pub per_queue: u64,
     pub busy: u64,
+    /// Ack each message once it is durable (a consumer keeping up).
+    pub consume: bool,
+    /// Every Nth message of each writer also goes to one slow queue nobody consumes.
+    pub slow_every: Option<u64>,
 }
 
 impl Default for StoreArgs {
@@ -185,6 +193,8 @@ impl Default for StoreArgs {
             fleet: None,
             per_queue: 1,
             busy: 1_000_000,
+            consume: false,
+            slow_every: None,
         }
     }
 }
@@ -600,6 +610,7 @@ pub fn parse_store(args: &[String]) -> Result<StoreArgs, String> {
                 | "--fleet"
                 | "--per-queue"
                 | "--busy"
+                | "--slow-every"
         )
     };
     while let Some(r) = f.next(valued) {
@@ -640,6 +651,8 @@ pub fn parse_store(args: &[String]) -> Result<StoreArgs, String> {
             "--per-queue" => o.per_queue = positive(&flag, parse_num(&flag, &v)?)?,
             "--busy" => o.busy = parse_num(&flag, &v)?,
             "--read" => o.read = true,
+            "--consume" => o.consume = true,
+            "--slow-every" => o.slow_every = Some(positive(&flag, parse_num(&flag, &v)?)?),
             "--keep" => o.keep = true,
             "--allow-tmpfs" => o.allow_tmpfs = true,
             "--json" => o.json = true,
@@ -652,6 +665,12 @@ pub fn parse_store(args: &[String]) -> Result<StoreArgs, String> {
             "--queues {} exceeds --writers {}: some queues would stay empty",
             o.queues, o.writers
         ));
+    }
+    if o.consume && o.read {
+        return Err("--read verifies what is kept; --consume acks it all".into());
+    }
+    if o.slow_every.is_some() && !o.consume {
+        return Err("--slow-every needs --consume".into());
     }
     if (o.size as u64) + 1024 > o.segment_size {
         return Err("--size must fit in a segment (--segment-size)".into());

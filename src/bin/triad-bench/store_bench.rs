@@ -84,6 +84,14 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// What a writer does besides appending (`--consume`, `--slow-every`).
+#[derive(Clone, Copy)]
+struct Consume {
+    ack: bool,
+    /// The slow queue and how often it gets a message.
+    slow: Option<(QueueId, u64)>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn writer(
     store: &Store,
@@ -94,16 +102,22 @@ fn writer(
     stop: &AtomicBool,
     progress: &AtomicU64,
     start: &Barrier,
+    consume: Consume,
 ) -> Result<Histogram<u64>, String> {
     let mut hist = new_histogram();
     let mut body = pattern(size);
-    let queues = [queue];
+    let only = [queue];
+    let with_slow = consume.slow.map(|(s, _)| [queue, s]);
     start.wait();
     let mut seq = 0u64;
     while quota.is_none_or(|q| seq < q) && !stop.load(Ordering::Relaxed) {
         stamp(&mut body, id as u32, seq);
+        let queues: &[QueueId] = match (consume.slow, &with_slow) {
+            (Some((_, every)), Some(both)) if seq.is_multiple_of(every) => both,
+            _ => &only,
+        };
         let msg = NewMessage {
-            queues: &queues,
+            queues,
             flags: FLAG_PERSISTENT,
             born_ts_ms: now_ms(),
             tag_hash: 0,
@@ -114,12 +128,26 @@ fn writer(
         let t0 = Instant::now();
         let app = store.append(&msg).map_err(|e| format!("append: {e}"))?;
         app.durable.wait().map_err(|e| format!("durable: {e}"))?;
+        if consume.ack {
+            let off = app.queue_offsets.first().map_or(0, |(_, o)| *o);
+            drop(store.ack(queue, &[off]).map_err(|e| format!("ack: {e}"))?);
+        }
         let ns = t0.elapsed().as_nanos().max(1) as u64;
         hist.saturating_record(ns);
         seq += 1;
         progress.store(seq, Ordering::Relaxed);
     }
     Ok(hist)
+}
+
+/// Bytes of the commitlog's segment files.
+fn log_on_disk(store: &Store) -> u64 {
+    store
+        .segment_paths()
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 fn read_back(store: &Store, queues: &[QueueId], a: &StoreArgs) -> Result<Value, String> {
@@ -192,11 +220,27 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
         Flush::Sync => FlushMode::Sync,
         Flush::Async => FlushMode::async_default(),
     };
+    if a.consume {
+        cfg.retention_interval = Duration::from_secs(1);
+    }
     let store = Store::open(cfg).map_err(|e| format!("open store: {e}"))?;
     let queues: Vec<QueueId> = (0..a.queues)
         .map(|i| store.create_queue("/", &format!("bench-{i}"), true))
         .collect::<Result<_, _>>()
         .map_err(|e| format!("create queue: {e}"))?;
+    let slow = match a.slow_every {
+        Some(every) => Some((
+            store
+                .create_queue("/", "bench-slow", true)
+                .map_err(|e| format!("create queue: {e}"))?,
+            every,
+        )),
+        None => None,
+    };
+    let consume = Consume {
+        ack: a.consume,
+        slow,
+    };
 
     let stop = AtomicBool::new(false);
     let progress: Vec<Padded> = (0..a.writers).map(|_| Padded::default()).collect();
@@ -209,6 +253,8 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
         })
         .collect();
 
+    // the log's size on disk once a second (with --consume)
+    let mut disk_samples: Vec<u64> = Vec::new();
     let (tx, rx) = mpsc::channel::<Done>();
     let (hist, secs, cpu, dev) = std::thread::scope(|s| -> Result<_, String> {
         for w in 0..a.writers {
@@ -220,7 +266,7 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
             std::thread::Builder::new()
                 .name(format!("writer-{w}"))
                 .spawn_scoped(s, move || {
-                    let result = writer(store, w, q, a.size, quota, stop, prog, barrier);
+                    let result = writer(store, w, q, a.size, quota, stop, prog, barrier, consume);
                     if result.is_err() {
                         stop.store(true, Ordering::Relaxed);
                     }
@@ -280,6 +326,9 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
                 }
                 last = (now, total);
                 next_tick += Duration::from_secs(1);
+                if a.consume {
+                    disk_samples.push(log_on_disk(&store));
+                }
             }
         }
         let secs = t0.elapsed().as_secs_f64();
@@ -296,6 +345,16 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
 
     let ops = hist.len();
     let stats = store.stats();
+    let on_disk = log_on_disk(&store);
+    let slow_live: Option<u64> = slow.map(|(q, _)| {
+        store
+            .unacked(q, usize::MAX)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|o| store.entry(q, *o))
+            .map(|e| u64::from(e.size))
+            .sum()
+    });
     let read = if a.read {
         Some(read_back(&store, &queues, a)?)
     } else {
@@ -327,7 +386,14 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
         "cpu_us_per_op": round(cpu.total().as_secs_f64() * 1e6 / ops.max(1) as f64, 2),
         "cpu_user_s": round(cpu.user.as_secs_f64(), 3),
         "cpu_sys_s": round(cpu.sys.as_secs_f64(), 3),
-        "commitlog_bytes": stats.commitlog_end - stats.commitlog_min,
+        "commitlog_written": stats.commitlog_end,
+        "commitlog_on_disk": on_disk,
+        "commitlog_on_disk_max": disk_samples.iter().max(),
+        "commitlog_on_disk_samples": disk_samples.len(),
+        "segments": stats.segments,
+        "consume": a.consume,
+        "slow_every": a.slow_every,
+        "slow_live_bytes": slow_live,
         "dev": dev.map(|d| json!({
             "flushes": d.flushes,
             "writes": d.writes,
