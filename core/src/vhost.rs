@@ -556,7 +556,7 @@ impl Vhost {
         let new = topo.bind(source, dest.clone(), key, args.clone(), &lookup)?;
         // a queue may have been deleted and declared again since the caller looked
         let durable_dest = match &dest {
-            Destination::Queue(q) => queues.get(q).is_some_and(|cur| cur.durable()),
+            Destination::Queue(q) => queues.get(&**q).is_some_and(|cur| cur.durable()),
             Destination::Exchange(x) => Self::exchange_is_durable(&topo, x),
         };
         if new && durable_dest && Self::exchange_is_durable(&topo, source) {
