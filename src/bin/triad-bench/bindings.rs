@@ -237,6 +237,8 @@ async fn restart_phase(m: &mut Managed, a: &BindingsArgs) -> (Value, Vec<String>
     // by the few microseconds between the two)
     let ready = wait_ready(m.amqp_port, &queue_name(a.queues - 1), t0 + a.time_limit).await;
     let ready_s = t0.elapsed().as_secs_f64();
+    // CPU the broker used to get ready: less noisy than seconds on a shared machine
+    let cpu_ready = cpu_s(m.pid());
     let anon_ready = anon(m.pid());
     // what the allocator and the broker's start-up threads settle to
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -251,6 +253,7 @@ async fn restart_phase(m: &mut Managed, a: &BindingsArgs) -> (Value, Vec<String>
             "stopped_by_sigterm": clean,
             "listen_s": round(listen_s, 3),
             "ready_s": ready.is_ok().then(|| round(ready_s, 3)),
+            "broker_cpu_s_at_ready": cpu_ready.map(|c| round(c, 3)),
             "rss_anon_kib_ready": anon_ready,
             "rss_anon_kib_after_2s": anon_settled,
             "rss_kib_after_2s": m.pid().and_then(|p| status_kib(p, "VmRSS")),
