@@ -132,7 +132,7 @@ fn stored_vhosts(store: &Store) -> Result<Vec<String>, CoreError> {
     }
     Ok(store
         .journal()
-        .scan(&[TAG_VHOST])
+        .scan(&[TAG_VHOST])?
         .into_iter()
         .filter_map(|(k, _)| {
             let parts = k.get(1..).and_then(key_parts)?;
@@ -212,6 +212,9 @@ impl Broker {
                 store.delete_queue(q.id)?;
             }
         }
+        // every entity is loaded: the journal's copy of the metadata is not needed in
+        // memory any more (a vhost added later reads it back from the files)
+        store.journal().release_state();
         let access = cfg
             .permissions
             .iter()

@@ -606,6 +606,39 @@ fn durable_topology_and_persistent_messages_survive_restart() {
 }
 
 #[test]
+fn a_vhost_added_after_start_up_loads_from_the_journal_files_and_survives_restart() {
+    // after Broker::open the journal holds no metadata in memory: a vhost added at run
+    // time reads its (here: earlier) records back from the snapshot and journal files
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let b = open(dir.path(), 64);
+        let v = b.vhost("/").unwrap();
+        let q = declare(&v, "root-q", true, FieldTable::default());
+        v.bind_queue(&q, "amq.topic", "dev.1.*", &FieldTable::default(), 1)
+            .unwrap();
+        let extra = b.add_vhost("extra").unwrap();
+        assert!(extra.queue_names().is_empty());
+        let q2 = declare(&extra, "extra-q", true, FieldTable::default());
+        extra
+            .bind_queue(&q2, "amq.topic", "x.#", &FieldTable::default(), 1)
+            .unwrap();
+        // added again: the same vhost
+        assert!(Arc::ptr_eq(&b.add_vhost("extra").unwrap(), &extra));
+        drop((v, extra, b));
+    }
+    let b = open(dir.path(), 64);
+    for (vhost, queue, key) in [("/", "root-q", "dev.1.cmd"), ("extra", "extra-q", "x.y.z")] {
+        let v = b.vhost(vhost).unwrap();
+        assert!(v.queue(queue).is_some(), "{vhost}");
+        assert!(
+            publish(&v, "amq.topic", key, "m", Properties::default()).routed,
+            "{vhost}: binding restored"
+        );
+        assert_eq!(v.queue(queue).unwrap().message_count(), 1, "{vhost}");
+    }
+}
+
+#[test]
 fn a_long_backlog_is_recovered_in_batches_and_transient_messages_dropped() {
     // more than one batch of Queue::new's walk (65,536 entries)
     const N: usize = 70_000;

@@ -77,6 +77,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Gives memory freed by a large drop back to the system. glibc's `free` returns only
+/// the top of the heap; a big structure freed below later allocations (the metadata
+/// state replayed at start, below the topology built from it) would otherwise stay
+/// resident. `malloc_trim` releases the free pages wherever they are.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -208,7 +208,7 @@ fn queue_key(id: QueueId) -> Vec<u8> {
 /// version's registry document the first time).
 fn load_registry(journal: &MetaJournal, meta: &MetaStore) -> Result<Registry> {
     if let Some(legacy) = meta.get::<Registry>(LEGACY_REGISTRY)? {
-        if journal.get(KEY_NEXT_ID).is_none() {
+        if journal.get(KEY_NEXT_ID)?.is_none() {
             let mut ops = Vec::with_capacity(legacy.queues.len() + 1);
             for q in legacy.queues.iter().filter(|q| q.durable) {
                 ops.push(MetaOp::put(queue_key(q.id), encode_queue_record(q)?));
@@ -226,11 +226,11 @@ fn load_registry(journal: &MetaJournal, meta: &MetaStore) -> Result<Registry> {
         meta.delete(LEGACY_REGISTRY)?;
     }
     let next_id = journal
-        .get(KEY_NEXT_ID)
+        .get(KEY_NEXT_ID)?
         .and_then(|v| v.as_slice().try_into().ok().map(u32::from_le_bytes))
         .unwrap_or(0);
     let mut queues = Vec::new();
-    for (k, v) in journal.scan(&[TAG_QUEUE]) {
+    for (k, v) in journal.scan(&[TAG_QUEUE])? {
         let rec: QueueRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
             path: PathBuf::from("meta/journal"),
             offset: 0,
@@ -381,7 +381,7 @@ impl Store {
         let index = IndexService::open(&dir.join("index"), cfg.index)?;
         let (ckpt_offset, mut snapshot) = read_checkpoint(&dir.join("checkpoint"), cfg.repair)?;
         let legacy_snapshot = !snapshot.is_empty();
-        for (k, v) in journal.scan(&[TAG_ACK]) {
+        for (k, v) in journal.scan(&[TAG_ACK])? {
             let id = k
                 .get(1..5)
                 .and_then(|b| b.try_into().ok())

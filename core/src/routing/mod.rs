@@ -19,26 +19,36 @@ pub use headers::XMatch;
 pub use topic::TopicTrie;
 pub use topology::{Declared, QueueLookup, Topology};
 
+use std::sync::Arc;
+
 use crate::value::FieldTable;
 
-/// Where a binding leads.
+/// Where a binding leads. The name is shared: a binding table keeps one copy of each
+/// destination's name however many bindings lead to it (see [`BindingTable`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Destination {
     /// A queue, by name.
-    Queue(String),
+    Queue(Arc<str>),
     /// An exchange, by name (exchange-to-exchange binding).
-    Exchange(String),
+    Exchange(Arc<str>),
 }
 
 impl Destination {
     /// A queue destination.
-    pub fn queue(name: impl Into<String>) -> Self {
+    pub fn queue(name: impl Into<Arc<str>>) -> Self {
         Destination::Queue(name.into())
     }
 
     /// An exchange destination.
-    pub fn exchange(name: impl Into<String>) -> Self {
+    pub fn exchange(name: impl Into<Arc<str>>) -> Self {
         Destination::Exchange(name.into())
+    }
+
+    /// The queue's or exchange's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Destination::Queue(n) | Destination::Exchange(n) => n,
+        }
     }
 }
 

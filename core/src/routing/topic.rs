@@ -16,13 +16,18 @@
 //! state is expanded twice and the walk stays polynomial (at most nodes × words).
 //!
 //! Memory (a fleet binds one or more patterns per device, so a node's size is per
-//! binding): a node keeps its own word (the edge from its parent); the parent indexes
-//! its word children by node id alone, in a short vector while it has few of them and in
-//! a hash table of ids (hashed by the child's word) beyond that, so a word is stored once.
-//! Destinations are a short vector, and a hash set once a pattern has many.
+//! binding): a node keeps its own word (the edge from its parent), inline when it is
+//! short (up to [`SHORT_WORD`] bytes, which covers device ids and most topic levels),
+//! allocated otherwise; the parent indexes its word children by node id alone: one id
+//! inline, then a short vector, then a hash table of ids (hashed by the child's word),
+//! so a word is stored once. Destinations are one inline, then a short vector, then a
+//! hash set once a pattern has many; a destination's name is shared with the binding
+//! table (an `Arc<str>`). A node is [`NODE_BYTES`] bytes, and the common node (one
+//! short word, at most one word child, at most one destination) allocates nothing else.
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
+use std::num::NonZeroU32;
 
 use super::Destination;
 
@@ -30,21 +35,56 @@ type NodeId = u32;
 
 const ROOT: NodeId = 0;
 
+/// Words up to this many bytes are stored in the node itself.
+pub const SHORT_WORD: usize = 22;
+
+/// The size of a trie node (checked by a test; it is paid per binding).
+pub const NODE_BYTES: usize = 88;
+
 /// How a node hangs off its parent.
 #[derive(Debug, Clone)]
 enum Edge {
     Root,
+    Short { len: u8, bytes: [u8; SHORT_WORD] },
     Word(Box<str>),
     Star,
     Hash,
 }
 
-/// A node's word children, by id: a short vector searched linearly, or a hash table of
-/// ids hashed by the child's word once there are more than [`SMALL`].
+impl Edge {
+    fn word(w: &str) -> Edge {
+        match w.len() {
+            n if n <= SHORT_WORD => {
+                let mut bytes = [0u8; SHORT_WORD];
+                if let Some(dst) = bytes.get_mut(..n) {
+                    dst.copy_from_slice(w.as_bytes());
+                }
+                Edge::Short {
+                    len: n as u8,
+                    bytes,
+                }
+            }
+            _ => Edge::Word(w.into()),
+        }
+    }
+
+    /// The word's bytes (always UTF-8: they were copied from a `str`).
+    fn word_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Edge::Short { len, bytes } => bytes.get(..*len as usize),
+            Edge::Word(w) => Some(w.as_bytes()),
+            _ => None,
+        }
+    }
+}
+
+/// A node's word children, by id: one inline, a short vector searched linearly, or a
+/// hash table of ids hashed by the child's word once there are more than [`SMALL`].
 #[derive(Debug, Default)]
 enum Children {
     #[default]
     None,
+    One(NodeId),
     Small(Vec<NodeId>),
     Big(Box<hashbrown::HashTable<NodeId>>),
 }
@@ -52,51 +92,72 @@ enum Children {
 /// Up to this many word children (or destinations) are kept in a vector.
 const SMALL: usize = 8;
 
-/// A pattern's destinations: a short vector, or a set once there are many.
+/// A pattern's destinations: one inline (the common case), else a short vector or, once
+/// there are many, a set, behind one box (so the node holds 24 bytes for them).
 #[derive(Debug, Default)]
 enum Dests {
     #[default]
     None,
+    One(Destination),
+    Many(Box<Many>),
+}
+
+#[derive(Debug)]
+enum Many {
     Small(Vec<Destination>),
-    // Boxed on purpose: most patterns have one destination, so every node would otherwise
-    // carry an inline set's 48 bytes for the few that have many.
-    #[allow(clippy::box_collection)]
-    Big(Box<HashSet<Destination>>),
+    Big(HashSet<Destination>),
 }
 
 impl Dests {
     fn insert(&mut self, d: Destination) -> bool {
         match self {
             Dests::None => {
-                *self = Dests::Small(vec![d]);
+                *self = Dests::One(d);
                 true
             }
-            Dests::Small(v) if v.contains(&d) => false,
-            Dests::Small(v) if v.len() < SMALL => {
-                v.push(d);
+            Dests::One(x) if *x == d => false,
+            Dests::One(_) => {
+                let Dests::One(x) = std::mem::take(self) else {
+                    return false;
+                };
+                *self = Dests::Many(Box::new(Many::Small(vec![x, d])));
                 true
             }
-            Dests::Small(v) => {
-                let mut set: HashSet<Destination> = v.drain(..).collect();
-                set.insert(d);
-                *self = Dests::Big(Box::new(set));
-                true
-            }
-            Dests::Big(set) => set.insert(d),
+            Dests::Many(m) => match &mut **m {
+                Many::Small(v) if v.contains(&d) => false,
+                Many::Small(v) if v.len() < SMALL => {
+                    v.push(d);
+                    true
+                }
+                Many::Small(v) => {
+                    let mut set: HashSet<Destination> = v.drain(..).collect();
+                    set.insert(d);
+                    **m = Many::Big(set);
+                    true
+                }
+                Many::Big(set) => set.insert(d),
+            },
         }
     }
 
     fn remove(&mut self, d: &Destination) -> bool {
         let removed = match self {
             Dests::None => false,
-            Dests::Small(v) => match v.iter().position(|x| x == d) {
-                Some(i) => {
-                    v.swap_remove(i);
-                    true
-                }
-                None => false,
+            Dests::One(x) if x == d => {
+                *self = Dests::None;
+                true
+            }
+            Dests::One(_) => false,
+            Dests::Many(m) => match &mut **m {
+                Many::Small(v) => match v.iter().position(|x| x == d) {
+                    Some(i) => {
+                        v.swap_remove(i);
+                        true
+                    }
+                    None => false,
+                },
+                Many::Big(set) => set.remove(d),
             },
-            Dests::Big(set) => set.remove(d),
         };
         if self.is_empty() {
             *self = Dests::None;
@@ -107,29 +168,38 @@ impl Dests {
     fn is_empty(&self) -> bool {
         match self {
             Dests::None => true,
-            Dests::Small(v) => v.is_empty(),
-            Dests::Big(set) => set.is_empty(),
+            Dests::One(_) => false,
+            Dests::Many(m) => match &**m {
+                Many::Small(v) => v.is_empty(),
+                Many::Big(set) => set.is_empty(),
+            },
         }
     }
 
     fn iter(&self) -> Box<dyn Iterator<Item = &Destination> + '_> {
         match self {
             Dests::None => Box::new(std::iter::empty()),
-            Dests::Small(v) => Box::new(v.iter()),
-            Dests::Big(set) => Box::new(set.iter()),
+            Dests::One(d) => Box::new(std::iter::once(d)),
+            Dests::Many(m) => match &**m {
+                Many::Small(v) => Box::new(v.iter()),
+                Many::Big(set) => Box::new(set.iter()),
+            },
         }
     }
 }
 
+/// A child's id: never the root's, so never 0 (and an `Option` of it is 4 bytes).
+type ChildId = NonZeroU32;
+
 #[derive(Debug)]
 struct Node {
     parent: NodeId,
-    edge: Edge,
     /// Whether this node or an ancestor is a `#` (states below need memoising).
     below_hash: bool,
+    star: Option<ChildId>,
+    hash: Option<ChildId>,
+    edge: Edge,
     words: Children,
-    star: Option<NodeId>,
-    hash: Option<NodeId>,
     destinations: Dests,
 }
 
@@ -137,11 +207,11 @@ impl Node {
     fn new(parent: NodeId, edge: Edge, below_hash: bool) -> Self {
         Node {
             parent,
-            edge,
             below_hash,
-            words: Children::None,
             star: None,
             hash: None,
+            edge,
+            words: Children::None,
             destinations: Dests::None,
         }
     }
@@ -150,11 +220,16 @@ impl Node {
         matches!(self.edge, Edge::Hash)
     }
 
-    fn word(&self) -> Option<&str> {
-        match &self.edge {
-            Edge::Word(w) => Some(w),
-            _ => None,
-        }
+    fn word(&self) -> Option<&[u8]> {
+        self.edge.word_bytes()
+    }
+
+    fn star(&self) -> Option<NodeId> {
+        self.star.map(NonZeroU32::get)
+    }
+
+    fn hash(&self) -> Option<NodeId> {
+        self.hash.map(NonZeroU32::get)
     }
 
     fn is_empty(&self) -> bool {
@@ -241,22 +316,26 @@ impl TopicTrie {
         }
     }
 
-    fn word_of(&self, id: NodeId) -> Option<&str> {
+    fn word_of(&self, id: NodeId) -> Option<&[u8]> {
         self.node(id).and_then(Node::word)
+    }
+
+    fn hash_word(&self, word: &[u8]) -> u64 {
+        self.hasher.hash_one(word)
     }
 
     /// The word child `word` of `node`.
     fn word_child(&self, node: &Node, word: &str) -> Option<NodeId> {
+        let word = word.as_bytes();
         match &node.words {
             Children::None => None,
+            Children::One(id) => (self.word_of(*id) == Some(word)).then_some(*id),
             Children::Small(ids) => ids
                 .iter()
                 .copied()
                 .find(|&id| self.word_of(id) == Some(word)),
             Children::Big(table) => table
-                .find(self.hasher.hash_one(word), |&id| {
-                    self.word_of(id) == Some(word)
-                })
+                .find(self.hash_word(word), |&id| self.word_of(id) == Some(word))
                 .copied(),
         }
     }
@@ -268,7 +347,8 @@ impl TopicTrie {
         };
         let mut words = std::mem::take(&mut p.words);
         words = match words {
-            Children::None => Children::Small(vec![child]),
+            Children::None => Children::One(child),
+            Children::One(first) => Children::Small(vec![first, child]),
             Children::Small(mut ids) if ids.len() < SMALL => {
                 ids.push(child);
                 Children::Small(ids)
@@ -276,17 +356,17 @@ impl TopicTrie {
             Children::Small(ids) => {
                 let mut table = hashbrown::HashTable::with_capacity(ids.len() * 2);
                 for id in ids.into_iter().chain(std::iter::once(child)) {
-                    let h = self.hasher.hash_one(self.word_of(id).unwrap_or(""));
+                    let h = self.hash_word(self.word_of(id).unwrap_or_default());
                     table.insert_unique(h, id, |&x| {
-                        self.hasher.hash_one(self.word_of(x).unwrap_or(""))
+                        self.hash_word(self.word_of(x).unwrap_or_default())
                     });
                 }
                 Children::Big(Box::new(table))
             }
             Children::Big(mut table) => {
-                let h = self.hasher.hash_one(self.word_of(child).unwrap_or(""));
+                let h = self.hash_word(self.word_of(child).unwrap_or_default());
                 table.insert_unique(h, child, |&x| {
-                    self.hasher.hash_one(self.word_of(x).unwrap_or(""))
+                    self.hash_word(self.word_of(x).unwrap_or_default())
                 });
                 Children::Big(table)
             }
@@ -297,13 +377,14 @@ impl TopicTrie {
     }
 
     /// Removes `child` (with word `word`) from `parent`'s word children.
-    fn remove_word_child(&mut self, parent: NodeId, child: NodeId, word: &str) {
-        let h = self.hasher.hash_one(word);
+    fn remove_word_child(&mut self, parent: NodeId, child: NodeId, word: &[u8]) {
+        let h = self.hash_word(word);
         let Some(p) = self.node_mut(parent) else {
             return;
         };
         let empty = match &mut p.words {
             Children::None => true,
+            Children::One(id) => *id == child,
             Children::Small(ids) => {
                 ids.retain(|&id| id != child);
                 ids.is_empty()
@@ -326,8 +407,8 @@ impl TopicTrie {
             return ROOT;
         };
         let existing = match word {
-            "*" => p.star,
-            "#" => p.hash,
+            "*" => p.star(),
+            "#" => p.hash(),
             w => self.word_child(p, w),
         };
         if let Some(id) = existing {
@@ -336,18 +417,20 @@ impl TopicTrie {
         let edge = match word {
             "*" => Edge::Star,
             "#" => Edge::Hash,
-            w => Edge::Word(w.into()),
+            w => Edge::word(w),
         };
         let below_hash = p.below_hash || matches!(edge, Edge::Hash);
-        let kind = std::mem::discriminant(&edge);
+        let (star, hash) = (matches!(edge, Edge::Star), matches!(edge, Edge::Hash));
         let id = self.alloc(Node::new(parent, edge, below_hash));
-        if kind == std::mem::discriminant(&Edge::Star) {
+        // the root is never a child: a child's id is not 0
+        let child = NonZeroU32::new(id);
+        if star {
             if let Some(p) = self.node_mut(parent) {
-                p.star = Some(id);
+                p.star = child;
             }
-        } else if kind == std::mem::discriminant(&Edge::Hash) {
+        } else if hash {
             if let Some(p) = self.node_mut(parent) {
-                p.hash = Some(id);
+                p.hash = child;
             }
         } else {
             self.add_word_child(parent, id);
@@ -360,8 +443,8 @@ impl TopicTrie {
         for word in split_words(pattern) {
             let n = self.node(id)?;
             id = match word {
-                "*" => n.star?,
-                "#" => n.hash?,
+                "*" => n.star()?,
+                "#" => n.hash()?,
                 w => self.word_child(n, w)?,
             };
         }
@@ -415,7 +498,10 @@ impl TopicTrie {
                         p.hash = None;
                     }
                 }
-                Edge::Word(w) => self.remove_word_child(parent, id, &w),
+                Edge::Word(_) | Edge::Short { .. } => {
+                    let word = edge.word_bytes().unwrap_or_default().to_vec();
+                    self.remove_word_child(parent, id, &word)
+                }
                 Edge::Root => {}
             }
             if let Some(slot) = self.nodes.get_mut(id as usize) {
@@ -444,7 +530,7 @@ impl TopicTrie {
                 None => {
                     node.destinations.iter().for_each(&mut *emit);
                     // A trailing `#` matches zero words.
-                    if let Some(h) = node.hash {
+                    if let Some(h) = node.hash() {
                         stack.push((h, i));
                     }
                 }
@@ -452,11 +538,11 @@ impl TopicTrie {
                     if let Some(c) = self.word_child(node, word) {
                         stack.push((c, i + 1));
                     }
-                    if let Some(s) = node.star {
+                    if let Some(s) = node.star() {
                         stack.push((s, i + 1));
                     }
                     // `#` below here matching zero words.
-                    if let Some(h) = node.hash {
+                    if let Some(h) = node.hash() {
                         stack.push((h, i));
                     }
                     // This `#` swallowing one more word.
@@ -485,7 +571,9 @@ impl TopicTrie {
         while let Some(n) = self.node(id) {
             match &n.edge {
                 Edge::Root => break,
-                Edge::Word(w) => words.push(w),
+                Edge::Word(_) | Edge::Short { .. } => {
+                    words.push(std::str::from_utf8(n.word().unwrap_or_default()).unwrap_or(""))
+                }
                 Edge::Star => words.push("*"),
                 Edge::Hash => words.push("#"),
             }
@@ -501,14 +589,14 @@ mod tests {
     use super::*;
 
     fn q(name: &str) -> Destination {
-        Destination::Queue(name.to_owned())
+        Destination::queue(name)
     }
 
     fn matches(trie: &TopicTrie, key: &str) -> Vec<String> {
         let mut out = Vec::new();
         trie.route(key, &mut |d| {
             if let Destination::Queue(n) = d {
-                out.push(n.clone());
+                out.push(n.to_string());
             }
         });
         out.sort();
@@ -623,6 +711,52 @@ mod tests {
         let mut got: Vec<String> = t.iter().map(|(p, _)| p).collect();
         got.sort();
         assert!(got.is_empty());
+    }
+
+    #[test]
+    fn a_node_is_small_and_long_words_still_work() {
+        assert_eq!(std::mem::size_of::<Option<Node>>(), NODE_BYTES);
+        let mut t = TopicTrie::new();
+        let long = "w".repeat(SHORT_WORD + 1);
+        let edge = "e".repeat(SHORT_WORD);
+        for p in [
+            format!("a.{long}.b"),
+            format!("a.{edge}.b"),
+            format!("{long}.#"),
+            "a.é.b".to_string(),
+        ] {
+            assert!(t.insert(&p, q(&p)));
+        }
+        assert_eq!(matches(&t, &format!("a.{long}.b")), [format!("a.{long}.b")]);
+        assert_eq!(matches(&t, &format!("a.{edge}.b")), [format!("a.{edge}.b")]);
+        assert_eq!(matches(&t, &format!("{long}.x.y")), [format!("{long}.#")]);
+        assert_eq!(matches(&t, "a.é.b"), ["a.é.b"]);
+        let mut got: Vec<String> = t.iter().map(|(p, _)| p).collect();
+        got.sort();
+        assert_eq!(got.len(), 4);
+        assert!(got.contains(&format!("a.{long}.b")) && got.contains(&"a.é.b".to_string()));
+        for p in got {
+            assert!(t.remove(&p, &q(&p)), "{p}");
+        }
+        assert_eq!(t.node_count(), 1);
+    }
+
+    #[test]
+    fn one_then_two_then_many_children_and_destinations() {
+        let mut t = TopicTrie::new();
+        assert!(t.insert("a.b", q("1")));
+        assert!(t.insert("a.c", q("2")));
+        assert!(t.insert("a.b", q("3")));
+        assert!(!t.insert("a.b", q("1")));
+        assert_eq!(matches(&t, "a.b"), ["1", "3"]);
+        assert!(t.remove("a.b", &q("1")));
+        assert!(!t.remove("a.b", &q("1")));
+        assert_eq!(matches(&t, "a.b"), ["3"]);
+        assert!(t.remove("a.c", &q("2")));
+        assert_eq!(matches(&t, "a.c"), Vec::<String>::new());
+        assert_eq!(matches(&t, "a.b"), ["3"]);
+        assert!(t.remove("a.b", &q("3")));
+        assert_eq!(t.node_count(), 1);
     }
 
     #[test]

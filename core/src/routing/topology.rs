@@ -215,7 +215,7 @@ impl Topology {
             if Self::is_predeclared(&name) || self.exchanges.remove(&name).is_none() {
                 continue;
             }
-            let gone = Destination::Exchange(name.clone());
+            let gone = Destination::exchange(name.as_str());
             deleted.push(name);
             for x in self.exchanges.values_mut() {
                 if x.bindings.remove_destination(&gone) > 0
@@ -235,7 +235,7 @@ impl Topology {
         queues: &dyn QueueLookup,
     ) -> Result<(), CoreError> {
         if source == DEFAULT_EXCHANGE
-            || *destination == Destination::Exchange(DEFAULT_EXCHANGE.to_owned())
+            || matches!(destination, Destination::Exchange(x) if &**x == DEFAULT_EXCHANGE)
         {
             return Err(default_exchange_refused());
         }
@@ -244,7 +244,7 @@ impl Topology {
         }
         match destination {
             Destination::Queue(q) if !queues.queue_exists(q) => Err(CoreError::queue_not_found(q)),
-            Destination::Exchange(x) if !self.exchanges.contains_key(x) => {
+            Destination::Exchange(x) if !self.exchanges.contains_key(&**x) => {
                 Err(CoreError::exchange_not_found(x))
             }
             _ => Ok(()),
@@ -408,13 +408,13 @@ impl Topology {
             for d in targets.drain(..) {
                 match d {
                     Destination::Queue(q) => {
-                        if !out_seen.contains(q.as_str()) && queues.queue_exists(q) {
-                            out_seen.insert(q.as_str());
-                            out.push(q.clone());
+                        if !out_seen.contains(q) && queues.queue_exists(q) {
+                            out_seen.insert(q);
+                            out.push(q.to_string());
                         }
                     }
                     Destination::Exchange(name) => {
-                        if let Some((name, next)) = self.exchanges.get_key_value(name) {
+                        if let Some((name, next)) = self.exchanges.get_key_value(&**name) {
                             if seen.insert(name.as_str()) {
                                 work.push_back(next);
                             }

@@ -49,9 +49,9 @@ const EX_DECLARE_OK: (u16, u16) = (40, 11);
 const EX_DELETE: (u16, u16) = (40, 20);
 const EX_DELETE_OK: (u16, u16) = (40, 21);
 const Q_DECLARE: (u16, u16) = (50, 10);
-const Q_DECLARE_OK: (u16, u16) = (50, 11);
+pub(crate) const Q_DECLARE_OK: (u16, u16) = (50, 11);
 const Q_BIND: (u16, u16) = (50, 20);
-const Q_BIND_OK: (u16, u16) = (50, 21);
+pub(crate) const Q_BIND_OK: (u16, u16) = (50, 21);
 const Q_DELETE: (u16, u16) = (50, 40);
 const Q_DELETE_OK: (u16, u16) = (50, 41);
 const B_QOS: (u16, u16) = (60, 10);
@@ -60,10 +60,10 @@ const B_CONSUME: (u16, u16) = (60, 20);
 const B_CONSUME_OK: (u16, u16) = (60, 21);
 const B_CANCEL: (u16, u16) = (60, 30);
 const B_PUBLISH: (u16, u16) = (60, 40);
-const B_RETURN: (u16, u16) = (60, 50);
+pub(crate) const B_RETURN: (u16, u16) = (60, 50);
 const B_DELIVER: (u16, u16) = (60, 60);
-const B_ACK: (u16, u16) = (60, 80);
-const B_NACK: (u16, u16) = (60, 120);
+pub(crate) const B_ACK: (u16, u16) = (60, 80);
+pub(crate) const B_NACK: (u16, u16) = (60, 120);
 const CONFIRM_SELECT: (u16, u16) = (85, 10);
 const CONFIRM_SELECT_OK: (u16, u16) = (85, 11);
 
@@ -185,10 +185,21 @@ pub struct Conn {
 impl Conn {
     pub async fn open(a: &AmqpArgs) -> Result<Conn, String> {
         let l = &a.load;
-        let s = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect((l.host.as_str(), l.port)))
+        Self::connect(&l.host, l.port, &l.user, &l.pass, &a.vhost).await
+    }
+
+    /// Connects, logs in with PLAIN, opens `vhost` and channel 1.
+    pub async fn connect(
+        host: &str,
+        port: u16,
+        user: &str,
+        pass: &str,
+        vhost: &str,
+    ) -> Result<Conn, String> {
+        let s = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect((host, port)))
             .await
-            .map_err(|_| format!("connect {}:{}: timed out", l.host, l.port))?
-            .map_err(|e| format!("connect {}:{}: {e}", l.host, l.port))?;
+            .map_err(|_| format!("connect {host}:{port}: timed out"))?
+            .map_err(|e| format!("connect {host}:{port}: {e}"))?;
         let _ = s.set_nodelay(true);
         let (rd, w) = s.into_split();
         let mut c = Conn {
@@ -230,7 +241,7 @@ impl Conn {
             longstr(&mut t, &caps);
             longstr(o, &t);
             shortstr(o, "PLAIN");
-            longstr(o, format!("\0{}\0{}", l.user, l.pass).as_bytes());
+            longstr(o, format!("\0{user}\0{pass}").as_bytes());
             shortstr(o, "en_US");
         });
         c.flush().await?;
@@ -248,7 +259,7 @@ impl Conn {
             o.extend_from_slice(&0u16.to_be_bytes()); // no heartbeats
         });
         method(&mut c.out, 0, CONN_OPEN, |o| {
-            shortstr(o, &a.vhost);
+            shortstr(o, vhost);
             shortstr(o, "");
             o.push(0);
         });
@@ -304,7 +315,7 @@ impl Conn {
     }
 
     /// connection.close, then waits (briefly) for close-ok.
-    async fn close(mut self) {
+    pub(crate) async fn close(mut self) {
         method(&mut self.out, 0, CONN_CLOSE, |o| {
             o.extend_from_slice(&200u16.to_be_bytes());
             shortstr(o, "bye");
@@ -314,6 +325,85 @@ impl Conn {
             return;
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), self.expect(0, CONN_CLOSE_OK)).await;
+    }
+
+    /// Queues a queue.declare (not sent until [`Conn::send`]); `passive` only checks
+    /// that it exists.
+    pub(crate) fn push_declare(&mut self, name: &str, durable: bool, passive: bool) {
+        method(&mut self.out, 1, Q_DECLARE, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, name);
+            // passive, durable, exclusive, auto-delete, nowait
+            o.push(u8::from(passive) | if durable { 0b10 } else { 0 });
+            longstr(o, &[]);
+        });
+    }
+
+    /// Queues a transient basic.publish of `body`, mandatory if asked.
+    pub(crate) fn push_publish(&mut self, exchange: &str, key: &str, mandatory: bool, body: &[u8]) {
+        method(&mut self.out, 1, B_PUBLISH, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, exchange);
+            shortstr(o, key);
+            o.push(u8::from(mandatory));
+        });
+        frame(&mut self.out, FRAME_HEADER, 1, |o| {
+            o.extend_from_slice(&60u16.to_be_bytes());
+            o.extend_from_slice(&0u16.to_be_bytes());
+            o.extend_from_slice(&(body.len() as u64).to_be_bytes());
+            o.extend_from_slice(&0u16.to_be_bytes()); // no properties
+        });
+        frame(&mut self.out, FRAME_BODY, 1, |o| o.extend_from_slice(body));
+    }
+
+    /// Bytes queued and not yet sent.
+    pub(crate) fn pending(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Sends what is queued.
+    pub(crate) async fn send(&mut self) -> Result<(), String> {
+        self.flush().await
+    }
+
+    /// The next method frame on any channel, within `limit`: (method id, arguments). A
+    /// connection.close or channel.close is an error; other frames are skipped.
+    pub(crate) async fn next_method(
+        &mut self,
+        limit: Duration,
+    ) -> Result<((u16, u16), Vec<u8>), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let Some((typ, _ch, len)) = frame_at(self.r.data())? else {
+                let w = want(self.r.data());
+                let left = deadline.saturating_duration_since(Instant::now());
+                self.r.fill_within(w, left).await?;
+                continue;
+            };
+            let payload = self.r.data()[7..7 + len].to_vec();
+            self.r.consume(len + 8);
+            if typ != FRAME_METHOD {
+                continue;
+            }
+            let (mid, args) = method_id(&payload)?;
+            if mid == CONN_CLOSE {
+                return Err(format!(
+                    "connection closed by broker: {}",
+                    close_reason(args)
+                ));
+            }
+            if mid == CH_CLOSE {
+                return Err(format!("channel closed by broker: {}", close_reason(args)));
+            }
+            return Ok((mid, args.to_vec()));
+        }
+    }
+
+    /// confirm.select on channel 1.
+    pub(crate) async fn confirm_select(&mut self) -> Result<(), String> {
+        method(&mut self.out, 1, CONFIRM_SELECT, |o| o.push(0));
+        self.flush().await?;
+        self.expect(1, CONFIRM_SELECT_OK).await.map(|_| ())
     }
 
     async fn declare_queue(&mut self, name: &str, durable: bool) -> Result<(), String> {

@@ -16,6 +16,8 @@ USAGE:
   triad-bench mqtt-idle [OPTIONS]  N idle MQTT connections held open; broker RSS per connection
   triad-bench fleet [OPTIONS]   N persistent MQTT sessions: create rate per block, disk and
                                 RSS per session, restart time
+  triad-bench bindings [OPTIONS] durable queues and topic bindings: RssAnon per binding,
+                                restart time, routing cost at that size
   triad-bench stomp-idle [OPTIONS] the same for STOMP (CONNECT, heart-beat 0,0)
   triad-bench amqp-idle [OPTIONS]  the same for AMQP (handshake and one open channel)
 
@@ -129,6 +131,18 @@ FLEET OPTIONS (device n: client id dev-<n>, clean session 0, SUBSCRIBE dev/<n>/c
   --no-restart         do not stop and restart the broker started here
   --dir DIR, --keep, --allow-tmpfs   where the data directory goes (default .)
   --user, --pass, --threads, --json, --quiet as above (default: no user name)
+
+BINDINGS OPTIONS (session n: persistent MQTT client dev-<n> subscribed at QoS 1 to
+dev/<n>/cmd and dev/<n>/f<j>/+/x in one SUBSCRIBE; create, restart, then route):
+  --triad BIN          start BIN on a fresh data directory under --dir (required)
+  --queues N           sessions, i.e. durable queues (default 1000)
+  --bindings N         subscriptions in all, spread evenly over the sessions (default 10000)
+  --parallel N         sessions being created at once (default 64)
+  --window N           unconfirmed publishes in the route phase (default 500)
+  --publish N          mandatory transient AMQP messages to amq.topic after the restart,
+                       each matching one binding (default 200000; 0 skips)
+  --time-limit SECS    cap on each phase (default 1800)
+  --dir DIR, --keep, --allow-tmpfs, --threads, --json, --quiet as above
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -500,8 +514,26 @@ pub struct FleetArgs {
     pub quiet: bool,
 }
 
+#[derive(Clone, Debug, PartialEq)]
+pub struct BindingsArgs {
+    pub triad: PathBuf,
+    pub queues: usize,
+    pub bindings: usize,
+    pub parallel: usize,
+    pub window: usize,
+    pub publish: usize,
+    pub time_limit: Duration,
+    pub dir: PathBuf,
+    pub keep: bool,
+    pub allow_tmpfs: bool,
+    pub threads: usize,
+    pub json: bool,
+    pub quiet: bool,
+}
+
 #[derive(Debug, PartialEq)]
 pub enum Command {
+    Bindings(BindingsArgs),
     Store(StoreArgs),
     Disk(DiskArgs),
     Amqp(AmqpArgs),
@@ -1113,6 +1145,67 @@ pub fn parse_fleet(args: &[String]) -> Result<FleetArgs, String> {
     Ok(o)
 }
 
+pub fn parse_bindings(args: &[String]) -> Result<BindingsArgs, String> {
+    let mut o = BindingsArgs {
+        triad: PathBuf::new(),
+        queues: 1000,
+        bindings: 10_000,
+        parallel: 64,
+        window: 500,
+        publish: 200_000,
+        time_limit: Duration::from_secs(1800),
+        dir: PathBuf::from("."),
+        keep: false,
+        allow_tmpfs: false,
+        threads: 2,
+        json: false,
+        quiet: false,
+    };
+    let mut triad = None;
+    let mut f = Flags { args, i: 0 };
+    let valued = |f: &str| {
+        matches!(
+            f,
+            "--triad"
+                | "--queues"
+                | "--bindings"
+                | "--parallel"
+                | "--window"
+                | "--publish"
+                | "--time-limit"
+                | "--dir"
+                | "--threads"
+        )
+    };
+    while let Some(r) = f.next(valued) {
+        let (flag, v) = r?;
+        match flag.as_str() {
+            "--triad" => triad = Some(PathBuf::from(v)),
+            "--queues" => o.queues = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--bindings" => o.bindings = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--parallel" => o.parallel = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--window" => o.window = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--publish" => o.publish = parse_num(&flag, &v)?,
+            "--time-limit" => o.time_limit = parse_secs(&flag, &v)?,
+            "--dir" => o.dir = PathBuf::from(v),
+            "--keep" => o.keep = true,
+            "--allow-tmpfs" => o.allow_tmpfs = true,
+            "--threads" => o.threads = positive(&flag, parse_num(&flag, &v)?)? as usize,
+            "--json" => o.json = true,
+            "--quiet" => o.quiet = true,
+            _ => return Err(format!("unknown option {flag} for `bindings`")),
+        }
+    }
+    o.triad = triad.ok_or("bindings: --triad BIN is needed (the bench restarts the broker)")?;
+    if o.queues > 10_000_000 || o.bindings > 100_000_000 {
+        return Err("bindings: at most 10000000 queues and 100000000 bindings".into());
+    }
+    if o.bindings < o.queues {
+        return Err("bindings: --bindings must be at least --queues (one per queue)".into());
+    }
+    Ok(o)
+}
+
 pub fn parse(args: &[String]) -> Result<Command, String> {
     let Some((cmd, rest)) = args.split_first() else {
         return Ok(Command::Help);
@@ -1130,6 +1223,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         "stomp-idle" => parse_idle(IdleProto::Stomp, rest).map(Command::Idle),
         "amqp-idle" => parse_idle(IdleProto::Amqp, rest).map(Command::Idle),
         "fleet" => parse_fleet(rest).map(Command::Fleet),
+        "bindings" => parse_bindings(rest).map(Command::Bindings),
         "table" => match rest {
             [] => Ok(Command::Table(None)),
             [f] if !f.starts_with('-') => Ok(Command::Table(Some(PathBuf::from(f)))),
@@ -1146,6 +1240,20 @@ mod tests {
 
     fn v(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn bindings_args() {
+        let Command::Bindings(b) = parse(&v(
+            "bindings --triad target/release/triad --queues 100000 --bindings 1000000 --json",
+        ))
+        .unwrap() else {
+            panic!("not bindings")
+        };
+        assert_eq!((b.queues, b.bindings, b.parallel), (100_000, 1_000_000, 64));
+        assert!(b.json && !b.keep);
+        assert!(parse(&v("bindings --queues 10")).is_err(), "no --triad");
+        assert!(parse(&v("bindings --triad t --queues 10 --bindings 5")).is_err());
     }
 
     #[test]

@@ -103,34 +103,38 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("local_addr: {e}"))
 }
 
-/// The `listening proto=mqtt addr=IP:PORT` port in a Triad log.
-fn triad_mqtt_port(log: &str) -> Option<u16> {
+/// The `listening proto=PROTO addr=IP:PORT` port in a Triad log.
+fn triad_port(log: &str, proto: &str) -> Option<u16> {
+    let marker = format!("listening proto={proto} addr=");
     log.lines().find_map(|l| {
-        let rest = l.split("listening proto=mqtt addr=").nth(1)?;
+        let rest = l.split(marker.as_str()).nth(1)?;
         let addr: SocketAddr = rest.split_whitespace().next()?.parse().ok()?;
         Some(addr.port())
     })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Triad,
     Mosquitto,
 }
 
 /// A broker process the bench started and may restart.
-struct Managed {
+pub(crate) struct Managed {
     kind: Kind,
     bin: PathBuf,
     work: PathBuf,
-    data: PathBuf,
-    port: u16,
+    pub(crate) data: PathBuf,
+    /// The MQTT port (learnt from Triad's log at the first start, then kept).
+    pub(crate) port: u16,
+    /// Triad's AMQP port, learnt and kept the same way (0 for Mosquitto).
+    pub(crate) amqp_port: u16,
     child: Option<Child>,
     starts: u32,
 }
 
 impl Managed {
-    fn new(kind: Kind, bin: &Path, work: &Path) -> Result<Managed, String> {
+    pub(crate) fn new(kind: Kind, bin: &Path, work: &Path) -> Result<Managed, String> {
         let data = work.join("data");
         std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
         let port = match kind {
@@ -143,6 +147,7 @@ impl Managed {
             work: work.to_path_buf(),
             data,
             port,
+            amqp_port: 0,
             child: None,
             starts: 0,
         })
@@ -155,7 +160,7 @@ impl Managed {
         }
     }
 
-    fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
@@ -170,9 +175,10 @@ impl Managed {
         match self.kind {
             Kind::Triad => {
                 let mqtt = format!("127.0.0.1:{}", self.port);
+                let amqp = format!("127.0.0.1:{}", self.amqp_port);
                 cmd.arg("--data-dir")
                     .arg(&self.data)
-                    .args(["--amqp-listen", "127.0.0.1:0"])
+                    .args(["--amqp-listen", &amqp])
                     .args(["--stomp-listen", "127.0.0.1:0"])
                     .args(["--mqtt-listen", &mqtt])
                     .args(["--http-listen", "127.0.0.1:0"])
@@ -202,7 +208,7 @@ impl Managed {
 
     /// Starts the broker and waits (bounded) until it accepts; returns seconds from
     /// spawn to the first accepted TCP connection.
-    fn start(&mut self) -> Result<f64, String> {
+    pub(crate) fn start(&mut self) -> Result<f64, String> {
         let t0 = Instant::now();
         let log = self.spawn()?;
         let deadline = t0 + START_LIMIT;
@@ -211,13 +217,12 @@ impl Managed {
                 let text = std::fs::read_to_string(&log).unwrap_or_default();
                 return Err(format!("{} exited ({st}): {}", self.name(), tail(&text)));
             }
-            if self.port == 0 {
-                // Triad on an ephemeral port: learn it from the log, then keep it for restarts
-                if let Some(p) = std::fs::read_to_string(&log)
-                    .ok()
-                    .and_then(|t| triad_mqtt_port(&t))
-                {
-                    self.port = p;
+            if self.kind == Kind::Triad && (self.port == 0 || self.amqp_port == 0) {
+                // Triad on ephemeral ports: learn them from the log, then keep them for
+                // restarts
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if let (Some(m), Some(a)) = (triad_port(&text, "mqtt"), triad_port(&text, "amqp")) {
+                    (self.port, self.amqp_port) = (m, a);
                 }
             }
             if self.port != 0
@@ -241,7 +246,7 @@ impl Managed {
 
     /// SIGTERM, then waits (bounded; SIGKILL after `STOP_LIMIT`). Returns (seconds,
     /// whether it exited by itself).
-    fn stop(&mut self) -> (f64, bool) {
+    pub(crate) fn stop(&mut self) -> (f64, bool) {
         let Some(mut child) = self.child.take() else {
             return (0.0, true);
         };
@@ -441,6 +446,44 @@ async fn create_one(t: &Target, n: usize) -> Result<(), String> {
         Some(1) => {}
         Some(q) => return Err(format!("{id}: SUBACK granted {q}, asked 1")),
         None => return Err(format!("{id}: short SUBACK")),
+    }
+    c.disconnect().await
+}
+
+/// Session `dev-<n>` of the broker on `127.0.0.1:port` (persistent): connects from one of
+/// `sources` loopback addresses, subscribes at QoS 1 to every filter in one SUBSCRIBE,
+/// disconnects.
+pub(crate) async fn subscribe_session(
+    port: u16,
+    sources: u8,
+    n: usize,
+    filters: &[String],
+) -> Result<(), String> {
+    let t = Target {
+        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        sources: (1..=sources.max(1))
+            .map(|k| Ipv4Addr::new(127, 0, 0, k))
+            .collect(),
+        user: None,
+        pass: None,
+    };
+    let id = client_id(n);
+    let (mut c, _) = t.open(n, &id, false, 256).await?;
+    packet(&mut c.out, SUBSCRIBE << 4 | 0x02, |o| {
+        o.extend_from_slice(&1u16.to_be_bytes());
+        for f in filters {
+            put_str(o, f);
+            o.push(1);
+        }
+    });
+    c.flush().await?;
+    let ack = c.expect(SUBACK).await?;
+    let codes = ack.get(2..).unwrap_or_default();
+    if codes.len() != filters.len() || codes.iter().any(|&q| q != 1) {
+        return Err(format!(
+            "{id}: SUBACK granted {codes:?} for {} filters at QoS 1",
+            filters.len()
+        ));
     }
     c.disconnect().await
 }
@@ -1074,12 +1117,19 @@ mod tests {
         assert_eq!(parse_status_kib(s, "RssAnon"), Some(2048));
         assert_eq!(parse_status_kib(s, "RssFile"), None);
         assert_eq!(
-            triad_mqtt_port("x INFO triad: listening proto=mqtt addr=127.0.0.1:40123\n"),
+            triad_port(
+                "x INFO triad: listening proto=mqtt addr=127.0.0.1:40123\n",
+                "mqtt"
+            ),
             Some(40123)
         );
         assert_eq!(
-            triad_mqtt_port("listening proto=amqp addr=127.0.0.1:1"),
+            triad_port("listening proto=amqp addr=127.0.0.1:1", "mqtt"),
             None
+        );
+        assert_eq!(
+            triad_port("listening proto=amqp addr=127.0.0.1:1", "amqp"),
+            Some(1)
         );
     }
 

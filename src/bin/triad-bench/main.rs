@@ -3,12 +3,13 @@
 //! Modes: `store` (appends straight through `triad-store`), `disk` (dd and
 //! write+fdatasync baselines), `table` (Markdown from result lines), and the end-to-end
 //! broker benchmarks `amqp`, `stomp`, `mqtt`, `mqtt-idle`, `stomp-idle`, `amqp-idle` and
-//! `fleet` (hand-written minimal clients on tokio). Every run prints its result as one JSON
+//! `fleet`, `bindings` (hand-written minimal clients on tokio). Every run prints its result as one JSON
 //! line on stdout; progress
 //! goes to stderr.
 
 mod amqp;
 mod args;
+mod bindings;
 mod disk;
 mod e2e;
 mod fleet;
@@ -86,6 +87,7 @@ fn main() -> ExitCode {
         }
         Command::Idle(a) => idle::run(&a).and_then(|v| emit_checked(&v, a.json)),
         Command::Fleet(a) => fleet::run(&a).and_then(|v| emit_checked(&v, a.json)),
+        Command::Bindings(a) => bindings::run(&a).and_then(|v| emit_checked(&v, a.json)),
         Command::Table(file) => {
             let input = match file {
                 Some(p) => std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display())),

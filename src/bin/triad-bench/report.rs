@@ -226,12 +226,42 @@ fn human_fleet(v: &Value) -> String {
     )
 }
 
+fn human_bindings(v: &Value) -> String {
+    let f = |p: &[&str]| fmt_num(get_f(v, p));
+    let mib = |p: &[&str]| fmt_num(get_f(v, p).map(|k| k / 1024.0));
+    format!(
+        "bindings: {} queues, {} bindings in {} s ({}/s, broker CPU {} µs each); RssAnon \
+         {} MiB at start, {} MiB after creating ({} B per binding)\n  restart: listening \
+         after {} s, ready after {} s (broker CPU {} s), RssAnon {} MiB ({} B per binding)\n  \
+         route: {} messages at {}/s, broker CPU {} µs per message",
+        f(&["queues"]),
+        f(&["create", "bindings"]),
+        f(&["create", "seconds"]),
+        f(&["create", "bindings_per_s"]),
+        f(&["create", "broker_cpu_us_per_binding"]),
+        mib(&["rss_anon_kib_start"]),
+        mib(&["rss_anon_kib_created"]),
+        f(&["rss_anon_bytes_per_binding_created"]),
+        f(&["restart", "listen_s"]),
+        f(&["restart", "ready_s"]),
+        f(&["restart", "broker_cpu_s_at_ready"]),
+        mib(&["restart", "rss_anon_kib_after_2s"]),
+        f(&["rss_anon_bytes_per_binding_restarted"]),
+        f(&["route", "messages"]),
+        f(&["route", "msgs_per_s"]),
+        f(&["route", "broker_cpu_us_per_msg"]),
+    )
+}
+
 /// Human-readable summary of one result (stdout without `--json`).
 pub fn human(v: &Value) -> String {
     let mut s = String::new();
     let bench = get_s(v, "bench");
     if bench == "fleet" {
         return human_fleet(v);
+    }
+    if bench == "bindings" {
+        return human_bindings(v);
     }
     if matches!(bench, "amqp" | "stomp" | "mqtt") || bench.ends_with("-idle") {
         return human_e2e(v);
