@@ -32,6 +32,7 @@ use triad_core::{
 use triad_store::flush::Durable;
 
 use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
+use crate::retained::RetainedFeed;
 use crate::session::{PubRec, Session};
 use crate::state::{LiveClient, MqttState, VhostState};
 use crate::topic::{routing_key_to_topic, topic_to_routing_key, valid_filter};
@@ -45,6 +46,12 @@ type Target = (Arc<Queue>, u64);
 
 /// Responses waiting for the store before the socket is no longer read.
 const MAX_PENDING: usize = 1024;
+
+/// Retained messages are encoded into the write buffer until it holds this much, then
+/// written: a client that does not read holds one such batch, not every match of its
+/// filters (a 1 MiB message retained on a topic that 300 of its filters match was 300
+/// MiB of write buffer).
+const RETAINED_BATCH: usize = 64 << 10;
 
 /// Longest a publish is held back by a throttled queue. Bounded so that a consumer that
 /// never acks (or a cycle of clients that publish to each other) slows its publishers
@@ -353,6 +360,9 @@ where
         }
     };
 
+    // Every outbound packet identifier, whoever takes it, counts against this window;
+    // 0 would be the core's "no limit", and there are only 65,535 identifiers.
+    let window = ctx.limits.max_inflight.clamp(1, u32::from(u16::MAX));
     let mut c = Conn {
         access,
         state: ctx.state.clone(),
@@ -367,7 +377,8 @@ where
         pending: VecDeque::new(),
         outbox: Outbox::new((ctx.limits.max_inflight as usize).max(64)),
         consumer: None,
-        prefetch: ctx.limits.max_inflight,
+        prefetch: window,
+        retained: RetainedFeed::default(),
         wbuf: BytesMut::with_capacity(4096),
         limits: Limits {
             max_packet_size: ctx.limits.max_packet_size,
@@ -519,6 +530,8 @@ type TopicCache = (Arc<str>, String, Option<u8>);
 struct Pending {
     durables: Vec<Durable>,
     packets: Vec<Packet>,
+    /// Filters (with their granted QoS) whose retained messages follow the packets.
+    retained: Vec<(String, u8)>,
     /// Held until the queues are clear again or the deadline passes.
     throttle: Option<(Backpressure, tokio::time::Instant)>,
 }
@@ -553,8 +566,11 @@ struct Conn {
     /// Consuming the subscription queue: from CONNECT for a persistent session, from the
     /// first SUBSCRIBE for a clean one.
     consumer: Option<ConsumerHandle>,
-    /// Outbound QoS 1/2 messages in flight (the consumer's prefetch).
+    /// Outbound QoS 1/2 messages in flight, from the subscription queue and the
+    /// retained store together (the consumer's prefetch is the same number).
     prefetch: u32,
+    /// Retained messages owed for SUBSCRIBEs, sent as the window allows.
+    retained: RetainedFeed,
     wbuf: BytesMut,
     limits: Limits,
 }
@@ -631,10 +647,17 @@ impl Conn {
                 }
             }
             self.flush_pending();
-            outbox.drain(&mut evs, usize::MAX);
-            if !evs.is_empty() {
-                if let Err(e) = self.deliver(&mut evs) {
-                    break End::Error(e);
+            self.feed_retained();
+            // Each delivery takes at most one packet identifier: take no more than the
+            // window has room for. The rest wait in the outbox (bounded; the core's
+            // prefetch is the same window) until an ack frees room.
+            let room = self.window_room();
+            if room > 0 {
+                outbox.drain(&mut evs, room);
+                if !evs.is_empty() {
+                    if let Err(e) = self.deliver(&mut evs) {
+                        break End::Error(e);
+                    }
                 }
             }
             if !self.wbuf.is_empty() {
@@ -654,7 +677,10 @@ impl Conn {
             if (self.pending.is_empty() && outbox.is_empty()) || self.wbuf.capacity() > 1 << 20 {
                 self.wbuf = BytesMut::new();
             }
-            if !outbox.is_empty() {
+            // Go round again only while there is something that can go out now; otherwise
+            // wait below for the socket, an ack or a new delivery (never spin).
+            let room = self.window_room() > 0;
+            if (room && !outbox.is_empty()) || self.retained.ready(room) {
                 continue;
             }
             if evs.capacity() > 0 {
@@ -682,7 +708,7 @@ impl Conn {
                     Ok(_) => {}
                     Err(e) => break End::Error(e.into()),
                 },
-                _ = outbox.notified() => {}
+                _ = outbox.notified(), if self.window_room() > 0 => {}
                 r = front_ready(&mut self.pending), if !self.pending.is_empty() => {
                     if let Err(e) = r {
                         break End::Error(e);
@@ -695,15 +721,17 @@ impl Conn {
 
     /// Queues responses behind any that wait for the store.
     fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durable>) {
-        self.respond_after(packets, durables, None);
+        self.respond_after(packets, durables, None, Vec::new());
     }
 
-    /// Queues responses behind any that wait, also held by `throttle` (flow control).
+    /// Queues responses behind any that wait, also held by `throttle` (flow control);
+    /// the retained messages of `retained` (filter, granted QoS) are owed after them.
     fn respond_after(
         &mut self,
         packets: Vec<Packet>,
         durables: Vec<Durable>,
         throttle: Option<Backpressure>,
+        retained: Vec<(String, u8)>,
     ) {
         let durables: Vec<Durable> = durables.into_iter().filter(|d| !d.is_durable()).collect();
         let throttle = throttle
@@ -716,12 +744,52 @@ impl Conn {
             for p in &packets {
                 codec::encode(p, out(&mut self.wbuf));
             }
+            for (f, q) in &retained {
+                self.retained.push(f, *q);
+            }
         } else {
             self.pending.push_back(Pending {
                 durables,
                 packets,
+                retained,
                 throttle,
             });
+        }
+    }
+
+    /// Room in the outbound window: packet identifiers that may still be taken.
+    fn window_room(&self) -> usize {
+        (self.prefetch as usize).saturating_sub(self.session.inflight())
+    }
+
+    /// Encodes owed retained messages while the window has room and the write buffer
+    /// is below [`RETAINED_BATCH`].
+    fn feed_retained(&mut self) {
+        while self.wbuf.len() < RETAINED_BATCH {
+            let vs = &self.vs;
+            let room = self.window_room() > 0;
+            let Some(r) = self.retained.next(|f| vs.retained.matching(f), room) else {
+                return;
+            };
+            let pkid = if r.qos > 0 {
+                let Some(id) = self.session.alloc_id() else {
+                    return;
+                };
+                self.session.sent(id, r.qos, None);
+                id
+            } else {
+                0
+            };
+            codec::encode_publish(
+                false,
+                r.qos,
+                true,
+                &r.topic,
+                pkid,
+                &r.payload,
+                out(&mut self.wbuf),
+            );
+            self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -735,6 +803,9 @@ impl Conn {
             if let Some(p) = self.pending.pop_front() {
                 for pk in &p.packets {
                     codec::encode(pk, out(&mut self.wbuf));
+                }
+                for (f, q) in &p.retained {
+                    self.retained.push(f, *q);
                 }
             }
         }
@@ -750,12 +821,13 @@ impl Conn {
                     return Ok(false);
                 }
                 let (durables, throttle) = self.publish_in(&p.topic, p.payload, p.qos, p.retain)?;
-                match p.qos {
-                    1 => self.respond_after(vec![Packet::PubAck(p.pkid)], durables, throttle),
-                    2 => self.respond_after(vec![Packet::PubRec(p.pkid)], durables, throttle),
+                let (ack, durables) = match p.qos {
+                    1 => (vec![Packet::PubAck(p.pkid)], durables),
+                    2 => (vec![Packet::PubRec(p.pkid)], durables),
                     // nothing to hold back but the reading of more publishes
-                    _ => self.respond_after(Vec::new(), Vec::new(), throttle),
-                }
+                    _ => (Vec::new(), Vec::new()),
+                };
+                self.respond_after(ack, durables, throttle, Vec::new());
             }
             Packet::PubAck(id) => {
                 if let Some(Some((q, off))) = self.session.on_puback(id) {
@@ -865,10 +937,31 @@ impl Conn {
 
     fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), MqttError> {
         let mut codes = Vec::with_capacity(s.filters.len());
-        let mut retained = Vec::new();
+        // filters granted by this SUBSCRIBE, in order, each once (with the QoS granted
+        // last): a filter listed twice is one subscription, and its retained messages
+        // go out once
+        let mut granted: Vec<(String, u8)> = Vec::new();
+        let mut seen: std::collections::HashMap<String, Option<usize>> =
+            std::collections::HashMap::new();
         let mut bound = None;
         for (filter, requested) in s.filters {
+            if let Some(earlier) = seen.get(&filter) {
+                // already checked and bound (or refused) in this packet
+                match earlier {
+                    Some(i) => {
+                        let qos = requested.min(2);
+                        self.session.subs.insert(filter, qos);
+                        if let Some(g) = granted.get_mut(*i) {
+                            g.1 = qos;
+                        }
+                        codes.push(qos);
+                    }
+                    None => codes.push(0x80),
+                }
+                continue;
+            }
             if !valid_filter(&filter) {
+                seen.insert(filter, None);
                 codes.push(0x80);
                 continue;
             }
@@ -885,6 +978,7 @@ impl Conn {
                 });
             if let Err(e) = allowed.and_then(|()| self.subscription_queue(self.clean)) {
                 tracing::debug!(filter, error = %e, "subscription refused");
+                seen.insert(filter, None);
                 codes.push(0x80);
                 continue;
             }
@@ -899,44 +993,30 @@ impl Conn {
                 Ok(durable) => bound = Some(durable),
                 Err(e) => {
                     tracing::debug!(filter, error = %e, "subscription refused");
+                    seen.insert(filter, None);
                     codes.push(0x80);
                     continue;
                 }
             }
-            let granted = requested.min(2);
-            self.session.subs.insert(filter.clone(), granted);
-            codes.push(granted);
-            // retained messages on every subscribe [MQTT-3.3.1-6]
-            for r in self.vs.retained.matching(&filter) {
-                let qos = r.qos.min(granted);
-                let pkid = if qos > 0 {
-                    let Some(id) = self.session.alloc_id() else {
-                        continue;
-                    };
-                    self.session.sent(id, qos, None);
-                    id
-                } else {
-                    0
-                };
-                retained.push(Packet::Publish(codec::Publish {
-                    dup: false,
-                    qos,
-                    retain: true,
-                    topic: r.topic.to_string(),
-                    pkid,
-                    payload: r.payload,
-                }));
-                self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
-            }
+            let qos = requested.min(2);
+            self.session.subs.insert(filter.clone(), qos);
+            codes.push(qos);
+            seen.insert(filter.clone(), Some(granted.len()));
+            granted.push((filter, qos));
         }
         let mut durables = self.save_session()?;
         durables.extend(bound);
-        let mut packets = vec![Packet::SubAck(SubAck {
-            pkid: s.pkid,
-            codes,
-        })];
-        packets.extend(retained);
-        self.respond(packets, durables);
+        // retained messages on every subscribe [MQTT-3.3.1-6], after the SUBACK and
+        // through the outbound window (`feed_retained`)
+        self.respond_after(
+            vec![Packet::SubAck(SubAck {
+                pkid: s.pkid,
+                codes,
+            })],
+            durables,
+            None,
+            granted,
+        );
         Ok(())
     }
 

