@@ -9,13 +9,17 @@
 mod common;
 
 use std::io::Write;
-use std::net::{Shutdown, SocketAddr};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::raw::{rss_anon_kib, MqttClient, MqttPacket};
-use common::TestBroker;
+use common::raw::{rss_anon_kib, MqttClient, MqttPacket, StompClient};
+use common::{TestBroker, TEST_CONFIG};
+use lapin::options::*;
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use triad_core::password::PasswordHash;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -194,4 +198,361 @@ fn retained_messages_to_a_client_that_does_not_read_are_bounded() {
         "broker anonymous RSS grew by {grown_mib} MiB for one client that does not read"
     );
     drop(sub);
+}
+
+// ---- item 2 -----------------------------------------------------------------------
+
+fn users_config(alice_topic_read: &str) -> String {
+    let hash = |p: &str| PasswordHash::new(p).expect("hash").to_base64();
+    format!(
+        r#"{TEST_CONFIG}
+[[users]]
+name = "alice"
+password_hash = "{alice}"
+
+[[users]]
+name = "bob"
+password_hash = "{bob}"
+
+[[users]]
+name = "mallory"
+password_hash = "{mallory}"
+
+[[permissions]]
+user = "guest"
+vhost = "/"
+configure = ".*"
+write = ".*"
+read = ".*"
+
+[[permissions]]
+user = "alice"
+vhost = "/"
+configure = ".*"
+write = ".*"
+read = ".*"
+
+[[permissions]]
+user = "bob"
+vhost = "/"
+configure = ".*"
+write = ".*"
+read = ".*"
+
+[[permissions]]
+user = "mallory"
+vhost = "/"
+configure = ".*"
+write = ".*"
+read = ".*"
+
+[[topic_permissions]]
+user = "alice"
+vhost = "/"
+exchange = "amq.topic"
+write = ".*"
+read = '{alice_topic_read}'
+
+[[topic_permissions]]
+user = "bob"
+vhost = "/"
+exchange = "amq.topic"
+write = ".*"
+read = '^bob\.'
+
+[[topic_permissions]]
+user = "mallory"
+vhost = "/"
+exchange = "amq.topic"
+write = '^public\.'
+read = ".*"
+"#,
+        alice = hash("alice-pw"),
+        bob = hash("bob-pw"),
+        mallory = hash("mallory-pw"),
+    )
+}
+
+fn login(
+    addr: SocketAddr,
+    id: &str,
+    clean: bool,
+    user: &str,
+    pass: &str,
+) -> (MqttClient, bool, u8) {
+    MqttClient::connect_login(addr, id, clean, Some((user, pass)), T).expect("CONNACK")
+}
+
+/// Reads PUBLISHes (acking them) until one on `topic`; the topics seen before it.
+fn read_until_topic(c: &mut MqttClient, topic: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let m = c.read_packet().expect("PUBLISH");
+        if m.kind() != 3 {
+            continue;
+        }
+        let (t, pkid, _) = m.publish().unwrap();
+        if let Some(id) = pkid {
+            c.puback(id).unwrap();
+        }
+        if t == topic {
+            return seen;
+        }
+        seen.push(t);
+    }
+}
+
+// ---- item 4 -----------------------------------------------------------------------
+
+fn stomp_login(addr: SocketAddr, user: &str, pass: &str) -> StompClient {
+    let mut s = StompClient::from_stream(TcpStream::connect_timeout(&addr, T).unwrap(), Some(T));
+    s.send(
+        "CONNECT",
+        &[
+            ("accept-version", "1.2"),
+            ("host", "/"),
+            ("login", user),
+            ("passcode", pass),
+        ],
+        b"",
+    )
+    .unwrap();
+    let f = s.read_frame().unwrap();
+    assert_eq!(f.command, "CONNECTED", "{f:?}");
+    s
+}
+
+/// Issue 14 item 4: mallory, who may not publish on `alerts/critical`, wrote a
+/// retained message for it straight into the queue that holds the retained store;
+/// after a restart subscribers to `alerts/#` got it.
+#[test]
+fn mqtt_state_cannot_be_forged_through_a_queue() {
+    let mut b = TestBroker::start_with_config(&users_config(".*"));
+    let addr = b.mqtt_addr();
+    // MQTT refuses it (the connection is closed, as RabbitMQ does)
+    let (mut m, _, code) = login(addr, "mallory", true, "mallory", "mallory-pw");
+    assert_eq!(code, 0);
+    m.publish_retained("alerts/critical", 1, 1, b"forged")
+        .unwrap();
+    assert!(
+        m.read_packet().is_err(),
+        "mallory's MQTT publish was accepted"
+    );
+
+    // through STOMP, at the old and the new queue names
+    for dest in [
+        "/amq/queue/mqtt-retained",
+        "/queue/mqtt-retained",
+        "/amq/queue/amq.triad.mqtt.retained",
+    ] {
+        let mut s = stomp_login(b.stomp_addr(), "mallory", "mallory-pw");
+        s.send(
+            "SEND",
+            &[
+                ("destination", dest),
+                ("x-triad-key", "alerts/critical"),
+                ("x-triad-meta", "1"),
+                ("persistent", "true"),
+                ("receipt", "r1"),
+            ],
+            b"forged",
+        )
+        .unwrap();
+        // a RECEIPT (stored nowhere that matters) or an ERROR: either way not retained
+        let f = s.read_frame().unwrap();
+        assert!(f.command == "RECEIPT" || f.command == "ERROR", "{f:?}");
+    }
+    assert!(b.terminate().success());
+    b.restart();
+
+    let addr = b.mqtt_addr();
+    let mut g = connect(addr, "guest", true);
+    publish_acked(&mut g, "alerts/info", true, b"genuine");
+    let mut sub = connect(addr, "watcher", true);
+    assert_eq!(sub.subscribe(1, "alerts/#", 1).unwrap(), 1);
+    publish_acked(&mut g, "alerts/marker", false, b"m");
+    assert_eq!(
+        read_until_topic(&mut sub, "alerts/marker"),
+        ["alerts/info"],
+        "only the genuine retained message"
+    );
+}
+
+fn amqp_code(e: &lapin::Error) -> String {
+    e.to_string()
+}
+
+/// Issue 14 item 4: names the broker reserves for itself are refused on declare,
+/// publish, bind, purge and delete in AMQP, and on SEND and SUBSCRIBE in STOMP.
+#[tokio::test]
+async fn reserved_queue_names_are_refused_in_every_protocol() {
+    let b = TestBroker::start();
+    let uri = format!("amqp://guest:guest@{}/%2f", b.amqp_addr());
+    let conn = Connection::connect(&uri, ConnectionProperties::default())
+        .await
+        .unwrap();
+    for name in ["amq.triad.mqtt.retained", "amq.triad.mqtt.sessions"] {
+        let ch = conn.create_channel().await.unwrap();
+        let e = ch
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            amqp_code(&e).contains("ACCESS_REFUSED"),
+            "passive declare: {e}"
+        );
+
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let r = ch
+            .basic_publish(
+                "".into(),
+                name.into(),
+                BasicPublishOptions::default(),
+                b"forged",
+                BasicProperties::default(),
+            )
+            .await;
+        let r = match r {
+            Ok(confirm) => confirm.await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        // the channel is closed by then: a later call shows why
+        let e = match r {
+            Err(e) => e,
+            Ok(()) => ch
+                .basic_qos(1, BasicQosOptions::default())
+                .await
+                .expect_err("publish to a reserved queue was accepted"),
+        };
+        assert!(amqp_code(&e).contains("ACCESS_REFUSED"), "publish: {e}");
+
+        let ch = conn.create_channel().await.unwrap();
+        let e = ch
+            .queue_bind(
+                name.into(),
+                "amq.topic".into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(amqp_code(&e).contains("ACCESS_REFUSED"), "bind: {e}");
+
+        let ch = conn.create_channel().await.unwrap();
+        let e = ch
+            .queue_purge(name.into(), QueuePurgeOptions::default())
+            .await
+            .unwrap_err();
+        assert!(amqp_code(&e).contains("ACCESS_REFUSED"), "purge: {e}");
+
+        let ch = conn.create_channel().await.unwrap();
+        let e = ch
+            .queue_delete(name.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap_err();
+        assert!(amqp_code(&e).contains("ACCESS_REFUSED"), "delete: {e}");
+
+        let ch = conn.create_channel().await.unwrap();
+        let e = ch
+            .basic_get(name.into(), BasicGetOptions::default())
+            .await
+            .unwrap_err();
+        assert!(amqp_code(&e).contains("ACCESS_REFUSED"), "get: {e}");
+    }
+
+    let stomp = b.stomp_addr();
+    let dest = "/amq/queue/amq.triad.mqtt.retained";
+    let mut s = StompClient::connect(stomp, T).unwrap();
+    s.send("SEND", &[("destination", dest)], b"forged").unwrap();
+    let f = s.read_frame().unwrap();
+    assert_eq!(f.command, "ERROR", "{f:?}");
+    let mut s = StompClient::connect(stomp, T).unwrap();
+    s.send("SUBSCRIBE", &[("destination", dest), ("id", "0")], b"")
+        .unwrap();
+    let f = s.read_frame().unwrap();
+    assert_eq!(f.command, "ERROR", "{f:?}");
+}
+
+// ---- item 5 -----------------------------------------------------------------------
+
+/// Issue 14 item 5: clients could publish and retain `$SYS/...`. As Mosquitto does,
+/// an MQTT client's PUBLISH there is acknowledged and dropped; AMQP and STOMP publishes
+/// to the routing keys `$SYS.#` of amq.topic are refused.
+#[tokio::test]
+async fn sys_topics_cannot_be_written_by_clients() {
+    let b = TestBroker::start();
+    let addr = b.mqtt_addr();
+    let mut sub = connect(addr, "sys-sub", true);
+    assert_eq!(sub.subscribe(1, "$SYS/forged/#", 1).unwrap(), 1);
+
+    let mut p = connect(addr, "sys-pub", true);
+    publish_acked(&mut p, "$SYS/forged/retained", true, b"forged");
+    publish_acked(&mut p, "$SYS/forged/live", false, b"forged");
+
+    let uri = format!("amqp://guest:guest@{}/%2f", b.amqp_addr());
+    let conn = Connection::connect(&uri, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let r = match ch
+        .basic_publish(
+            "amq.topic".into(),
+            "$SYS.forged.amqp".into(),
+            BasicPublishOptions::default(),
+            b"forged",
+            BasicProperties::default(),
+        )
+        .await
+    {
+        Ok(c) => c.await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    let e = match r {
+        Err(e) => e,
+        Ok(()) => ch
+            .basic_qos(1, BasicQosOptions::default())
+            .await
+            .expect_err("AMQP publish to $SYS accepted"),
+    };
+    assert!(e.to_string().contains("ACCESS_REFUSED"), "{e}");
+    let mut s = StompClient::connect(b.stomp_addr(), T).unwrap();
+    s.send(
+        "SEND",
+        &[("destination", "/topic/$SYS.forged.stomp")],
+        b"forged",
+    )
+    .unwrap();
+    let f = s.read_frame().unwrap();
+    assert_eq!(f.command, "ERROR", "{f:?}");
+
+    // nothing reached the subscriber, and nothing was retained
+    assert_eq!(sub.subscribe(2, "after/#", 1).unwrap(), 1);
+    publish_acked(&mut p, "after/marker", false, b"m");
+    assert_eq!(
+        read_until_topic(&mut sub, "after/marker"),
+        Vec::<String>::new()
+    );
+    let mut late = connect(addr, "sys-late", true);
+    late.send_subscribe(1, &[("$SYS/forged/#", 1), ("after/#", 1)])
+        .unwrap();
+    late.read_until(9).unwrap();
+    publish_acked(&mut p, "after/marker", false, b"m");
+    assert_eq!(
+        read_until_topic(&mut late, "after/marker"),
+        Vec::<String>::new()
+    );
 }

@@ -19,6 +19,8 @@
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
 //!   requeue, TTL, length limits, dead-lettering.
 //! - [`outbox`]: how queues hand deliveries to connections, with back-pressure.
+//! - [`reserved`]: the names the broker keeps for itself (its own state's queues,
+//!   `$SYS` topics), which no client can address.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
 //! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while
 //!   the peer is idle).
@@ -42,6 +44,7 @@ pub mod message;
 pub mod outbox;
 pub mod password;
 pub mod queue;
+pub mod reserved;
 pub mod routing;
 pub mod value;
 pub mod vhost;

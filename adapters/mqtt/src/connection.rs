@@ -1031,6 +1031,11 @@ impl Conn {
         // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
         // (MQTT 3.1.1 has no way to refuse one message).
         let routing_key = topic_to_routing_key(topic);
+        if triad_core::reserved::is_reserved_topic("amq.topic", &routing_key) {
+            // `$SYS` is the broker's: acknowledged and dropped, as Mosquitto does
+            tracing::debug!(topic, "PUBLISH to a $SYS topic dropped");
+            return Ok((Vec::new(), None));
+        }
         self.access
             .publish_to(&self.vhost, "amq.topic", &routing_key)?;
         let mut durables = Vec::new();

@@ -237,13 +237,15 @@ pub struct RetainedStore {
     log: DurableLog,
 }
 
-/// The queue that holds a vhost's retained messages.
-pub const RETAINED_QUEUE: &str = "mqtt-retained";
+/// The queue that holds a vhost's retained messages (a name reserved to the broker).
+pub const RETAINED_QUEUE: &str = "amq.triad.mqtt.retained";
+/// Where versions before issue 14 kept them (taken over once at start).
+pub const LEGACY_RETAINED_QUEUE: &str = "mqtt-retained";
 
 impl RetainedStore {
     /// Opens the store of `vhost`, rebuilding the trie from the durable log.
     pub fn open(vhost: Arc<Vhost>, conn: ConnectionId) -> Result<RetainedStore, CoreError> {
-        let (log, entries) = DurableLog::open(vhost, RETAINED_QUEUE, conn)?;
+        let (log, entries) = DurableLog::open(vhost, RETAINED_QUEUE, LEGACY_RETAINED_QUEUE, conn)?;
         let mut trie = RetainedTrie::default();
         for e in entries {
             trie.insert(Retained {

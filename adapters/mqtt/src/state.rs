@@ -20,8 +20,11 @@ use crate::retained::RetainedStore;
 use crate::session::Carry;
 use crate::topic::topic_to_routing_key;
 
-/// The queue that holds a vhost's persistent-session subscriptions.
-pub const SESSIONS_QUEUE: &str = "mqtt-sessions";
+/// The queue that holds a vhost's persistent-session subscriptions (a name reserved to
+/// the broker).
+pub const SESSIONS_QUEUE: &str = "amq.triad.mqtt.sessions";
+/// Where versions before issue 14 kept them (taken over once at start).
+pub const LEGACY_SESSIONS_QUEUE: &str = "mqtt-sessions";
 
 /// One persistent session as stored: its subscriptions and, while its client is away,
 /// when it left.
@@ -44,7 +47,7 @@ pub struct SessionStore {
 
 impl SessionStore {
     fn open(vhost: Arc<Vhost>, conn: ConnectionId) -> Result<SessionStore, CoreError> {
-        let (log, entries) = DurableLog::open(vhost, SESSIONS_QUEUE, conn)?;
+        let (log, entries) = DurableLog::open(vhost, SESSIONS_QUEUE, LEGACY_SESSIONS_QUEUE, conn)?;
         let mut map = HashMap::new();
         for e in entries {
             match serde_json::from_slice::<BTreeMap<String, u8>>(&e.value) {
