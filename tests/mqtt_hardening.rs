@@ -556,3 +556,26 @@ async fn sys_topics_cannot_be_written_by_clients() {
         Vec::<String>::new()
     );
 }
+
+// ---- item 6 -----------------------------------------------------------------------
+
+/// Issue 14 item 6: on a dual-stack `[::]` listener an IPv4 client is
+/// `::ffff:127.0.0.1`, which was not taken for loopback: the password-less default
+/// user (loopback only) was refused.
+#[test]
+fn ipv4_mapped_loopback_is_loopback_on_a_dual_stack_listener() {
+    let b = TestBroker::start_with(
+        Some(TEST_CONFIG),
+        &["--mqtt-listen", "[::]:0", "--stomp-listen", "[::]:0"],
+    );
+    let port = b.mqtt_addr().port();
+    let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (_c, _, code) = MqttClient::connect_login(v4, "mapped", true, None, T).unwrap();
+    assert_eq!(code, 0, "anonymous MQTT from 127.0.0.1 via [::]");
+    let port = b.stomp_addr().port();
+    let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    StompClient::connect(v4, T).expect("anonymous STOMP from 127.0.0.1 via [::]");
+    wait_until("a peer logged as plain IPv4", T, || {
+        b.log().contains("connection opened peer=127.0.0.1:")
+    });
+}
