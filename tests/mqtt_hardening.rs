@@ -302,6 +302,70 @@ fn read_until_topic(c: &mut MqttClient, topic: &str) -> Vec<String> {
     }
 }
 
+/// Issue 14 item 2: bob connected with alice's client id and clean session 0 and got
+/// alice's queued messages; his clean-session CONNECT deleted her session.
+#[test]
+fn another_user_cannot_take_over_or_discard_a_persistent_session() {
+    let b = TestBroker::start_with_config(&users_config(".*"));
+    let addr = b.mqtt_addr();
+    let (mut a, present, code) = login(addr, "alice-dev", false, "alice", "alice-pw");
+    assert_eq!((present, code), (false, 0));
+    assert_eq!(a.subscribe(1, "secret/#", 1).unwrap(), 1);
+    a.disconnect().unwrap();
+    let mut g = connect(addr, "guest-pub", true);
+    publish_acked(&mut g, "secret/x", false, b"for alice");
+
+    // bob: persistent, then clean, with alice's client id: refused, 5
+    let (_bob, present, code) = login(addr, "alice-dev", false, "bob", "bob-pw");
+    assert_eq!((present, code), (false, 5), "bob resuming alice's session");
+    let (_bob, present, code) = login(addr, "alice-dev", true, "bob", "bob-pw");
+    assert_eq!(
+        (present, code),
+        (false, 5),
+        "bob discarding alice's session"
+    );
+
+    // alice's session is untouched: present, with the message queued for her
+    let (mut a, present, code) = login(addr, "alice-dev", false, "alice", "alice-pw");
+    assert_eq!((present, code), (true, 0));
+    publish_acked(&mut g, "secret/marker", false, b"m");
+    assert_eq!(read_until_topic(&mut a, "secret/marker"), ["secret/x"]);
+    // while alice is connected, bob cannot kick her off either
+    let (_bob, _, code) = login(addr, "alice-dev", false, "bob", "bob-pw");
+    assert_eq!(code, 5, "bob taking over alice's live connection");
+    a.stream.write_all(&[0xC0, 0]).unwrap();
+    let (pong, _) = a.read_until(13).expect("alice still connected");
+    assert_eq!(pong.kind(), 13);
+}
+
+/// Issue 14 item 2: subscriptions restored from a session are checked against the
+/// connecting user's read permissions (here narrowed while the broker was down).
+#[test]
+fn restored_subscriptions_are_checked_against_read_permissions() {
+    let mut b = TestBroker::start_with_config(&users_config(".*"));
+    let addr = b.mqtt_addr();
+    let (mut a, _, code) = login(addr, "alice-dev", false, "alice", "alice-pw");
+    assert_eq!(code, 0);
+    assert_eq!(a.subscribe(1, "secret/#", 1).unwrap(), 1);
+    assert_eq!(a.subscribe(2, "public/#", 1).unwrap(), 1);
+    a.disconnect().unwrap();
+    assert!(b.terminate().success());
+    let config = b.data_dir().parent().unwrap().join("triad.toml");
+    std::fs::write(&config, users_config("^public\\.")).unwrap();
+    b.restart();
+    let addr = b.mqtt_addr();
+    let (mut a, present, code) = login(addr, "alice-dev", false, "alice", "alice-pw");
+    assert_eq!((present, code), (true, 0));
+    let mut g = connect(addr, "guest-pub", true);
+    publish_acked(&mut g, "secret/x", false, b"no longer alice's");
+    publish_acked(&mut g, "public/marker", false, b"m");
+    assert_eq!(
+        read_until_topic(&mut a, "public/marker"),
+        Vec::<String>::new(),
+        "a restored subscription outside alice's read permission delivered"
+    );
+}
+
 // ---- item 4 -----------------------------------------------------------------------
 
 fn stomp_login(addr: SocketAddr, user: &str, pass: &str) -> StompClient {

@@ -304,18 +304,33 @@ where
         }
     };
 
+    // A session belongs to the user who created it: another user's CONNECT with its
+    // client id, persistent or clean, neither resumes, discards nor takes it over.
+    let owner: Arc<str> = Arc::from(user.name.as_str());
+    if !vs.sessions.may_use(&client_id, &user.name) {
+        tracing::info!(%peer, user = %user.name, "MQTT session of another user refused");
+        refuse(stream, NOT_AUTHORIZED).await?;
+        return Ok(None);
+    }
+
     // takeover [MQTT-3.1.4-2]
     let kick = CancellationToken::new();
     let done = CancellationToken::new();
-    let prev = ctx.state.register(
+    let registered = ctx.state.register(
         &vhost_name,
         &client_id,
         LiveClient {
             conn,
+            user: Some(owner),
             kick: kick.clone(),
             done: done.clone(),
         },
     );
+    let Ok(prev) = registered else {
+        tracing::info!(%peer, user = %user.name, "MQTT client id connected as another user");
+        refuse(stream, NOT_AUTHORIZED).await?;
+        return Ok(None);
+    };
     let _registration = Registration {
         state: ctx.state.clone(),
         vhost: vhost_name.clone(),
@@ -342,17 +357,24 @@ where
         &client_id,
         &qname,
         &connect,
+        &user.name,
         conn,
     );
     let (session_present, session) = match setup {
-        Ok((present, session, durable)) => match durable.await {
-            Ok(()) => (present, session),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot store the MQTT session");
-                refuse(stream, UNAVAILABLE).await?;
-                return Ok(None);
+        Ok((present, session, durables)) => {
+            let mut stored = Ok(());
+            for d in durables {
+                stored = stored.and(d.await);
             }
-        },
+            match stored {
+                Ok(()) => (present, session),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot store the MQTT session");
+                    refuse(stream, UNAVAILABLE).await?;
+                    return Ok(None);
+                }
+            }
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot open the MQTT session");
             refuse(stream, UNAVAILABLE).await?;
@@ -400,6 +422,12 @@ where
     // A clean session's queue waits for the first SUBSCRIBE: a client that only
     // publishes (or has not subscribed yet) costs no queue, no consumer, no store entry.
     if !c.clean {
+        if let Err(e) = c.revoke_unpermitted() {
+            tracing::warn!(error = %e, "cannot check the MQTT session's subscriptions");
+            refuse(stream, UNAVAILABLE).await?;
+            broker.connection_closed(conn);
+            return Ok(None);
+        }
         if let Err(e) = c.subscription_queue(false) {
             tracing::warn!(error = %e, "cannot consume the MQTT subscription queue");
             refuse(stream, UNAVAILABLE).await?;
@@ -478,7 +506,9 @@ fn login(
     Ok((user, access, slot))
 }
 
-/// Declares the session's queue; returns (session present, session state).
+/// Declares the session's queue (a persistent one owned by `user`); returns (session
+/// present, session state, what CONNACK waits for).
+#[allow(clippy::too_many_arguments)]
 fn open_session(
     state: &MqttState,
     vs: &VhostState,
@@ -486,8 +516,9 @@ fn open_session(
     client_id: &str,
     qname: &str,
     connect: &Connect,
+    user: &str,
     conn: ConnectionId,
-) -> Result<(bool, Session<Target>, Durable), MqttError> {
+) -> Result<(bool, Session<Target>, Vec<Durable>), MqttError> {
     let vhost = &vs.vhost;
     let existing = vhost.queue(qname);
     if connect.clean_session {
@@ -498,7 +529,7 @@ fn open_session(
         vs.sessions.remove(client_id);
         state.take_carry(vhost_name, client_id);
         // the queue is declared by the first SUBSCRIBE (`Conn::subscription_queue`)
-        Ok((false, Session::default(), Durable::ready()))
+        Ok((false, Session::default(), Vec::new()))
     } else {
         if existing.as_ref().is_some_and(|q| !q.durable()) {
             vhost.delete_queue(qname, false, false, conn)?;
@@ -513,12 +544,13 @@ fn open_session(
             conn,
             ..Default::default()
         })?;
+        let claimed = vs.sessions.claim(client_id, user)?;
         let carry = state.take_carry(vhost_name, client_id);
         state.session_connected(vs, client_id);
         Ok((
             present,
             Session::resume(stored.unwrap_or_default(), carry),
-            durable,
+            std::iter::once(durable).chain(claimed).collect(),
         ))
     }
 }
@@ -890,6 +922,61 @@ impl Conn {
         Ok(false)
     }
 
+    /// Drops the restored subscriptions the user may no longer make (permissions are
+    /// checked as for a SUBSCRIBE), with their bindings; what was queued for them is
+    /// not delivered (no filter matches it any more).
+    fn revoke_unpermitted(&mut self) -> Result<(), MqttError> {
+        let refused: Vec<String> = self
+            .session
+            .subs
+            .keys()
+            .filter(|f| self.check_subscribe(&topic_to_routing_key(f)).is_err())
+            .cloned()
+            .collect();
+        if refused.is_empty() {
+            return Ok(());
+        }
+        for f in &refused {
+            tracing::info!(filter = %f, "restored subscription no longer permitted: dropped");
+            self.session.subs.remove(f);
+        }
+        for f in &refused {
+            let key = topic_to_routing_key(f);
+            if !self
+                .session
+                .subs
+                .keys()
+                .any(|k| topic_to_routing_key(k) == key)
+            {
+                if let Err(e) = self.vhost.unbind_queue(
+                    &self.qname,
+                    "amq.topic",
+                    &key,
+                    &FieldTable::default(),
+                    self.conn,
+                ) {
+                    tracing::debug!(key, error = %e, "unbinding a revoked subscription");
+                }
+            }
+        }
+        // the check is made again at each connect: no need to wait for the disk
+        drop(self.save_session()?);
+        Ok(())
+    }
+
+    /// The permissions a subscription with binding key `key` needs (RabbitMQ's MQTT
+    /// plugin): configure and read on the subscription queue, write on it and read on
+    /// amq.topic (with its topic permission) for the binding.
+    fn check_subscribe(&self, key: &str) -> Result<(), CoreError> {
+        self.access
+            .queue_declare(&self.qname, &FieldTable::default())
+            .and_then(|()| self.access.consume(&self.qname))
+            .and_then(|()| {
+                self.access
+                    .queue_bind_key(&self.vhost, &self.qname, "amq.topic", key)
+            })
+    }
+
     fn save_session(&mut self) -> Result<Vec<Durable>, MqttError> {
         if self.clean {
             return Ok(Vec::new());
@@ -897,7 +984,7 @@ impl Conn {
         Ok(self
             .vs
             .sessions
-            .save(&self.client_id, &self.session.subs)?
+            .save(&self.client_id, self.access.user(), &self.session.subs)?
             .into_iter()
             .collect())
     }
@@ -966,16 +1053,7 @@ impl Conn {
                 continue;
             }
             let key = topic_to_routing_key(&filter);
-            // RabbitMQ's MQTT plugin: configure and read on the subscription queue,
-            // write on it and read on amq.topic for the binding.
-            let allowed = self
-                .access
-                .queue_declare(&self.qname, &FieldTable::default())
-                .and_then(|()| self.access.consume(&self.qname))
-                .and_then(|()| {
-                    self.access
-                        .queue_bind_key(&self.vhost, &self.qname, "amq.topic", &key)
-                });
+            let allowed = self.check_subscribe(&key);
             if let Err(e) = allowed.and_then(|()| self.subscription_queue(self.clean)) {
                 tracing::debug!(filter, error = %e, "subscription refused");
                 seen.insert(filter, None);
