@@ -15,6 +15,7 @@
 //! - [`access`]: permissions ([`VhostAccess`]): RabbitMQ's configure / write / read
 //!   regexes per user and vhost, checked per operation by every adapter.
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
+//! - [`throttle`]: failed-login throttling per source address and per user name.
 //! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
 //!   requeue, TTL, length limits, dead-lettering.
@@ -46,6 +47,7 @@ pub mod password;
 pub mod queue;
 pub mod reserved;
 pub mod routing;
+pub mod throttle;
 pub mod value;
 pub mod vhost;
 

@@ -262,10 +262,12 @@ where
         Err((code, why)) => {
             let user = connect.username.as_deref().unwrap_or("");
             tracing::info!(%peer, user, code, reason = %why, "MQTT login refused");
-            if !ctx.login.failed_login_delay.is_zero() {
-                // Slows password guessing down; only this connection's task waits.
+            // Slows password guessing down: one refusal per delay per source address
+            // and per user name, however many connections ask at once.
+            let hold = broker.login_failed(peer.ip(), user, ctx.login.failed_login_delay);
+            if !hold.is_zero() {
                 tokio::select! {
-                    _ = tokio::time::sleep(ctx.login.failed_login_delay) => {}
+                    _ = tokio::time::sleep(hold) => {}
                     _ = ctx.shutdown.cancelled() => {}
                 }
             }
@@ -457,7 +459,10 @@ where
 /// Logs a CONNECT in: user name and password; no user name: the certificate's CN
 /// (with `ssl_cert_login`) or, from loopback peers, the default user. Then the vhost's
 /// permissions and the user's connection limit. Refusals carry their CONNACK code:
-/// 4 for a bad user name or password, 5 for everything else.
+/// with a user name and password, always 4 (bad user name or password): a refusal
+/// made only once the password was accepted (a loopback-only user, no permissions on
+/// the vhost, over the connection limit) must not tell that the password is right.
+/// Without a password, 5 (not authorised).
 fn login(
     ctx: &MqttContext,
     peer: SocketAddr,
@@ -466,9 +471,10 @@ fn login(
 ) -> Result<(User, Arc<VhostAccess>, ConnectionSlot), (u8, CoreError)> {
     let ip = peer.ip();
     let broker = &ctx.broker;
-    let code = |e: CoreError| match e {
-        CoreError::AccessRefused(_) => (BAD_LOGIN, e),
-        e => (NOT_AUTHORIZED, e),
+    let refusal = if connect.username.is_some() {
+        BAD_LOGIN
+    } else {
+        NOT_AUTHORIZED
     };
     let cert_cn = ctx
         .login
@@ -482,7 +488,9 @@ fn login(
                 .as_ref()
                 .map(|p| String::from_utf8_lossy(p).into_owned())
                 .unwrap_or_default();
-            broker.authenticate(u, &pass, ip).map_err(code)?
+            broker
+                .authenticate(u, &pass, ip)
+                .map_err(|e| (refusal, e))?
         }
         (None, Some(cn)) => broker
             .authenticate_external(cn, ip)
@@ -499,10 +507,8 @@ fn login(
     };
     let access = broker
         .vhost_access(&user, vhost)
-        .map_err(|e| (NOT_AUTHORIZED, e))?;
-    let slot = broker
-        .connection_slot(&user)
-        .map_err(|e| (NOT_AUTHORIZED, e))?;
+        .map_err(|e| (refusal, e))?;
+    let slot = broker.connection_slot(&user).map_err(|e| (refusal, e))?;
     Ok((user, access, slot))
 }
 
