@@ -896,6 +896,7 @@ impl Conn {
             Packet::Unsubscribe(u) => {
                 self.topic_cache = None;
                 for f in &u.filters {
+                    self.retained.remove(f);
                     if self.session.subs.remove(f).is_some() {
                         let key = topic_to_routing_key(f);
                         // another filter may map to the same binding key

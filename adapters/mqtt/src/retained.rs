@@ -190,6 +190,12 @@ impl RetainedFeed {
         }
     }
 
+    /// Stops owing the retained messages of `filter` (UNSUBSCRIBE) if they have not
+    /// started going out [MQTT-3.10.4-2].
+    pub fn remove(&mut self, filter: &str) {
+        self.granted.remove(filter);
+    }
+
     /// Whether nothing is owed.
     pub fn is_empty(&self) -> bool {
         self.current.is_empty() && self.filters.is_empty()
@@ -223,7 +229,11 @@ impl RetainedFeed {
                 return Some(r);
             }
             let filter = self.filters.pop_front()?;
-            self.current_qos = self.granted.remove(&filter).unwrap_or(0);
+            // no longer owed: unsubscribed before its turn
+            let Some(qos) = self.granted.remove(&filter) else {
+                continue;
+            };
+            self.current_qos = qos;
             self.current = lookup(&filter);
             self.current.reverse();
         }
@@ -406,6 +416,11 @@ mod tests {
         // QoS 0 needs no packet id
         let got = feed.next(|f| t.matching(f), false).unwrap();
         assert_eq!((got.topic.as_ref(), got.qos), ("a/c", 0));
+        assert_eq!(feed.next(|f| t.matching(f), true), None);
+        assert!(feed.is_empty());
+        // unsubscribed before its turn: nothing
+        feed.push("a/b", 1);
+        feed.remove("a/b");
         assert_eq!(feed.next(|f| t.matching(f), true), None);
         assert!(feed.is_empty());
     }
