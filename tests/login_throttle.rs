@@ -172,3 +172,36 @@ fn refusals_after_the_password_look_like_a_bad_password() {
         .log()
         .contains("access to vhost '/' refused for user 'carol'"));
 }
+
+/// The same over AMQP: parallel connections with bad passwords from one address.
+#[tokio::test]
+async fn amqp_parallel_failed_logins_are_answered_one_per_delay() {
+    let b = TestBroker::start_with_config(&config());
+    let n = 6u32;
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let uri = format!("amqp://nobody{i}:guess@{}/%2f", b.amqp_addr());
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = tokio::time::timeout(
+                    T,
+                    lapin::Connection::connect(&uri, lapin::ConnectionProperties::default()),
+                )
+                .await
+                .expect("answered");
+                assert!(r.is_err(), "logged in with a bad password");
+                t.elapsed()
+            })
+        })
+        .collect();
+    let mut took = Vec::new();
+    for t in tasks {
+        took.push(t.await.unwrap());
+    }
+    took.sort();
+    let last = *took.last().unwrap();
+    assert!(
+        last >= DELAY * (n - 2),
+        "{n} parallel AMQP failures from one address all answered within {last:?}: {took:?}"
+    );
+}
