@@ -271,7 +271,15 @@ impl<H: Handler> Listener<H> {
         let mut backoff = BACKOFF_MIN;
         loop {
             match self.listener.accept().await {
-                Ok(conn) => return conn,
+                // On a dual-stack `[::]` listener an IPv4 peer is `::ffff:a.b.c.d`: every
+                // use of the address (loopback-only logins, logs, per-address limits)
+                // sees the IPv4 address it is.
+                Ok((stream, peer)) => {
+                    return (
+                        stream,
+                        SocketAddr::new(peer.ip().to_canonical(), peer.port()),
+                    )
+                }
                 Err(e) => {
                     warn!(
                         proto = %self.ctx.proto,

@@ -618,10 +618,15 @@ async fn stomp_subscribe<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> String
     String::from_utf8_lossy(&reply).into_owned()
 }
 
-/// MQTT CONNECT without a user name, then SUBSCRIBE `a/b` at QoS 0: (CONNACK code,
-/// SUBACK code).
-async fn mqtt_anonymous_subscribe<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> (u8, u8) {
-    let connack = talk(s, &MQTT_CONNECT, 4).await;
+/// MQTT CONNECT without a user name with the one-letter client id `id`, then SUBSCRIBE
+/// `a/b` at QoS 0: (CONNACK code, SUBACK code).
+async fn mqtt_anonymous_subscribe<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    id: u8,
+) -> (u8, u8) {
+    let mut connect = MQTT_CONNECT;
+    connect[14] = id;
+    let connack = talk(s, &connect, 4).await;
     if connack[3] != 0 {
         return (connack[3], 0);
     }
@@ -692,13 +697,14 @@ read = ""
         .expect("stomps");
     assert_eq!(stomp_subscribe(&mut s).await, "ERROR");
 
-    // MQTT: the CN's subscription is granted; guest's is refused
+    // MQTT: the CN's subscription is granted; guest's is refused (under another client
+    // id: the CN's connection still holds `c`, and a session belongs to its user)
     let mut s = connect(&with_cert, broker.mqtts_addr())
         .await
         .expect("mqtts");
-    assert_eq!(mqtt_anonymous_subscribe(&mut s).await, (0, 0));
+    assert_eq!(mqtt_anonymous_subscribe(&mut s, b'c').await, (0, 0));
     let mut s = connect(&without, broker.mqtts_addr()).await.expect("mqtts");
-    assert_eq!(mqtt_anonymous_subscribe(&mut s).await, (0, 0x80));
+    assert_eq!(mqtt_anonymous_subscribe(&mut s, b'g').await, (0, 0x80));
 }
 
 /// EXTERNAL for a certificate whose CN is no user: 403 ACCESS_REFUSED

@@ -458,3 +458,95 @@ def test_persistent_session_expires_after_session_expiry(configured_broker, uid)
     finally:
         c.close()
         p.close()
+
+
+def _until_marker(client, marker, timeout=5):
+    """Messages received before the one on `marker` (which must come)."""
+    before = []
+    deadline = time.monotonic() + timeout
+    while True:
+        m = client.message(max(0.01, deadline - time.monotonic()))
+        assert m is not None, f"no message on {marker}"
+        if m.topic == marker:
+            return before
+        before.append(m)
+
+
+def test_duplicate_filters_in_one_subscribe_get_retained_once(mqtt_clients, uid):
+    # issue 14 item 3
+    pub, sub = mqtt_clients(), mqtt_clients()
+    pub.publish(f"dup/{uid}/r", b"retained", qos=1, retain=True)
+    rc, mid = sub.c.subscribe([(f"dup/{uid}/#", 1)] * 3)
+    deadline = time.monotonic() + 5
+    while mid not in sub.subacks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.value for r in sub.subacks[mid]] == [1, 1, 1]
+    pub.publish(f"dup/{uid}/marker", b"m", qos=1)
+    got = _until_marker(sub, f"dup/{uid}/marker")
+    assert [(m.topic, m.retain) for m in got] == [(f"dup/{uid}/r", True)]
+
+
+def test_sys_publish_is_acked_and_dropped(mqtt_clients, uid):
+    # issue 14 item 5: as Mosquitto, a client's PUBLISH to $SYS is acknowledged, then
+    # neither delivered nor retained
+    sub, pub = mqtt_clients(), mqtt_clients()
+    sub.subscribe(f"$SYS/forged/{uid}", qos=1)
+    sub.subscribe(f"m/{uid}", qos=1)
+    pub.publish(f"$SYS/forged/{uid}", b"forged", qos=1, retain=True)
+    pub.publish(f"m/{uid}", b"marker", qos=1)
+    assert _until_marker(sub, f"m/{uid}") == []
+    late = mqtt_clients()
+    late.subscribe(f"$SYS/forged/{uid}", qos=1)
+    late.subscribe(f"m/{uid}", qos=1)
+    pub.publish(f"m/{uid}", b"marker", qos=1)
+    assert _until_marker(late, f"m/{uid}") == []
+
+
+def test_another_user_cannot_resume_a_persistent_session(configured_broker, uid):
+    # issue 14 item 2
+    import base64
+    import hashlib
+
+    def pw_hash(password, salt=b"\x01\x02\x03\x04"):
+        return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+    perms = "\n".join(
+        f'[[permissions]]\nuser = "{u}"\nvhost = "/"\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+        for u in ("guest", "alice", "bob"))
+    b = configured_broker(f"""
+[store]
+segment_size = "4 MiB"
+
+[limits]
+max_message_size = "1 MiB"
+
+[[users]]
+name = "alice"
+password_hash = "{pw_hash('alice-pw')}"
+
+[[users]]
+name = "bob"
+password_hash = "{pw_hash('bob-pw')}"
+
+{perms}
+""")
+    cid = f"dev-{uid}"
+    alice = Mqtt(b, client_id=cid, clean_session=False, username="alice", password="alice-pw")
+    alice.subscribe(f"s/{uid}/#", qos=1)
+    alice.close()
+    guest = Mqtt(b)
+    guest.publish(f"s/{uid}/x", b"for alice", qos=1)
+    for clean in (False, True):
+        bob = Mqtt(b, client_id=cid, clean_session=clean, username="bob", password="bob-pw",
+                   connect=False)
+        flags, rc = bob.connect()
+        assert rc.is_failure and rc.value in (5, 135), rc  # 5 as paho 2 reports it
+        bob.close()
+    alice = Mqtt(b, client_id=cid, clean_session=False, username="alice", password="alice-pw",
+                 connect=False)
+    flags, rc = alice.connect()
+    assert not rc.is_failure and flags.session_present
+    m = alice.message()
+    assert m is not None and m.payload == b"for alice"
+    alice.close()
+    guest.close()

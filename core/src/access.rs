@@ -37,6 +37,7 @@ use regex_automata::dfa::{dense, Automaton};
 use regex_automata::Input;
 
 use crate::error::{CoreError, ResourceKind};
+use crate::reserved;
 use crate::routing::ExchangeKind;
 use crate::value::FieldTable;
 use crate::vhost::Vhost;
@@ -253,6 +254,9 @@ impl VhostAccess {
     /// Whether `access` to the `kind` resource `name` is granted; refusals are
     /// [`CoreError::AccessRefused`] with RabbitMQ's text.
     pub fn check(&self, access: Access, kind: ResourceKind, name: &str) -> Result<(), CoreError> {
+        if kind == ResourceKind::Queue {
+            self.not_reserved(name)?;
+        }
         let name = if kind == ResourceKind::Exchange && name.is_empty() {
             DEFAULT_EXCHANGE
         } else {
@@ -278,6 +282,25 @@ impl VhostAccess {
             "{access} access to {kind} '{name}' in vhost '{}' refused for user '{}'",
             self.perm.vhost, self.perm.user
         )))
+    }
+
+    /// Refuses a queue name the broker keeps for itself ([`crate::reserved`]), whatever
+    /// the user's permissions.
+    fn not_reserved(&self, queue: &str) -> Result<(), CoreError> {
+        if !reserved::is_reserved_queue(queue) {
+            return Ok(());
+        }
+        tracing::debug!(user = %self.perm.user, vhost = %self.perm.vhost, queue, "reserved queue name refused");
+        Err(CoreError::AccessRefused(format!(
+            "queue name '{queue}' in vhost '{}' is reserved for the broker",
+            self.perm.vhost
+        )))
+    }
+
+    /// A passive `queue.declare`: no permission is needed, but a reserved name is not
+    /// there for clients.
+    pub fn queue_declare_passive(&self, name: &str) -> Result<(), CoreError> {
+        self.not_reserved(name)
     }
 
     /// `queue.declare` (not passive) of `name` with `arguments`.
@@ -332,8 +355,20 @@ impl VhostAccess {
 
     /// `basic.publish` with its routing key: [`VhostAccess::publish`] plus, on a topic
     /// exchange with a topic permission, its `write` pattern on the key.
+    /// Through the default exchange, the key names a queue: a reserved one is refused;
+    /// so is a reserved topic ([`crate::reserved`]).
     pub fn publish_to(&self, vhost: &Vhost, exchange: &str, key: &str) -> Result<(), CoreError> {
         self.publish(exchange)?;
+        if exchange.is_empty() {
+            self.not_reserved(key)?;
+        }
+        if reserved::is_reserved_topic(exchange, key) {
+            tracing::debug!(user = %self.perm.user, vhost = %self.perm.vhost, exchange, key, "reserved topic refused");
+            return Err(CoreError::AccessRefused(format!(
+                "write access to topic '{key}' in exchange '{exchange}' in vhost '{}' refused: reserved for the broker",
+                self.perm.vhost
+            )));
+        }
         self.topic(vhost, exchange, key, Access::Write)
     }
 
@@ -509,6 +544,18 @@ mod tests {
         assert!(a.queue_bind_key(&vh, "q", "amq.topic", "#").is_err());
         assert!(a.publish_to(&vh, "amq.direct", "anything").is_ok());
         assert!(a.publish_to(&vh, "", "q").is_ok());
+        // names the broker keeps for itself, whatever the permissions
+        let r = "amq.triad.mqtt.retained";
+        assert!(a.publish_to(&vh, "", r).is_err());
+        assert!(a.queue_declare_passive(r).is_err());
+        assert!(a.queue_declare(r, &FieldTable::new()).is_err());
+        assert!(a.queue_bind_key(&vh, r, "amq.topic", "#").is_err());
+        assert!(a.consume(r).is_err());
+        assert!(a.queue_delete(r).is_err());
+        assert!(a
+            .publish_to(&vh, "amq.topic", "$SYS.broker.uptime")
+            .is_err());
+        assert!(a.queue_declare_passive("q").is_ok());
         // "" is ^$ for topic patterns: only the empty key
         let b = access(".*", ".*", ".*").with_topics(&[topic("amq.topic", "", "")]);
         assert!(b.publish_to(&vh, "amq.topic", "").is_ok());

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use triad_store::journal::{key_parts, KeyBuilder, MetaOp};
@@ -13,6 +14,7 @@ use crate::access::{Permission, TopicPermission, VhostAccess};
 use crate::alarm::Alarms;
 use crate::error::CoreError;
 use crate::password::PasswordHash;
+use crate::throttle::LoginThrottle;
 use crate::vhost::Vhost;
 use crate::ResourceKind;
 
@@ -155,6 +157,8 @@ pub struct Broker {
     access: HashMap<(String, String), Arc<VhostAccess>>,
     /// Open connections per user, for `max_connections_per_user`.
     user_conns: Arc<Mutex<HashMap<String, u32>>>,
+    /// Failed logins per source address and user name.
+    logins: LoginThrottle,
 }
 
 /// A connection counted against its user's `max_connections_per_user`; dropping it
@@ -233,6 +237,7 @@ impl Broker {
             alarms: tokio::sync::watch::Sender::new(Alarms::default()),
             access,
             user_conns: Arc::new(Mutex::new(HashMap::new())),
+            logins: LoginThrottle::default(),
         }))
     }
 
@@ -250,7 +255,17 @@ impl Broker {
     /// [`CoreError::AccessRefused`]; a right password from a peer the user may not
     /// log in from (`loopback_users`) is [`CoreError::NotAllowed`], so that MQTT can
     /// answer 4 (bad user name or password) and 5 (not authorised) apart.
+    ///
+    /// While `peer` or `user` has too many failed logins waiting for their answer
+    /// ([`crate::throttle`]), the attempt is refused the same way without the password
+    /// being checked.
     pub fn authenticate(&self, user: &str, pass: &str, peer: IpAddr) -> Result<User, CoreError> {
+        if !self.logins.admits(peer, user) {
+            tracing::info!(%peer, user, "login attempt throttled: too many failed logins from this address or for this user");
+            return Err(CoreError::AccessRefused(format!(
+                "login refused for user '{user}': invalid credentials"
+            )));
+        }
         let found = self.cfg.users.iter().find(|u| u.name == user);
         // An unknown user costs the same hash as a known one: no timing oracle for
         // which user names exist.
@@ -267,6 +282,14 @@ impl Broker {
                 "login refused for user '{user}': invalid credentials"
             ))),
         }
+    }
+
+    /// Records a refused login from `peer` as `user`; returns how long to wait before
+    /// answering it: `delay` (`auth.failed_login_delay`) after the previous refusal for
+    /// the same address or user name, so that parallel connections get no more guesses
+    /// than one ([`crate::throttle`]).
+    pub fn login_failed(&self, peer: IpAddr, user: &str, delay: Duration) -> Duration {
+        self.logins.failed(peer, user, delay)
     }
 
     /// Logs a user in whose identity a verified TLS client certificate proves

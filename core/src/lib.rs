@@ -15,10 +15,13 @@
 //! - [`access`]: permissions ([`VhostAccess`]): RabbitMQ's configure / write / read
 //!   regexes per user and vhost, checked per operation by every adapter.
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
+//! - [`throttle`]: failed-login throttling per source address and per user name.
 //! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
 //!   requeue, TTL, length limits, dead-lettering.
 //! - [`outbox`]: how queues hand deliveries to connections, with back-pressure.
+//! - [`reserved`]: the names the broker keeps for itself (its own state's queues,
+//!   `$SYS` topics), which no client can address.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
 //! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while
 //!   the peer is idle).
@@ -42,7 +45,9 @@ pub mod message;
 pub mod outbox;
 pub mod password;
 pub mod queue;
+pub mod reserved;
 pub mod routing;
+pub mod throttle;
 pub mod value;
 pub mod vhost;
 

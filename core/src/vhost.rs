@@ -31,6 +31,7 @@ use crate::outbox::{Backpressure, Delivery};
 use crate::queue::{
     make_tag, now_ms, ConsumeRequest, ConsumerHandle, Hot, Queue, QueueArgs, QueueSpec,
 };
+use crate::reserved;
 use crate::routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 use crate::value::FieldTable;
 use crate::{envelope, ConnectionId};
@@ -670,6 +671,9 @@ impl Vhost {
     ) -> Result<(QueueDeclareOk, Durable), CoreError> {
         if d.passive {
             let name = d.name;
+            if let Some(access) = &d.access {
+                access.queue_declare_passive(&name)?;
+            }
             let q = self.queue_for(&name, d.conn)?;
             q.touch();
             return Ok(self.declared(name, &q));
@@ -677,7 +681,10 @@ impl Vhost {
         let name = if d.name.is_empty() {
             format!("amq.gen-{}", random_suffix())
         } else {
-            if d.name.starts_with("amq.") {
+            // the broker's own declare (no `access`) may use its reserved names
+            if d.name.starts_with("amq.")
+                && !(d.access.is_none() && reserved::is_reserved_queue(&d.name))
+            {
                 return Err(CoreError::AccessRefused(format!(
                     "queue name '{}' contains reserved prefix 'amq.*'",
                     d.name
@@ -984,10 +991,39 @@ impl Vhost {
         let queues = self.queues_read();
         let lookup = |n: &str| queues.contains_key(n);
         let names = topo.route(exchange, key, headers, &lookup)?;
+        // no exchange routes to the broker's own queues (see `publish_reserved`)
         Ok(names
             .iter()
+            .filter(|n| !reserved::is_reserved_queue(n))
             .filter_map(|n| queues.get(n).cloned())
             .collect())
+    }
+
+    /// Publishes to the broker's own queue `p.routing_key` ([`crate::reserved`]), which
+    /// no exchange routes to; `p.exchange` must be the default one.
+    pub fn publish_reserved(&self, p: Publish) -> Result<Published, CoreError> {
+        if !p.exchange.is_empty() || !reserved::is_reserved_queue(&p.routing_key) {
+            return Err(CoreError::Internal(format!(
+                "'{}' is not a reserved queue",
+                p.routing_key
+            )));
+        }
+        if p.body.len() > self.max_message_size {
+            return Err(CoreError::PreconditionFailed(format!(
+                "message size {} is larger than configured max size {}",
+                p.body.len(),
+                self.max_message_size
+            )));
+        }
+        let q = self.queue_for(&p.routing_key, p.conn)?;
+        self.publish_to(
+            vec![q],
+            "",
+            &p.routing_key,
+            p.properties,
+            &p.body,
+            Some(p.conn),
+        )
     }
 
     /// `basic.publish` (and STOMP SEND, MQTT PUBLISH).

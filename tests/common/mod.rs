@@ -227,7 +227,14 @@ impl TestBroker {
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
         }
-        cmd.args(ephemeral_listen_args());
+        // a listener the extra flags name (e.g. `--mqtt-listen [::]:0`) is theirs
+        for pair in ephemeral_listen_args().chunks(2) {
+            if let [flag, addr] = pair {
+                if !self.extra_args.iter().any(|a| a == flag) {
+                    cmd.args([flag, addr]);
+                }
+            }
+        }
         cmd.args(&self.extra_args);
         cmd
     }

@@ -152,6 +152,16 @@ pub struct StompClient {
 }
 
 impl StompClient {
+    /// A client over a connected socket (nothing sent yet), with `timeout` for I/O.
+    pub fn from_stream(stream: TcpStream, timeout: Option<Duration>) -> StompClient {
+        let _ = stream.set_read_timeout(timeout);
+        let _ = stream.set_write_timeout(timeout);
+        StompClient {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
     /// Connects and logs in as the default (loopback) user; waits for CONNECTED.
     pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<StompClient> {
         let stream = connect_tcp(addr, timeout)?;
@@ -337,6 +347,14 @@ pub struct MqttClient {
 }
 
 impl MqttClient {
+    /// A client over a connected socket (nothing sent yet).
+    pub fn from_stream(stream: TcpStream) -> MqttClient {
+        MqttClient {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
     /// Connects; an error unless CONNACK 0 comes back.
     pub fn connect(
         addr: SocketAddr,
@@ -370,9 +388,85 @@ impl MqttClient {
         Ok((c, present))
     }
 
+    /// Connects with a user name and password (`None`: none, the default loopback
+    /// user); returns the client and CONNACK's (session present, return code), whatever
+    /// the code.
+    pub fn connect_login(
+        addr: SocketAddr,
+        client_id: &str,
+        clean_session: bool,
+        login: Option<(&str, &str)>,
+        timeout: Duration,
+    ) -> io::Result<(MqttClient, bool, u8)> {
+        let stream = connect_tcp(addr, timeout)?;
+        let mut c = MqttClient {
+            stream,
+            buf: Vec::new(),
+        };
+        let mut body = Vec::new();
+        mqtt_str("MQTT", &mut body);
+        body.push(4);
+        let mut flags = if clean_session { 0x02 } else { 0 };
+        if login.is_some() {
+            flags |= 0xC0;
+        }
+        body.push(flags);
+        body.extend_from_slice(&60u16.to_be_bytes());
+        mqtt_str(client_id, &mut body);
+        if let Some((u, p)) = login {
+            mqtt_str(u, &mut body);
+            mqtt_str(p, &mut body);
+        }
+        c.stream.write_all(&mqtt_packet(0x10, &body))?;
+        let p = c.read_packet()?;
+        if p.kind() != 2 {
+            return Err(invalid(format!("expected CONNACK, got {p:?}")));
+        }
+        let present = p.body.first().is_some_and(|f| f & 1 == 1);
+        let code = p.body.get(1).copied().unwrap_or(0xff);
+        Ok((c, present, code))
+    }
+
     pub fn publish(&mut self, topic: &str, qos: u8, pkid: u16, payload: &[u8]) -> io::Result<()> {
         self.stream
             .write_all(&mqtt_publish_packet(topic, qos, pkid, payload))
+    }
+
+    /// PUBLISH with the retain flag.
+    pub fn publish_retained(
+        &mut self,
+        topic: &str,
+        qos: u8,
+        pkid: u16,
+        payload: &[u8],
+    ) -> io::Result<()> {
+        let mut p = mqtt_publish_packet(topic, qos, pkid, payload);
+        if let Some(first) = p.first_mut() {
+            *first |= 1;
+        }
+        self.stream.write_all(&p)
+    }
+
+    /// SUBSCRIBE to `filters` in one packet (without waiting for the SUBACK).
+    pub fn send_subscribe(&mut self, pkid: u16, filters: &[(&str, u8)]) -> io::Result<()> {
+        let mut body = pkid.to_be_bytes().to_vec();
+        for (f, q) in filters {
+            mqtt_str(f, &mut body);
+            body.push(*q);
+        }
+        self.stream.write_all(&mqtt_packet(0x82, &body))
+    }
+
+    /// Reads packets until one of `kind` comes; returns it and the ones before it.
+    pub fn read_until(&mut self, kind: u8) -> io::Result<(MqttPacket, Vec<MqttPacket>)> {
+        let mut before = Vec::new();
+        loop {
+            let p = self.read_packet()?;
+            if p.kind() == kind {
+                return Ok((p, before));
+            }
+            before.push(p);
+        }
     }
 
     pub fn puback(&mut self, pkid: u16) -> io::Result<()> {

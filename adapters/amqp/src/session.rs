@@ -65,8 +65,9 @@ pub struct Session {
     pub(crate) access: Option<Arc<VhostAccess>>,
     /// Counted against the user's connection limit while open.
     slot: Option<ConnectionSlot>,
-    /// A login was refused: the driver waits `failed_login_delay` before answering.
-    login_failed: bool,
+    /// A login was refused (the user name it was for): the driver waits before
+    /// answering (see `Broker::login_failed`).
+    login_failed: Option<String>,
     /// Boxed: a map allocates room for four entries at least, and a `Channel` is
     /// several hundred bytes (an idle connection with one channel held 2.4 KiB here).
     pub(crate) channels: HashMap<u16, Box<Channel>, FastHash>,
@@ -165,7 +166,7 @@ impl Session {
             vhost: None,
             access: None,
             slot: None,
-            login_failed: false,
+            login_failed: None,
             channels: HashMap::default(),
             consumer_channels: HashMap::default(),
             outbox,
@@ -246,9 +247,15 @@ impl Session {
         self.out.push(method(channel, class));
     }
 
-    /// Whether a login was just refused (the driver delays the answer); clears it.
-    pub fn take_login_failed(&mut self) -> bool {
-        std::mem::take(&mut self.login_failed)
+    /// The user name of a login just refused, if one was (the driver delays the
+    /// answer); clears it.
+    pub fn take_login_failed(&mut self) -> Option<String> {
+        self.login_failed.take()
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> IpAddr {
+        self.peer
     }
 
     /// Sends connection.start. EXTERNAL is offered when the TLS handshake verified a
@@ -488,7 +495,7 @@ impl Session {
     /// whether the user name or the password was wrong).
     fn login_refused(&mut self, mechanism: &str, user: &str, why: &CoreError) -> AmqpError {
         tracing::info!(peer = %self.peer, user, mechanism, reason = %why, "AMQP login refused");
-        self.login_failed = true;
+        self.login_failed = Some(user.to_string());
         AmqpError::connection(
             errors::ACCESS_REFUSED,
             format!(

@@ -32,6 +32,7 @@ use triad_core::{
 use triad_store::flush::Durable;
 
 use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
+use crate::retained::RetainedFeed;
 use crate::session::{PubRec, Session};
 use crate::state::{LiveClient, MqttState, VhostState};
 use crate::topic::{routing_key_to_topic, topic_to_routing_key, valid_filter};
@@ -45,6 +46,12 @@ type Target = (Arc<Queue>, u64);
 
 /// Responses waiting for the store before the socket is no longer read.
 const MAX_PENDING: usize = 1024;
+
+/// Retained messages are encoded into the write buffer until it holds this much, then
+/// written: a client that does not read holds one such batch, not every match of its
+/// filters (a 1 MiB message retained on a topic that 300 of its filters match was 300
+/// MiB of write buffer).
+const RETAINED_BATCH: usize = 64 << 10;
 
 /// Longest a publish is held back by a throttled queue. Bounded so that a consumer that
 /// never acks (or a cycle of clients that publish to each other) slows its publishers
@@ -255,10 +262,12 @@ where
         Err((code, why)) => {
             let user = connect.username.as_deref().unwrap_or("");
             tracing::info!(%peer, user, code, reason = %why, "MQTT login refused");
-            if !ctx.login.failed_login_delay.is_zero() {
-                // Slows password guessing down; only this connection's task waits.
+            // Slows password guessing down: one refusal per delay per source address
+            // and per user name, however many connections ask at once.
+            let hold = broker.login_failed(peer.ip(), user, ctx.login.failed_login_delay);
+            if !hold.is_zero() {
                 tokio::select! {
-                    _ = tokio::time::sleep(ctx.login.failed_login_delay) => {}
+                    _ = tokio::time::sleep(hold) => {}
                     _ = ctx.shutdown.cancelled() => {}
                 }
             }
@@ -297,18 +306,33 @@ where
         }
     };
 
+    // A session belongs to the user who created it: another user's CONNECT with its
+    // client id, persistent or clean, neither resumes, discards nor takes it over.
+    let owner: Arc<str> = Arc::from(user.name.as_str());
+    if !vs.sessions.may_use(&client_id, &user.name) {
+        tracing::info!(%peer, user = %user.name, "MQTT session of another user refused");
+        refuse(stream, NOT_AUTHORIZED).await?;
+        return Ok(None);
+    }
+
     // takeover [MQTT-3.1.4-2]
     let kick = CancellationToken::new();
     let done = CancellationToken::new();
-    let prev = ctx.state.register(
+    let registered = ctx.state.register(
         &vhost_name,
         &client_id,
         LiveClient {
             conn,
+            user: Some(owner),
             kick: kick.clone(),
             done: done.clone(),
         },
     );
+    let Ok(prev) = registered else {
+        tracing::info!(%peer, user = %user.name, "MQTT client id connected as another user");
+        refuse(stream, NOT_AUTHORIZED).await?;
+        return Ok(None);
+    };
     let _registration = Registration {
         state: ctx.state.clone(),
         vhost: vhost_name.clone(),
@@ -335,17 +359,24 @@ where
         &client_id,
         &qname,
         &connect,
+        &user.name,
         conn,
     );
     let (session_present, session) = match setup {
-        Ok((present, session, durable)) => match durable.await {
-            Ok(()) => (present, session),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot store the MQTT session");
-                refuse(stream, UNAVAILABLE).await?;
-                return Ok(None);
+        Ok((present, session, durables)) => {
+            let mut stored = Ok(());
+            for d in durables {
+                stored = stored.and(d.await);
             }
-        },
+            match stored {
+                Ok(()) => (present, session),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot store the MQTT session");
+                    refuse(stream, UNAVAILABLE).await?;
+                    return Ok(None);
+                }
+            }
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot open the MQTT session");
             refuse(stream, UNAVAILABLE).await?;
@@ -353,6 +384,9 @@ where
         }
     };
 
+    // Every outbound packet identifier, whoever takes it, counts against this window;
+    // 0 would be the core's "no limit", and there are only 65,535 identifiers.
+    let window = ctx.limits.max_inflight.clamp(1, u32::from(u16::MAX));
     let mut c = Conn {
         access,
         state: ctx.state.clone(),
@@ -367,7 +401,8 @@ where
         pending: VecDeque::new(),
         outbox: Outbox::new((ctx.limits.max_inflight as usize).max(64)),
         consumer: None,
-        prefetch: ctx.limits.max_inflight,
+        prefetch: window,
+        retained: RetainedFeed::default(),
         wbuf: BytesMut::with_capacity(4096),
         limits: Limits {
             max_packet_size: ctx.limits.max_packet_size,
@@ -389,6 +424,12 @@ where
     // A clean session's queue waits for the first SUBSCRIBE: a client that only
     // publishes (or has not subscribed yet) costs no queue, no consumer, no store entry.
     if !c.clean {
+        if let Err(e) = c.revoke_unpermitted() {
+            tracing::warn!(error = %e, "cannot check the MQTT session's subscriptions");
+            refuse(stream, UNAVAILABLE).await?;
+            broker.connection_closed(conn);
+            return Ok(None);
+        }
         if let Err(e) = c.subscription_queue(false) {
             tracing::warn!(error = %e, "cannot consume the MQTT subscription queue");
             refuse(stream, UNAVAILABLE).await?;
@@ -418,7 +459,10 @@ where
 /// Logs a CONNECT in: user name and password; no user name: the certificate's CN
 /// (with `ssl_cert_login`) or, from loopback peers, the default user. Then the vhost's
 /// permissions and the user's connection limit. Refusals carry their CONNACK code:
-/// 4 for a bad user name or password, 5 for everything else.
+/// with a user name and password, always 4 (bad user name or password): a refusal
+/// made only once the password was accepted (a loopback-only user, no permissions on
+/// the vhost, over the connection limit) must not tell that the password is right.
+/// Without a password, 5 (not authorised).
 fn login(
     ctx: &MqttContext,
     peer: SocketAddr,
@@ -427,9 +471,10 @@ fn login(
 ) -> Result<(User, Arc<VhostAccess>, ConnectionSlot), (u8, CoreError)> {
     let ip = peer.ip();
     let broker = &ctx.broker;
-    let code = |e: CoreError| match e {
-        CoreError::AccessRefused(_) => (BAD_LOGIN, e),
-        e => (NOT_AUTHORIZED, e),
+    let refusal = if connect.username.is_some() {
+        BAD_LOGIN
+    } else {
+        NOT_AUTHORIZED
     };
     let cert_cn = ctx
         .login
@@ -443,7 +488,9 @@ fn login(
                 .as_ref()
                 .map(|p| String::from_utf8_lossy(p).into_owned())
                 .unwrap_or_default();
-            broker.authenticate(u, &pass, ip).map_err(code)?
+            broker
+                .authenticate(u, &pass, ip)
+                .map_err(|e| (refusal, e))?
         }
         (None, Some(cn)) => broker
             .authenticate_external(cn, ip)
@@ -460,14 +507,14 @@ fn login(
     };
     let access = broker
         .vhost_access(&user, vhost)
-        .map_err(|e| (NOT_AUTHORIZED, e))?;
-    let slot = broker
-        .connection_slot(&user)
-        .map_err(|e| (NOT_AUTHORIZED, e))?;
+        .map_err(|e| (refusal, e))?;
+    let slot = broker.connection_slot(&user).map_err(|e| (refusal, e))?;
     Ok((user, access, slot))
 }
 
-/// Declares the session's queue; returns (session present, session state).
+/// Declares the session's queue (a persistent one owned by `user`); returns (session
+/// present, session state, what CONNACK waits for).
+#[allow(clippy::too_many_arguments)]
 fn open_session(
     state: &MqttState,
     vs: &VhostState,
@@ -475,8 +522,9 @@ fn open_session(
     client_id: &str,
     qname: &str,
     connect: &Connect,
+    user: &str,
     conn: ConnectionId,
-) -> Result<(bool, Session<Target>, Durable), MqttError> {
+) -> Result<(bool, Session<Target>, Vec<Durable>), MqttError> {
     let vhost = &vs.vhost;
     let existing = vhost.queue(qname);
     if connect.clean_session {
@@ -487,7 +535,7 @@ fn open_session(
         vs.sessions.remove(client_id);
         state.take_carry(vhost_name, client_id);
         // the queue is declared by the first SUBSCRIBE (`Conn::subscription_queue`)
-        Ok((false, Session::default(), Durable::ready()))
+        Ok((false, Session::default(), Vec::new()))
     } else {
         if existing.as_ref().is_some_and(|q| !q.durable()) {
             vhost.delete_queue(qname, false, false, conn)?;
@@ -502,12 +550,13 @@ fn open_session(
             conn,
             ..Default::default()
         })?;
+        let claimed = vs.sessions.claim(client_id, user)?;
         let carry = state.take_carry(vhost_name, client_id);
         state.session_connected(vs, client_id);
         Ok((
             present,
             Session::resume(stored.unwrap_or_default(), carry),
-            durable,
+            std::iter::once(durable).chain(claimed).collect(),
         ))
     }
 }
@@ -519,6 +568,8 @@ type TopicCache = (Arc<str>, String, Option<u8>);
 struct Pending {
     durables: Vec<Durable>,
     packets: Vec<Packet>,
+    /// Filters (with their granted QoS) whose retained messages follow the packets.
+    retained: Vec<(String, u8)>,
     /// Held until the queues are clear again or the deadline passes.
     throttle: Option<(Backpressure, tokio::time::Instant)>,
 }
@@ -553,8 +604,11 @@ struct Conn {
     /// Consuming the subscription queue: from CONNECT for a persistent session, from the
     /// first SUBSCRIBE for a clean one.
     consumer: Option<ConsumerHandle>,
-    /// Outbound QoS 1/2 messages in flight (the consumer's prefetch).
+    /// Outbound QoS 1/2 messages in flight, from the subscription queue and the
+    /// retained store together (the consumer's prefetch is the same number).
     prefetch: u32,
+    /// Retained messages owed for SUBSCRIBEs, sent as the window allows.
+    retained: RetainedFeed,
     wbuf: BytesMut,
     limits: Limits,
 }
@@ -631,10 +685,17 @@ impl Conn {
                 }
             }
             self.flush_pending();
-            outbox.drain(&mut evs, usize::MAX);
-            if !evs.is_empty() {
-                if let Err(e) = self.deliver(&mut evs) {
-                    break End::Error(e);
+            self.feed_retained();
+            // Each delivery takes at most one packet identifier: take no more than the
+            // window has room for. The rest wait in the outbox (bounded; the core's
+            // prefetch is the same window) until an ack frees room.
+            let room = self.window_room();
+            if room > 0 {
+                outbox.drain(&mut evs, room);
+                if !evs.is_empty() {
+                    if let Err(e) = self.deliver(&mut evs) {
+                        break End::Error(e);
+                    }
                 }
             }
             if !self.wbuf.is_empty() {
@@ -654,7 +715,10 @@ impl Conn {
             if (self.pending.is_empty() && outbox.is_empty()) || self.wbuf.capacity() > 1 << 20 {
                 self.wbuf = BytesMut::new();
             }
-            if !outbox.is_empty() {
+            // Go round again only while there is something that can go out now; otherwise
+            // wait below for the socket, an ack or a new delivery (never spin).
+            let room = self.window_room() > 0;
+            if (room && !outbox.is_empty()) || self.retained.ready(room) {
                 continue;
             }
             if evs.capacity() > 0 {
@@ -682,7 +746,7 @@ impl Conn {
                     Ok(_) => {}
                     Err(e) => break End::Error(e.into()),
                 },
-                _ = outbox.notified() => {}
+                _ = outbox.notified(), if self.window_room() > 0 => {}
                 r = front_ready(&mut self.pending), if !self.pending.is_empty() => {
                     if let Err(e) = r {
                         break End::Error(e);
@@ -695,15 +759,17 @@ impl Conn {
 
     /// Queues responses behind any that wait for the store.
     fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durable>) {
-        self.respond_after(packets, durables, None);
+        self.respond_after(packets, durables, None, Vec::new());
     }
 
-    /// Queues responses behind any that wait, also held by `throttle` (flow control).
+    /// Queues responses behind any that wait, also held by `throttle` (flow control);
+    /// the retained messages of `retained` (filter, granted QoS) are owed after them.
     fn respond_after(
         &mut self,
         packets: Vec<Packet>,
         durables: Vec<Durable>,
         throttle: Option<Backpressure>,
+        retained: Vec<(String, u8)>,
     ) {
         let durables: Vec<Durable> = durables.into_iter().filter(|d| !d.is_durable()).collect();
         let throttle = throttle
@@ -716,12 +782,52 @@ impl Conn {
             for p in &packets {
                 codec::encode(p, out(&mut self.wbuf));
             }
+            for (f, q) in &retained {
+                self.retained.push(f, *q);
+            }
         } else {
             self.pending.push_back(Pending {
                 durables,
                 packets,
+                retained,
                 throttle,
             });
+        }
+    }
+
+    /// Room in the outbound window: packet identifiers that may still be taken.
+    fn window_room(&self) -> usize {
+        (self.prefetch as usize).saturating_sub(self.session.inflight())
+    }
+
+    /// Encodes owed retained messages while the window has room and the write buffer
+    /// is below [`RETAINED_BATCH`].
+    fn feed_retained(&mut self) {
+        while self.wbuf.len() < RETAINED_BATCH {
+            let vs = &self.vs;
+            let room = self.window_room() > 0;
+            let Some(r) = self.retained.next(|f| vs.retained.matching(f), room) else {
+                return;
+            };
+            let pkid = if r.qos > 0 {
+                let Some(id) = self.session.alloc_id() else {
+                    return;
+                };
+                self.session.sent(id, r.qos, None);
+                id
+            } else {
+                0
+            };
+            codec::encode_publish(
+                false,
+                r.qos,
+                true,
+                &r.topic,
+                pkid,
+                &r.payload,
+                out(&mut self.wbuf),
+            );
+            self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -735,6 +841,9 @@ impl Conn {
             if let Some(p) = self.pending.pop_front() {
                 for pk in &p.packets {
                     codec::encode(pk, out(&mut self.wbuf));
+                }
+                for (f, q) in &p.retained {
+                    self.retained.push(f, *q);
                 }
             }
         }
@@ -750,12 +859,13 @@ impl Conn {
                     return Ok(false);
                 }
                 let (durables, throttle) = self.publish_in(&p.topic, p.payload, p.qos, p.retain)?;
-                match p.qos {
-                    1 => self.respond_after(vec![Packet::PubAck(p.pkid)], durables, throttle),
-                    2 => self.respond_after(vec![Packet::PubRec(p.pkid)], durables, throttle),
+                let (ack, durables) = match p.qos {
+                    1 => (vec![Packet::PubAck(p.pkid)], durables),
+                    2 => (vec![Packet::PubRec(p.pkid)], durables),
                     // nothing to hold back but the reading of more publishes
-                    _ => self.respond_after(Vec::new(), Vec::new(), throttle),
-                }
+                    _ => (Vec::new(), Vec::new()),
+                };
+                self.respond_after(ack, durables, throttle, Vec::new());
             }
             Packet::PubAck(id) => {
                 if let Some(Some((q, off))) = self.session.on_puback(id) {
@@ -786,6 +896,7 @@ impl Conn {
             Packet::Unsubscribe(u) => {
                 self.topic_cache = None;
                 for f in &u.filters {
+                    self.retained.remove(f);
                     if self.session.subs.remove(f).is_some() {
                         let key = topic_to_routing_key(f);
                         // another filter may map to the same binding key
@@ -818,6 +929,61 @@ impl Conn {
         Ok(false)
     }
 
+    /// Drops the restored subscriptions the user may no longer make (permissions are
+    /// checked as for a SUBSCRIBE), with their bindings; what was queued for them is
+    /// not delivered (no filter matches it any more).
+    fn revoke_unpermitted(&mut self) -> Result<(), MqttError> {
+        let refused: Vec<String> = self
+            .session
+            .subs
+            .keys()
+            .filter(|f| self.check_subscribe(&topic_to_routing_key(f)).is_err())
+            .cloned()
+            .collect();
+        if refused.is_empty() {
+            return Ok(());
+        }
+        for f in &refused {
+            tracing::info!(filter = %f, "restored subscription no longer permitted: dropped");
+            self.session.subs.remove(f);
+        }
+        for f in &refused {
+            let key = topic_to_routing_key(f);
+            if !self
+                .session
+                .subs
+                .keys()
+                .any(|k| topic_to_routing_key(k) == key)
+            {
+                if let Err(e) = self.vhost.unbind_queue(
+                    &self.qname,
+                    "amq.topic",
+                    &key,
+                    &FieldTable::default(),
+                    self.conn,
+                ) {
+                    tracing::debug!(key, error = %e, "unbinding a revoked subscription");
+                }
+            }
+        }
+        // the check is made again at each connect: no need to wait for the disk
+        drop(self.save_session()?);
+        Ok(())
+    }
+
+    /// The permissions a subscription with binding key `key` needs (RabbitMQ's MQTT
+    /// plugin): configure and read on the subscription queue, write on it and read on
+    /// amq.topic (with its topic permission) for the binding.
+    fn check_subscribe(&self, key: &str) -> Result<(), CoreError> {
+        self.access
+            .queue_declare(&self.qname, &FieldTable::default())
+            .and_then(|()| self.access.consume(&self.qname))
+            .and_then(|()| {
+                self.access
+                    .queue_bind_key(&self.vhost, &self.qname, "amq.topic", key)
+            })
+    }
+
     fn save_session(&mut self) -> Result<Vec<Durable>, MqttError> {
         if self.clean {
             return Ok(Vec::new());
@@ -825,7 +991,7 @@ impl Conn {
         Ok(self
             .vs
             .sessions
-            .save(&self.client_id, &self.session.subs)?
+            .save(&self.client_id, self.access.user(), &self.session.subs)?
             .into_iter()
             .collect())
     }
@@ -865,26 +1031,39 @@ impl Conn {
 
     fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), MqttError> {
         let mut codes = Vec::with_capacity(s.filters.len());
-        let mut retained = Vec::new();
+        // filters granted by this SUBSCRIBE, in order, each once (with the QoS granted
+        // last): a filter listed twice is one subscription, and its retained messages
+        // go out once
+        let mut granted: Vec<(String, u8)> = Vec::new();
+        let mut seen: std::collections::HashMap<String, Option<usize>> =
+            std::collections::HashMap::new();
         let mut bound = None;
         for (filter, requested) in s.filters {
+            if let Some(earlier) = seen.get(&filter) {
+                // already checked and bound (or refused) in this packet
+                match earlier {
+                    Some(i) => {
+                        let qos = requested.min(2);
+                        self.session.subs.insert(filter, qos);
+                        if let Some(g) = granted.get_mut(*i) {
+                            g.1 = qos;
+                        }
+                        codes.push(qos);
+                    }
+                    None => codes.push(0x80),
+                }
+                continue;
+            }
             if !valid_filter(&filter) {
+                seen.insert(filter, None);
                 codes.push(0x80);
                 continue;
             }
             let key = topic_to_routing_key(&filter);
-            // RabbitMQ's MQTT plugin: configure and read on the subscription queue,
-            // write on it and read on amq.topic for the binding.
-            let allowed = self
-                .access
-                .queue_declare(&self.qname, &FieldTable::default())
-                .and_then(|()| self.access.consume(&self.qname))
-                .and_then(|()| {
-                    self.access
-                        .queue_bind_key(&self.vhost, &self.qname, "amq.topic", &key)
-                });
+            let allowed = self.check_subscribe(&key);
             if let Err(e) = allowed.and_then(|()| self.subscription_queue(self.clean)) {
                 tracing::debug!(filter, error = %e, "subscription refused");
+                seen.insert(filter, None);
                 codes.push(0x80);
                 continue;
             }
@@ -899,44 +1078,30 @@ impl Conn {
                 Ok(durable) => bound = Some(durable),
                 Err(e) => {
                     tracing::debug!(filter, error = %e, "subscription refused");
+                    seen.insert(filter, None);
                     codes.push(0x80);
                     continue;
                 }
             }
-            let granted = requested.min(2);
-            self.session.subs.insert(filter.clone(), granted);
-            codes.push(granted);
-            // retained messages on every subscribe [MQTT-3.3.1-6]
-            for r in self.vs.retained.matching(&filter) {
-                let qos = r.qos.min(granted);
-                let pkid = if qos > 0 {
-                    let Some(id) = self.session.alloc_id() else {
-                        continue;
-                    };
-                    self.session.sent(id, qos, None);
-                    id
-                } else {
-                    0
-                };
-                retained.push(Packet::Publish(codec::Publish {
-                    dup: false,
-                    qos,
-                    retain: true,
-                    topic: r.topic.to_string(),
-                    pkid,
-                    payload: r.payload,
-                }));
-                self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
-            }
+            let qos = requested.min(2);
+            self.session.subs.insert(filter.clone(), qos);
+            codes.push(qos);
+            seen.insert(filter.clone(), Some(granted.len()));
+            granted.push((filter, qos));
         }
         let mut durables = self.save_session()?;
         durables.extend(bound);
-        let mut packets = vec![Packet::SubAck(SubAck {
-            pkid: s.pkid,
-            codes,
-        })];
-        packets.extend(retained);
-        self.respond(packets, durables);
+        // retained messages on every subscribe [MQTT-3.3.1-6], after the SUBACK and
+        // through the outbound window (`feed_retained`)
+        self.respond_after(
+            vec![Packet::SubAck(SubAck {
+                pkid: s.pkid,
+                codes,
+            })],
+            durables,
+            None,
+            granted,
+        );
         Ok(())
     }
 
@@ -951,6 +1116,11 @@ impl Conn {
         // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
         // (MQTT 3.1.1 has no way to refuse one message).
         let routing_key = topic_to_routing_key(topic);
+        if triad_core::reserved::is_reserved_topic("amq.topic", &routing_key) {
+            // `$SYS` is the broker's: acknowledged and dropped, as Mosquitto does
+            tracing::debug!(topic, "PUBLISH to a $SYS topic dropped");
+            return Ok((Vec::new(), None));
+        }
         self.access
             .publish_to(&self.vhost, "amq.topic", &routing_key)?;
         let mut durables = Vec::new();

@@ -59,7 +59,9 @@ pub struct MqttLimits {
     pub max_packet_size_pre_connect: usize,
     /// Most topic filters in one SUBSCRIBE / UNSUBSCRIBE.
     pub max_filters: usize,
-    /// Outbound QoS 1/2 messages in flight per client (the core consumer's prefetch).
+    /// Outbound QoS 1/2 messages in flight per client, queued and retained ones
+    /// together, QoS 2 until PUBCOMP (the core consumer's prefetch is the same
+    /// number); clamped to 1..=65,535.
     pub max_inflight: u32,
     /// Time allowed from TCP accept to CONNECT.
     pub connect_timeout: Duration,

@@ -7,7 +7,7 @@
 //! lookup time). Walks are iterative: a topic of 30,000 empty levels cannot overflow the
 //! stack.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
@@ -161,6 +161,85 @@ impl RetainedTrie {
     }
 }
 
+/// The retained messages one client is owed for its SUBSCRIBEs [MQTT-3.3.1-6], handed
+/// out one at a time as its outbound window allows, so that a client that does not read
+/// (or does not acknowledge) holds no more than that window: a filter's matches are
+/// looked up only when the previous filter's have gone, and each is a shared handle on
+/// the stored payload, not a copy. A filter already waiting is not queued twice (a
+/// SUBSCRIBE repeating a filter, or subscribing again before the first is served, gets
+/// its retained messages once, at the QoS granted last).
+#[derive(Debug, Default)]
+pub struct RetainedFeed {
+    filters: VecDeque<Box<str>>,
+    granted: HashMap<Box<str>, u8>,
+    /// Matches of the filter being served, last first.
+    current: Vec<Retained>,
+    /// The QoS granted to that filter.
+    current_qos: u8,
+}
+
+impl RetainedFeed {
+    /// Owes the client the retained messages matching `filter`, granted `qos`.
+    pub fn push(&mut self, filter: &str, qos: u8) {
+        match self.granted.get_mut(filter) {
+            Some(q) => *q = qos,
+            None => {
+                self.granted.insert(Box::from(filter), qos);
+                self.filters.push_back(Box::from(filter));
+            }
+        }
+    }
+
+    /// Stops owing the retained messages of `filter` (UNSUBSCRIBE) if they have not
+    /// started going out [MQTT-3.10.4-2].
+    pub fn remove(&mut self, filter: &str) {
+        self.granted.remove(filter);
+    }
+
+    /// Whether nothing is owed.
+    pub fn is_empty(&self) -> bool {
+        self.current.is_empty() && self.filters.is_empty()
+    }
+
+    /// Whether [`RetainedFeed::next`] would hand something out now; `id_free`: whether
+    /// a packet identifier may be taken (the outbound window is not full).
+    pub fn ready(&self, id_free: bool) -> bool {
+        match self.current.last() {
+            Some(r) => id_free || r.qos.min(self.current_qos) == 0,
+            None => !self.filters.is_empty(),
+        }
+    }
+
+    /// The next retained message owed, its `qos` lowered to the one to send it with;
+    /// `None` when nothing is owed, or when the next one needs a packet identifier and
+    /// `id_free` is false. `lookup` gives the retained messages matching a filter.
+    pub fn next(
+        &mut self,
+        lookup: impl Fn(&str) -> Vec<Retained>,
+        id_free: bool,
+    ) -> Option<Retained> {
+        loop {
+            if let Some(r) = self.current.last() {
+                let qos = r.qos.min(self.current_qos);
+                if qos > 0 && !id_free {
+                    return None;
+                }
+                let mut r = self.current.pop()?;
+                r.qos = qos;
+                return Some(r);
+            }
+            let filter = self.filters.pop_front()?;
+            // no longer owed: unsubscribed before its turn
+            let Some(qos) = self.granted.remove(&filter) else {
+                continue;
+            };
+            self.current_qos = qos;
+            self.current = lookup(&filter);
+            self.current.reverse();
+        }
+    }
+}
+
 /// The retained messages of one vhost.
 #[derive(Debug)]
 pub struct RetainedStore {
@@ -168,13 +247,15 @@ pub struct RetainedStore {
     log: DurableLog,
 }
 
-/// The queue that holds a vhost's retained messages.
-pub const RETAINED_QUEUE: &str = "mqtt-retained";
+/// The queue that holds a vhost's retained messages (a name reserved to the broker).
+pub const RETAINED_QUEUE: &str = "amq.triad.mqtt.retained";
+/// Where versions before issue 14 kept them (taken over once at start).
+pub const LEGACY_RETAINED_QUEUE: &str = "mqtt-retained";
 
 impl RetainedStore {
     /// Opens the store of `vhost`, rebuilding the trie from the durable log.
     pub fn open(vhost: Arc<Vhost>, conn: ConnectionId) -> Result<RetainedStore, CoreError> {
-        let (log, entries) = DurableLog::open(vhost, RETAINED_QUEUE, conn)?;
+        let (log, entries) = DurableLog::open(vhost, RETAINED_QUEUE, LEGACY_RETAINED_QUEUE, conn)?;
         let mut trie = RetainedTrie::default();
         for e in entries {
             trie.insert(Retained {
@@ -313,5 +394,34 @@ mod tests {
             assert_eq!(t.matching(&format!("dev/{i}/+")).len(), 1);
         }
         assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn feed_hands_out_once_per_filter_and_waits_for_the_window() {
+        let mut t = RetainedTrie::default();
+        t.insert(r("a/b"));
+        t.insert(Retained { qos: 0, ..r("a/c") });
+        let mut feed = RetainedFeed::default();
+        for _ in 0..300 {
+            feed.push("a/b", 1);
+        }
+        feed.push("a/c", 2);
+        feed.push("a/b", 2); // still waiting: not queued again, granted QoS updated
+        assert!(feed.ready(false), "a filter waits: it can be looked up");
+        // the window is full: a QoS 1 message cannot go, and nothing is lost
+        assert_eq!(feed.next(|f| t.matching(f), false), None);
+        assert!(!feed.ready(false));
+        let got = feed.next(|f| t.matching(f), true).unwrap();
+        assert_eq!((got.topic.as_ref(), got.qos), ("a/b", 1));
+        // QoS 0 needs no packet id
+        let got = feed.next(|f| t.matching(f), false).unwrap();
+        assert_eq!((got.topic.as_ref(), got.qos), ("a/c", 0));
+        assert_eq!(feed.next(|f| t.matching(f), true), None);
+        assert!(feed.is_empty());
+        // unsubscribed before its turn: nothing
+        feed.push("a/b", 1);
+        feed.remove("a/b");
+        assert_eq!(feed.next(|f| t.matching(f), true), None);
+        assert!(feed.is_empty());
     }
 }

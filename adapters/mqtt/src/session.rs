@@ -84,9 +84,11 @@ impl<T> Session<T> {
         self.carry.pubrel.iter().copied()
     }
 
-    /// Outbound messages in flight.
+    /// Outbound messages in flight: QoS 1/2 PUBLISHes not yet acknowledged, and QoS 2
+    /// messages PUBREL'd but not yet completed (their identifiers are still taken, and
+    /// Mosquitto's `max_inflight_messages` counts them too).
     pub fn inflight(&self) -> usize {
-        self.outbound.len()
+        self.outbound.len() + self.carry.pubrel.len()
     }
 
     /// A free packet identifier, or `None` when all 65,535 are in use.
@@ -186,6 +188,7 @@ mod tests {
         assert_eq!(s.on_pubrec(b), PubRec::Released(Some(11)));
         assert_eq!(s.on_pubrec(b), PubRec::Again);
         assert_eq!(s.pending_pubrel().collect::<Vec<_>>(), [b]);
+        assert_eq!(s.inflight(), 1, "in flight until PUBCOMP");
         // b is still taken until PUBCOMP
         for _ in 0..10 {
             let id = s.alloc_id().unwrap();

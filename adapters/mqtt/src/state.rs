@@ -20,22 +20,29 @@ use crate::retained::RetainedStore;
 use crate::session::Carry;
 use crate::topic::topic_to_routing_key;
 
-/// The queue that holds a vhost's persistent-session subscriptions.
-pub const SESSIONS_QUEUE: &str = "mqtt-sessions";
+/// The queue that holds a vhost's persistent-session subscriptions (a name reserved to
+/// the broker).
+pub const SESSIONS_QUEUE: &str = "amq.triad.mqtt.sessions";
+/// Where versions before issue 14 kept them (taken over once at start).
+pub const LEGACY_SESSIONS_QUEUE: &str = "mqtt-sessions";
 
-/// One persistent session as stored: its subscriptions and, while its client is away,
-/// when it left.
+/// One persistent session as stored: its owner, its subscriptions and, while its client
+/// is away, when it left.
 #[derive(Debug, Clone, Default)]
 struct Stored {
+    /// The user who created it; `None` for a session stored before owners were kept
+    /// (the first user to connect to it then owns it).
+    owner: Option<Box<str>>,
     subs: BTreeMap<String, u8>,
     /// Wall-clock ms since the Unix epoch at which the client disconnected; 0 while it
     /// is connected (or for sessions stored before `session_expiry` was turned on).
     disconnected_at: u64,
 }
 
-/// Subscriptions of persistent sessions (clean session 0), by client id: filter →
-/// granted QoS, as JSON in a [`DurableLog`] entry whose `meta` is the time the client
-/// disconnected (see [`Stored::disconnected_at`]), kept only with `session_expiry`.
+/// Persistent sessions (clean session 0), by client id: the owner and filter → granted
+/// QoS, as JSON (`{"user": ..., "subs": {...}}`; older entries are the bare `subs` map)
+/// in a [`DurableLog`] entry whose `meta` is the time the client disconnected (see
+/// [`Stored::disconnected_at`]), kept only with `session_expiry`.
 #[derive(Debug)]
 pub struct SessionStore {
     map: Mutex<HashMap<String, Stored>>,
@@ -44,15 +51,16 @@ pub struct SessionStore {
 
 impl SessionStore {
     fn open(vhost: Arc<Vhost>, conn: ConnectionId) -> Result<SessionStore, CoreError> {
-        let (log, entries) = DurableLog::open(vhost, SESSIONS_QUEUE, conn)?;
+        let (log, entries) = DurableLog::open(vhost, SESSIONS_QUEUE, LEGACY_SESSIONS_QUEUE, conn)?;
         let mut map = HashMap::new();
         for e in entries {
-            match serde_json::from_slice::<BTreeMap<String, u8>>(&e.value) {
-                Ok(subs) => {
+            match decode_stored(&e.value) {
+                Ok((owner, subs)) => {
                     let disconnected_at = u64::try_from(e.meta).unwrap_or(0);
                     map.insert(
                         e.key,
                         Stored {
+                            owner,
                             subs,
                             disconnected_at,
                         },
@@ -79,8 +87,14 @@ impl SessionStore {
         client: &str,
         stored: Stored,
     ) -> Result<Option<Durable>, CoreError> {
-        let json = serde_json::to_vec(&stored.subs)
-            .map_err(|e| CoreError::Internal(format!("encoding a session: {e}")))?;
+        let json = match &stored.owner {
+            Some(user) => serde_json::to_vec(&serde_json::json!({
+                "user": &**user,
+                "subs": &stored.subs,
+            })),
+            None => serde_json::to_vec(&stored.subs),
+        }
+        .map_err(|e| CoreError::Internal(format!("encoding a session: {e}")))?;
         let meta = i64::try_from(stored.disconnected_at).unwrap_or(i64::MAX);
         let d = self.log.put(client, Bytes::from(json), meta)?;
         g.insert(client.to_string(), stored);
@@ -92,10 +106,23 @@ impl SessionStore {
         self.lock().get(client).map(|s| s.subs.clone())
     }
 
-    /// Stores the subscriptions of `client` (connected); completes once on disk.
+    /// Whether `user` may use the stored session of `client`: there is none, or it is
+    /// theirs, or it predates owners (it is then theirs from the next save).
+    pub fn may_use(&self, client: &str, user: &str) -> bool {
+        match self.lock().get(client) {
+            Some(Stored {
+                owner: Some(owner), ..
+            }) => **owner == *user,
+            _ => true,
+        }
+    }
+
+    /// Stores the subscriptions of `client` (connected), owned by `user`; completes once
+    /// on disk.
     pub fn save(
         &self,
         client: &str,
+        user: &str,
         subs: &BTreeMap<String, u8>,
     ) -> Result<Option<Durable>, CoreError> {
         let mut g = self.lock();
@@ -103,10 +130,29 @@ impl SessionStore {
             &mut g,
             client,
             Stored {
+                owner: Some(Box::from(user)),
                 subs: subs.clone(),
                 disconnected_at: 0,
             },
         )
+    }
+
+    /// Records `user` as the owner of `client`'s session unless it already is (one
+    /// write when a session is created or an ownerless one is claimed).
+    pub fn claim(&self, client: &str, user: &str) -> Result<Option<Durable>, CoreError> {
+        let mut g = self.lock();
+        let stored = match g.get(client) {
+            Some(s) if s.owner.as_deref() == Some(user) => return Ok(None),
+            Some(s) => Stored {
+                owner: Some(Box::from(user)),
+                ..s.clone()
+            },
+            None => Stored {
+                owner: Some(Box::from(user)),
+                ..Stored::default()
+            },
+        };
+        self.put(&mut g, client, stored)
     }
 
     /// Forgets `client`.
@@ -121,13 +167,13 @@ impl SessionStore {
     /// with no subscriptions if it had none, so that the session can expire.
     fn mark_disconnected(&self, client: &str, at: u64) -> Result<(), CoreError> {
         let mut g = self.lock();
-        let subs = g.get(client).map(|s| s.subs.clone()).unwrap_or_default();
+        let stored = g.get(client).cloned().unwrap_or_default();
         self.put(
             &mut g,
             client,
             Stored {
-                subs,
                 disconnected_at: at,
+                ..stored
             },
         )
         .map(drop)
@@ -136,16 +182,16 @@ impl SessionStore {
     /// Records that `client` is connected again (one write, only if it was marked away).
     fn mark_connected(&self, client: &str) -> Result<(), CoreError> {
         let mut g = self.lock();
-        let subs = match g.get(client) {
-            Some(s) if s.disconnected_at != 0 => s.subs.clone(),
+        let stored = match g.get(client) {
+            Some(s) if s.disconnected_at != 0 => s.clone(),
             _ => return Ok(()),
         };
         self.put(
             &mut g,
             client,
             Stored {
-                subs,
                 disconnected_at: 0,
+                ..stored
             },
         )
         .map(drop)
@@ -178,6 +224,24 @@ impl SessionStore {
         }
         out
     }
+}
+
+/// Filter → granted QoS.
+type Subs = BTreeMap<String, u8>;
+
+/// Decodes a stored session: `{"user": ..., "subs": {...}}`, or an older entry's bare
+/// `subs` map (no owner).
+fn decode_stored(json: &[u8]) -> serde_json::Result<(Option<Box<str>>, Subs)> {
+    let mut v: serde_json::Value = serde_json::from_slice(json)?;
+    let owner = v.get("user").and_then(|u| u.as_str()).map(Box::<str>::from);
+    if owner.is_some() {
+        v = v
+            .get_mut("subs")
+            .map(serde_json::Value::take)
+            .unwrap_or_default();
+    }
+    let subs = serde_json::from_value(v)?;
+    Ok((owner, subs))
 }
 
 /// Wall-clock ms since the Unix epoch (persisted, so it must survive a restart).
@@ -241,6 +305,8 @@ pub struct VhostState {
 #[derive(Debug, Clone)]
 pub(crate) struct LiveClient {
     pub conn: ConnectionId,
+    /// The user connected under the client id (`None`: the broker itself, expiring it).
+    pub user: Option<Arc<str>>,
     /// Cancelled to make the connection close (a new one took its client id).
     pub kick: CancellationToken,
     /// Cancelled by the connection once it has cleaned up.
@@ -427,6 +493,7 @@ impl MqttState {
         let done = CancellationToken::new();
         let me = LiveClient {
             conn: self.conn,
+            user: None,
             kick: CancellationToken::new(),
             done: done.clone(),
         };
@@ -464,9 +531,22 @@ impl MqttState {
         done.cancel();
     }
 
-    /// Registers a connection under a client id; returns the one it replaces.
-    pub(crate) fn register(&self, vhost: &str, client: &str, me: LiveClient) -> Option<LiveClient> {
-        lock(&self.clients).insert((vhost.to_string(), client.to_string()), me)
+    /// Registers a connection under a client id; returns the one it replaces (to be
+    /// taken over). `Err`: the id is connected as another user, and is left alone.
+    pub(crate) fn register(
+        &self,
+        vhost: &str,
+        client: &str,
+        me: LiveClient,
+    ) -> Result<Option<LiveClient>, ()> {
+        let mut g = lock(&self.clients);
+        let key = (vhost.to_string(), client.to_string());
+        if let Some(cur) = g.get(&key) {
+            if cur.user.is_some() && me.user.is_some() && cur.user != me.user {
+                return Err(());
+            }
+        }
+        Ok(g.insert(key, me))
     }
 
     /// Removes a connection's registration if it is still its own.
@@ -560,5 +640,26 @@ impl MqttState {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_sessions_with_and_without_an_owner() {
+        let (owner, subs) = decode_stored(br#"{"user":"alice","subs":{"a/#":1}}"#).unwrap();
+        assert_eq!(owner.as_deref(), Some("alice"));
+        assert_eq!(subs.get("a/#"), Some(&1));
+        // before owners were kept: the bare map
+        let (owner, subs) = decode_stored(br#"{"x/+":2}"#).unwrap();
+        assert_eq!(owner, None);
+        assert_eq!(subs.get("x/+"), Some(&2));
+        // a filter named "user" in an old entry is a filter, not an owner
+        let (owner, subs) = decode_stored(br#"{"user":1}"#).unwrap();
+        assert_eq!(owner, None);
+        assert_eq!(subs.get("user"), Some(&1));
+        assert!(decode_stored(b"[1]").is_err());
     }
 }

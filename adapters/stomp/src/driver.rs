@@ -213,11 +213,17 @@ where
                 }
             }
         }
-        if session.take_login_failed() && !ctx.failed_login_delay.is_zero() {
-            // Slows password guessing down; only this connection's task waits.
-            tokio::select! {
-                _ = tokio::time::sleep(ctx.failed_login_delay) => {}
-                _ = ctx.shutdown.cancelled() => {}
+        if let Some(user) = session.take_login_failed() {
+            // Slows password guessing down: one refusal per delay per source address
+            // and per user name, however many connections ask at once.
+            let hold = ctx
+                .broker
+                .login_failed(session.peer().ip(), &user, ctx.failed_login_delay);
+            if !hold.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(hold) => {}
+                    _ = ctx.shutdown.cancelled() => {}
+                }
             }
         }
         if !wbuf.is_empty() {

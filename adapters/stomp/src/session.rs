@@ -212,8 +212,9 @@ pub struct Session {
     access: Option<Arc<VhostAccess>>,
     /// Counted against the user's connection limit while connected.
     slot: Option<ConnectionSlot>,
-    /// A login was just refused: the driver delays the ERROR.
-    login_failed: bool,
+    /// A login was just refused (the user name it was for): the driver delays the
+    /// ERROR.
+    login_failed: Option<String>,
     user: String,
     heartbeat: (u64, u64),
     subs: HashMap<String, Subscription, foldhash::fast::RandomState>,
@@ -252,7 +253,7 @@ impl Session {
             vhost: None,
             access: None,
             slot: None,
-            login_failed: false,
+            login_failed: None,
             user: String::new(),
             heartbeat: (0, 0),
             subs: HashMap::default(),
@@ -289,9 +290,15 @@ impl Session {
         self.vhost.as_ref().map(|v| v.name())
     }
 
-    /// Whether a login was just refused (the driver waits before the ERROR); clears it.
-    pub fn take_login_failed(&mut self) -> bool {
-        std::mem::take(&mut self.login_failed)
+    /// The user name of a login just refused, if one was (the driver waits before the
+    /// ERROR, see `Broker::login_failed`); clears it.
+    pub fn take_login_failed(&mut self) -> Option<String> {
+        self.login_failed.take()
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
     }
 
     /// Frame limits in force now.
@@ -450,25 +457,30 @@ impl Session {
                 )),
             ),
         };
-        let user = match login {
-            Ok(u) => u,
-            Err(e) => {
-                tracing::info!(peer = %self.peer, user = name, reason = %e, "STOMP login refused");
-                self.login_failed = true;
-                return Err(Fail::new("Bad CONNECT", format!("Access refused: {e}")));
-            }
+        // Every refusal gets the answer (and the delay) of a bad password: one made only
+        // once the password was accepted (no permissions on the vhost, over the
+        // connection limit, a loopback-only user) must not tell that it is right. The
+        // log says why.
+        let name = name.to_string();
+        let mut refused = |e: CoreError| {
+            tracing::info!(peer = %self.peer, user = %name, reason = %e, "STOMP login refused");
+            self.login_failed = Some(name.clone());
+            let shown = CoreError::AccessRefused(format!(
+                "login refused for user '{name}': invalid credentials"
+            ));
+            Fail::new("Bad CONNECT", format!("Access refused: {shown}"))
         };
+        let user = login.map_err(&mut refused)?;
         let vhost_name = match f.header("host") {
             Some(h) if self.broker.has_vhost(h) => h.to_string(),
             _ => self.broker.default_vhost().to_string(),
         };
-        let refused = |e: CoreError| Fail::new("Bad CONNECT", format!("Access refused: {e}"));
         let access = self
             .broker
             .vhost_access(&user, &vhost_name)
-            .map_err(refused)?;
+            .map_err(&mut refused)?;
         let vhost = self.broker.vhost(&vhost_name)?;
-        let slot = self.broker.connection_slot(&user).map_err(refused)?;
+        let slot = self.broker.connection_slot(&user).map_err(&mut refused)?;
         if version >= Version::V11 {
             if let Some(hb) = f.header("heart-beat") {
                 let (cx, cy) = parse_heartbeat(hb).ok_or_else(|| {
