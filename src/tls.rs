@@ -1,5 +1,5 @@
-//! TLS for the `amqps`, `stomps`, `mqtts` and `https` listeners: rustls (ring provider)
-//! via tokio-rustls.
+//! TLS for the `amqps`, `stomps`, `mqtts` and `https` listeners: rustls (ring provider),
+//! through its unbuffered API ([`stream`]).
 //!
 //! - [`server_config`] reads `[tls]`'s PEM files once at startup and builds the one
 //!   [`ServerConfig`] every TLS listener shares: TLS 1.2 and 1.3 only, and, with
@@ -11,6 +11,8 @@
 //!   (never in the accept loop), then the protocol is served over the TLS stream with
 //!   the client certificate's subject CN in [`ConnContext::peer_cert_cn`].
 //! - [`subject_cn`] reads that CN from a certificate's DER.
+//! - [`stream`]: the TLS stream itself, over rustls' unbuffered API, holding no buffer
+//!   while idle.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -27,11 +29,14 @@ use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsAcceptor;
 use tracing::debug;
 
 use crate::config::TlsSection;
 use crate::listener::{ConnContext, ConnResult, Handler, Service};
+
+pub mod stream;
+
+pub use stream::TlsStream;
 
 /// Deadline for the TLS handshake, from accept to a finished handshake (house style:
 /// every pre-auth phase has one; the protocol's own handshake deadline follows).
@@ -172,16 +177,13 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// A protocol's [`Service`] behind a TLS handshake: the [`Handler`] of a TLS listener.
 pub struct TlsHandler<T> {
-    acceptor: TlsAcceptor,
+    config: Arc<ServerConfig>,
     service: T,
 }
 
 impl<T: Service> TlsHandler<T> {
     pub fn new(config: Arc<ServerConfig>, service: T) -> TlsHandler<T> {
-        TlsHandler {
-            acceptor: TlsAcceptor::from(config),
-            service,
-        }
+        TlsHandler { config, service }
     }
 }
 
@@ -192,18 +194,18 @@ impl<T: Service> Handler for TlsHandler<T> {
         peer: SocketAddr,
         mut ctx: ConnContext,
     ) -> impl Future<Output = ConnResult> + Send + 'static {
-        let acceptor = self.acceptor.clone();
+        let config = Arc::clone(&self.config);
         let service = self.service.clone();
         async move {
             // Boxed (the handshake and the stream after it): a connection's task is sized
             // for its largest state, and rustls' connection state (1.2 KiB) and the
             // handshake's temporaries would otherwise widen it several times over for as
             // long as the connection lives.
-            let tls = match Box::pin(handshake(&acceptor, stream, &ctx.shutdown)).await {
+            let tls = match Box::pin(handshake(config, stream, &ctx.shutdown)).await {
                 Ok(tls) => tls,
                 Err(end) => return end,
             };
-            let (_, conn) = tls.get_ref();
+            let conn = tls.common();
             ctx.peer_cert_cn = conn
                 .peer_certificates()
                 .and_then(|chain| chain.first())
@@ -221,15 +223,15 @@ impl<T: Service> Handler for TlsHandler<T> {
 
 /// The TLS handshake under [`HANDSHAKE_TIMEOUT`]; `Err` is how the connection ends.
 async fn handshake(
-    acceptor: &TlsAcceptor,
+    config: Arc<ServerConfig>,
     stream: TcpStream,
     shutdown: &tokio_util::sync::CancellationToken,
-) -> Result<Box<tokio_rustls::server::TlsStream<TcpStream>>, ConnResult> {
+) -> Result<Box<TlsStream<TcpStream>>, ConnResult> {
     tokio::select! {
         () = shutdown.cancelled() => {
             Err(Ok(Cow::Borrowed("shutdown during the TLS handshake")))
         }
-        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match r {
+        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsStream::accept(stream, config)) => match r {
             Err(_elapsed) => Err(Ok(Cow::Borrowed("TLS handshake timeout"))),
             Ok(Err(e)) => Err(Err(format!("TLS handshake failed: {e}").into())),
             Ok(Ok(tls)) => Ok(Box::new(tls)),
