@@ -130,6 +130,13 @@ pub struct Listeners {
     pub stomps: String,
     pub mqtts: String,
     pub https: String,
+    /// Expect a PROXY protocol (v1 or v2) header first on every AMQP, STOMP and MQTT
+    /// listener, plain and TLS (before the handshake), as sent by HAProxy's
+    /// `send-proxy` / `send-proxy-v2`: its source address is then the peer address for
+    /// logs, the loopback rule and logins. A connection without a valid header within
+    /// 5 s is closed. Off by default: a listener without it never parses one. Not for
+    /// the HTTP listeners.
+    pub proxy_protocol: bool,
 }
 
 impl Listeners {
@@ -173,6 +180,7 @@ impl Default for Listeners {
             stomps: "0.0.0.0:61614".into(),
             mqtts: "0.0.0.0:8883".into(),
             https: "0.0.0.0:15671".into(),
+            proxy_protocol: false,
         }
     }
 }
