@@ -189,7 +189,7 @@ impl Default for Listeners {
 /// 1.3 only). Key names follow RabbitMQ's `ssl_options`. No certificate by default, so
 /// by default no TLS listener is bound. The files are read and checked at startup by
 /// [`crate::tls::server_config`].
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsSection {
     /// PEM certificate chain, the server's certificate first.
@@ -203,6 +203,35 @@ pub struct TlsSection {
     pub verify_peer: bool,
     /// With `verify_peer`: also refuse clients that present no certificate.
     pub fail_if_no_peer_cert: bool,
+    /// How often the certificate, key and CA files are checked for changes (mtime, size,
+    /// inode); a change reloads them as SIGHUP does. `"0s"` = only on SIGHUP.
+    pub watch_interval: HumanDuration,
+    /// Sessions remembered for resumption by session ID (TLS 1.2) and by stateful
+    /// ticket (TLS 1.3), broker-wide, least recently used dropped first. 0 = none.
+    pub session_cache_size: usize,
+    /// Stateless session tickets (TLS 1.2 and 1.3), encrypted with a key that rotates
+    /// every 6 hours; the broker then keeps no state per session. Off: resumption uses
+    /// the session cache.
+    pub session_tickets: bool,
+    /// Tickets sent to a TLS 1.3 client after its handshake (each ticket resumes once).
+    /// 0 = no TLS 1.3 resumption.
+    pub tls13_tickets: usize,
+}
+
+impl Default for TlsSection {
+    fn default() -> Self {
+        TlsSection {
+            cert_file: None,
+            key_file: None,
+            ca_file: None,
+            verify_peer: false,
+            fail_if_no_peer_cert: false,
+            watch_interval: HumanDuration::secs(5),
+            session_cache_size: 1024,
+            session_tickets: false,
+            tls13_tickets: 2,
+        }
+    }
 }
 
 impl TlsSection {

@@ -1,11 +1,16 @@
 //! TLS for the `amqps`, `stomps`, `mqtts` and `https` listeners: rustls (ring provider),
 //! through its unbuffered API ([`stream`]).
 //!
-//! - [`server_config`] reads `[tls]`'s PEM files once at startup and builds the one
-//!   [`ServerConfig`] every TLS listener shares: TLS 1.2 and 1.3 only, and, with
-//!   `verify_peer`, client certificates verified against `ca_file` by
-//!   [`WebPkiClientVerifier`] (required with `fail_if_no_peer_cert`, else optional).
-//!   Any problem with a file is a [`TlsError`] naming it (the broker exits with 2).
+//! - [`server_config`] reads `[tls]`'s PEM files and builds the [`ServerConfig`] every
+//!   TLS listener shares: TLS 1.2 and 1.3 only, and, with `verify_peer`, client
+//!   certificates verified against `ca_file` by [`WebPkiClientVerifier`] (required with
+//!   `fail_if_no_peer_cert`, else optional); session resumption by cache
+//!   (`session_cache_size`) and tickets (`session_tickets`, `tls13_tickets`). Any
+//!   problem with a file is a [`TlsError`] naming it (the broker exits with 2 at
+//!   startup).
+//! - [`TlsConfigs`] holds the configuration in use and reloads it (SIGHUP, or a file
+//!   changed): new handshakes get the new chain, connections keep theirs, a bad file
+//!   keeps the old one. The session cache and ticket keys survive reloads.
 //! - [`TlsHandler`] wraps a protocol's [`Service`] into the listener's [`Handler`]: the
 //!   handshake runs inside the connection's task with a [`HANDSHAKE_TIMEOUT`] deadline
 //!   (never in the accept loop), then the protocol is served over the TLS stream with
@@ -19,11 +24,14 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{
+    NoServerSessionStorage, ProducesTickets, ServerSessionMemoryCache, StoresServerSessions,
+    WebPkiClientVerifier,
+};
 use rustls::version::{TLS12, TLS13};
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
@@ -73,6 +81,36 @@ pub enum TlsError {
 /// Builds the TLS listeners' configuration from `[tls]`, or `None` when no certificate
 /// and key are configured (then no TLS listener is bound). Reads every file named.
 pub fn server_config(tls: &TlsSection) -> Result<Option<Arc<ServerConfig>>, TlsError> {
+    let resumption = Resumption::new(tls)?;
+    build(tls, &resumption)
+}
+
+/// What a reload keeps: the session cache and the ticket keys, so that clients resume
+/// across certificate reloads too.
+struct Resumption {
+    cache: Arc<dyn StoresServerSessions>,
+    ticketer: Option<Arc<dyn ProducesTickets>>,
+}
+
+impl Resumption {
+    fn new(tls: &TlsSection) -> Result<Resumption, TlsError> {
+        let cache: Arc<dyn StoresServerSessions> = match tls.session_cache_size {
+            0 => Arc::new(NoServerSessionStorage {}),
+            n => ServerSessionMemoryCache::new(n),
+        };
+        let ticketer = if tls.session_tickets {
+            Some(
+                rustls::crypto::ring::Ticketer::new()
+                    .map_err(|e| TlsError::Setup(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        Ok(Resumption { cache, ticketer })
+    }
+}
+
+fn build(tls: &TlsSection, resumption: &Resumption) -> Result<Option<Arc<ServerConfig>>, TlsError> {
     let (Some(cert_file), Some(key_file)) = (&tls.cert_file, &tls.key_file) else {
         return Ok(None);
     };
@@ -95,7 +133,7 @@ pub fn server_config(tls: &TlsSection) -> Result<Option<Arc<ServerConfig>>, TlsE
         }
         _ => builder.with_no_client_auth(),
     };
-    let config = builder.with_single_cert(chain, key).map_err(|e| match e {
+    let mut config = builder.with_single_cert(chain, key).map_err(|e| match e {
         rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
             cert: cert_file.clone(),
             key: key_file.clone(),
@@ -106,7 +144,88 @@ pub fn server_config(tls: &TlsSection) -> Result<Option<Arc<ServerConfig>>, TlsE
             reason: e.to_string(),
         },
     })?;
+    config.session_storage = Arc::clone(&resumption.cache);
+    if let Some(t) = &resumption.ticketer {
+        config.ticketer = Arc::clone(t);
+    }
+    config.send_tls13_tickets = tls.tls13_tickets;
     Ok(Some(Arc::new(config)))
+}
+
+/// The TLS configuration new handshakes use, replaced by [`TlsConfigs::reload`] (on
+/// SIGHUP, and when [`TlsConfigs::files_changed`]). A connection keeps the configuration
+/// it was accepted with; a reload that fails keeps the one in use.
+pub struct TlsConfigs {
+    section: TlsSection,
+    resumption: Resumption,
+    current: RwLock<Arc<ServerConfig>>,
+    /// What the files looked like at the last (attempted) load.
+    stamps: Mutex<Vec<Option<FileStamp>>>,
+}
+
+/// A file's identity and version, as far as `stat` tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+impl TlsConfigs {
+    /// Loads `[tls]`; `None` without a certificate and key.
+    pub fn load(tls: &TlsSection) -> Result<Option<Arc<TlsConfigs>>, TlsError> {
+        let resumption = Resumption::new(tls)?;
+        let stamps = stamps(tls);
+        let Some(config) = build(tls, &resumption)? else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(TlsConfigs {
+            section: tls.clone(),
+            resumption,
+            current: RwLock::new(config),
+            stamps: Mutex::new(stamps),
+        })))
+    }
+
+    /// The configuration for a new handshake.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Reads the files again; on success new handshakes use them, on failure the
+    /// configuration in use stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        *self.stamps.lock().unwrap_or_else(|e| e.into_inner()) = stamps(&self.section);
+        let config = build(&self.section, &self.resumption)?
+            .ok_or_else(|| TlsError::Setup("no certificate and key configured".into()))?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = config;
+        Ok(())
+    }
+
+    /// Whether a certificate, key or CA file changed since the last load.
+    pub fn files_changed(&self) -> bool {
+        *self.stamps.lock().unwrap_or_else(|e| e.into_inner()) != stamps(&self.section)
+    }
+
+    /// `tls.watch_interval`, `None` when off.
+    pub fn watch_interval(&self) -> Option<Duration> {
+        Some(self.section.watch_interval.get()).filter(|d| !d.is_zero())
+    }
+}
+
+fn stamps(tls: &TlsSection) -> Vec<Option<FileStamp>> {
+    use std::os::unix::fs::MetadataExt;
+    [&tls.cert_file, &tls.key_file, &tls.ca_file]
+        .into_iter()
+        .map(|path| {
+            let m = std::fs::metadata(path.as_ref()?).ok()?;
+            Some(FileStamp {
+                modified: m.modified().ok(),
+                len: m.len(),
+                inode: m.ino(),
+            })
+        })
+        .collect()
 }
 
 fn client_verifier(
@@ -177,13 +296,13 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// A protocol's [`Service`] behind a TLS handshake: the [`Handler`] of a TLS listener.
 pub struct TlsHandler<T> {
-    config: Arc<ServerConfig>,
+    configs: Arc<TlsConfigs>,
     service: T,
 }
 
 impl<T: Service> TlsHandler<T> {
-    pub fn new(config: Arc<ServerConfig>, service: T) -> TlsHandler<T> {
-        TlsHandler { config, service }
+    pub fn new(configs: Arc<TlsConfigs>, service: T) -> TlsHandler<T> {
+        TlsHandler { configs, service }
     }
 }
 
@@ -194,7 +313,7 @@ impl<T: Service> Handler for TlsHandler<T> {
         peer: SocketAddr,
         mut ctx: ConnContext,
     ) -> impl Future<Output = ConnResult> + Send + 'static {
-        let config = Arc::clone(&self.config);
+        let config = self.configs.current();
         let service = self.service.clone();
         async move {
             // Boxed (the handshake and the stream after it): a connection's task is sized
