@@ -149,7 +149,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                         done = true;
                     }
                 }
-                Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => {
+                // Reported once; we may still write after it (a write in progress goes on).
+                Ok(ConnectionState::PeerClosed) => {
+                    self.read_eof = true;
+                    done = write.is_none();
+                }
+                Ok(ConnectionState::Closed) => {
                     self.read_eof = true;
                     done = true;
                 }
@@ -444,5 +449,22 @@ mod tests {
             s.read_to_end(&mut rest).await.expect("server eof");
             assert!(rest.is_empty());
         }
+    }
+
+    #[tokio::test]
+    async fn writes_after_the_peer_closed_its_side() {
+        let (mut s, mut c) = pair(&[&rustls::version::TLS13]).await;
+        c.write_all(b"last words").await.expect("client write");
+        c.shutdown().await.expect("client close_notify");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got)
+            .await
+            .expect("server reads to close_notify");
+        assert_eq!(got, b"last words");
+        s.write_all(b"bye").await.expect("server writes after it");
+        s.shutdown().await.expect("server close_notify");
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.expect("client reads");
+        assert_eq!(got, b"bye");
     }
 }
