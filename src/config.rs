@@ -216,6 +216,22 @@ pub struct TlsSection {
     /// Tickets sent to a TLS 1.3 client after its handshake (each ticket resumes once).
     /// 0 = no TLS 1.3 resumption.
     pub tls13_tickets: usize,
+    /// `[[tls.certificates]]`: further chains, each served to clients that ask for one
+    /// of its `server_names` (SNI); `cert_file` / `key_file` serve everyone else.
+    pub certificates: Vec<TlsCertificateSection>,
+}
+
+/// One `[[tls.certificates]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsCertificateSection {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert_file: PathBuf,
+    /// PEM private key of that certificate.
+    pub key_file: PathBuf,
+    /// Host names (case-insensitive) this chain is for; `*.example.com` matches one
+    /// label in front of `example.com`.
+    pub server_names: Vec<String>,
 }
 
 impl Default for TlsSection {
@@ -230,6 +246,7 @@ impl Default for TlsSection {
             session_cache_size: 1024,
             session_tickets: false,
             tls13_tickets: 2,
+            certificates: Vec::new(),
         }
     }
 }
@@ -565,6 +582,33 @@ impl Config {
             }
             _ => {}
         }
+        let mut names = std::collections::HashSet::new();
+        for c in &t.certificates {
+            let key = "tls.certificates";
+            if !t.enabled() {
+                return Err(invalid(
+                    key,
+                    c.cert_file.display(),
+                    "needs tls.cert_file and tls.key_file (the chain for other names)",
+                ));
+            }
+            if c.server_names.is_empty() {
+                return Err(invalid(
+                    key,
+                    c.cert_file.display(),
+                    "server_names must name at least one host",
+                ));
+            }
+            for name in &c.server_names {
+                if name.is_empty() || !names.insert(name.to_ascii_lowercase()) {
+                    return Err(invalid(
+                        key,
+                        name,
+                        "server names must be non-empty and appear once",
+                    ));
+                }
+            }
+        }
         if t.verify_peer && t.ca_file.is_none() {
             return Err(invalid(
                 "tls.verify_peer",
@@ -824,6 +868,29 @@ mod tests {
             Config::default()
         );
         Config::default().validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn tls_sni_certificates_are_checked() {
+        let base = "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n";
+        let entry = |names: &str| {
+            format!("[[tls.certificates]]\ncert_file = \"a.pem\"\nkey_file = \"ak.pem\"\nserver_names = {names}\n")
+        };
+        let ok = parse(&format!("{base}{}", entry("[\"a.example\"]"))).expect("parses");
+        ok.validate().expect("valid");
+        assert_eq!(ok.tls.certificates[0].server_names, ["a.example"]);
+        for bad in [
+            format!("{base}{}", entry("[]")),
+            format!(
+                "{base}{}{}",
+                entry("[\"a.example\"]"),
+                entry("[\"A.example\"]")
+            ),
+            entry("[\"a.example\"]"),
+        ] {
+            let c = parse(&bad).expect("parses");
+            assert!(c.validate().is_err(), "{bad}");
+        }
     }
 
     #[test]

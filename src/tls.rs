@@ -4,7 +4,8 @@
 //! - [`server_config`] reads `[tls]`'s PEM files and builds the [`ServerConfig`] every
 //!   TLS listener shares: TLS 1.2 and 1.3 only, and, with `verify_peer`, client
 //!   certificates verified against `ca_file` by [`WebPkiClientVerifier`] (required with
-//!   `fail_if_no_peer_cert`, else optional); session resumption by cache
+//!   `fail_if_no_peer_cert`, else optional); further chains chosen by SNI
+//!   (`[[tls.certificates]]`, [`SniResolver`]); session resumption by cache
 //!   (`session_cache_size`) and tickets (`session_tickets`, `tls13_tickets`). Any
 //!   problem with a file is a [`TlsError`] naming it (the broker exits with 2 at
 //!   startup).
@@ -20,6 +21,7 @@
 //!   while idle.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -29,9 +31,10 @@ use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::{
-    NoServerSessionStorage, ProducesTickets, ServerSessionMemoryCache, StoresServerSessions,
-    WebPkiClientVerifier,
+    ClientHello, NoServerSessionStorage, ProducesTickets, ResolvesServerCert,
+    ServerSessionMemoryCache, StoresServerSessions, WebPkiClientVerifier,
 };
+use rustls::sign::CertifiedKey;
 use rustls::version::{TLS12, TLS13};
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
@@ -128,22 +131,23 @@ fn build(tls: &TlsSection, resumption: &Resumption) -> Result<Option<Arc<ServerC
         .map_err(|e| TlsError::Setup(e.to_string()))?;
     let builder = match cas {
         Some((path, cas)) if tls.verify_peer => {
-            let verifier = client_verifier(path, cas, provider, tls.fail_if_no_peer_cert)?;
+            let verifier =
+                client_verifier(path, cas, Arc::clone(&provider), tls.fail_if_no_peer_cert)?;
             builder.with_client_cert_verifier(verifier)
         }
         _ => builder.with_no_client_auth(),
     };
-    let mut config = builder.with_single_cert(chain, key).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-            cert: cert_file.clone(),
-            key: key_file.clone(),
-        },
-        e => TlsError::Certified {
-            cert: cert_file.clone(),
-            key: key_file.clone(),
-            reason: e.to_string(),
-        },
-    })?;
+    let default = certified(cert_file, key_file, chain, key, &provider)?;
+    let mut by_name = HashMap::new();
+    for c in &tls.certificates {
+        let chain = load_certs("certificate", &c.cert_file)?;
+        let key = load_key(&c.key_file)?;
+        let ck = certified(&c.cert_file, &c.key_file, chain, key, &provider)?;
+        for name in &c.server_names {
+            by_name.insert(name.to_ascii_lowercase(), Arc::clone(&ck));
+        }
+    }
+    let mut config = builder.with_cert_resolver(Arc::new(SniResolver { by_name, default }));
     config.session_storage = Arc::clone(&resumption.cache);
     if let Some(t) = &resumption.ticketer {
         config.ticketer = Arc::clone(t);
@@ -215,10 +219,16 @@ impl TlsConfigs {
 
 fn stamps(tls: &TlsSection) -> Vec<Option<FileStamp>> {
     use std::os::unix::fs::MetadataExt;
+    let extra = tls
+        .certificates
+        .iter()
+        .flat_map(|c| [Some(&c.cert_file), Some(&c.key_file)]);
     [&tls.cert_file, &tls.key_file, &tls.ca_file]
         .into_iter()
+        .map(Option::as_ref)
+        .chain(extra)
         .map(|path| {
-            let m = std::fs::metadata(path.as_ref()?).ok()?;
+            let m = std::fs::metadata(path?).ok()?;
             Some(FileStamp {
                 modified: m.modified().ok(),
                 len: m.len(),
@@ -226,6 +236,57 @@ fn stamps(tls: &TlsSection) -> Vec<Option<FileStamp>> {
             })
         })
         .collect()
+}
+
+/// A chain and its key, checked to match.
+fn certified(
+    cert_file: &Path,
+    key_file: &Path,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    provider: &CryptoProvider,
+) -> Result<Arc<CertifiedKey>, TlsError> {
+    CertifiedKey::from_der(chain, key, provider)
+        .map(Arc::new)
+        .map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+                cert: cert_file.to_owned(),
+                key: key_file.to_owned(),
+            },
+            e => TlsError::Certified {
+                cert: cert_file.to_owned(),
+                key: key_file.to_owned(),
+                reason: e.to_string(),
+            },
+        })
+}
+
+/// Picks the chain by the name the client asked for (SNI): an exact
+/// `[[tls.certificates]]` name, then `*.` + the name without its first label, else
+/// the default chain (`cert_file`), also for clients that send no name.
+#[derive(Debug)]
+struct SniResolver {
+    by_name: HashMap<String, Arc<CertifiedKey>>,
+    default: Arc<CertifiedKey>,
+}
+
+impl SniResolver {
+    fn pick(&self, name: Option<&str>) -> Arc<CertifiedKey> {
+        let found = name.and_then(|n| {
+            let n = n.to_ascii_lowercase();
+            self.by_name.get(&n).or_else(|| {
+                let (_, parent) = n.split_once('.')?;
+                self.by_name.get(&format!("*.{parent}"))
+            })
+        });
+        Arc::clone(found.unwrap_or(&self.default))
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.pick(hello.server_name()))
+    }
 }
 
 fn client_verifier(

@@ -1,6 +1,7 @@
 //! TLS certificate reload without a restart (SIGHUP, and a file change with
-//! `tls.watch_interval`), and session resumption seen by Python's `ssl` (OpenSSL) over
-//! TLS 1.2 and 1.3, with the session cache and with stateless tickets.
+//! `tls.watch_interval`), certificates chosen by SNI (`[[tls.certificates]]`), and
+//! session resumption seen by Python's `ssl` (OpenSSL) over TLS 1.2 and 1.3, with the
+//! session cache and with stateless tickets.
 
 mod common;
 
@@ -23,9 +24,13 @@ struct Cert {
 }
 
 fn cert(serial: u64) -> Cert {
+    cert_for(serial, &["localhost", "127.0.0.1"])
+}
+
+fn cert_for(serial: u64, names: &[&str]) -> Cert {
     let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("params");
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let mut params = rcgen::CertificateParams::new(names).expect("params");
     params.serial_number = Some(rcgen::SerialNumber::from(serial));
     let c = params.self_signed(&key).expect("cert");
     Cert {
@@ -73,9 +78,18 @@ fn mqtt_tls(
     addr: SocketAddr,
     config: &Arc<rustls::ClientConfig>,
 ) -> (Tls, CertificateDer<'static>) {
+    mqtt_tls_to(addr, config, "localhost")
+}
+
+/// [`mqtt_tls`] asking for `server_name` (an IP address sends no SNI).
+fn mqtt_tls_to(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    server_name: &str,
+) -> (Tls, CertificateDer<'static>) {
     let tcp = TcpStream::connect(addr).expect("connect");
     tcp.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
-    let name = ServerName::try_from("localhost").expect("name");
+    let name = ServerName::try_from(server_name.to_owned()).expect("name");
     let conn = rustls::ClientConnection::new(Arc::clone(config), name).expect("client");
     let mut tls = rustls::StreamOwned::new(conn, tcp);
     // A client id of its own: a second CONNECT with the same one would take over.
@@ -206,6 +220,48 @@ fn a_changed_file_is_reloaded_without_a_signal() {
     }
     assert!(broker.log().contains("trigger=\"files changed\""));
     ping(&mut old);
+}
+
+#[test]
+fn sni_picks_the_certificate_by_server_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |n: &str| dir.path().join(n);
+    let default = cert_for(1, &["localhost", "127.0.0.1", "other.example"]);
+    let a = cert_for(2, &["a.example", "alias.example"]);
+    let b = cert_for(3, &["*.b.example"]);
+    install(&default, &path("cert.pem"), &path("key.pem"));
+    install(&a, &path("a.pem"), &path("a-key.pem"));
+    install(&b, &path("b.pem"), &path("b-key.pem"));
+    let toml = format!(
+        "[[tls.certificates]]\ncert_file = {:?}\nkey_file = {:?}\nserver_names = [\"a.example\", \"ALIAS.example\"]\n\n\
+         [[tls.certificates]]\ncert_file = {:?}\nkey_file = {:?}\nserver_names = [\"*.b.example\"]\n",
+        path("a.pem"),
+        path("a-key.pem"),
+        path("b.pem"),
+        path("b-key.pem"),
+    );
+    let broker = TestBroker::start_with_tls(&toml, &path("cert.pem"), &path("key.pem"), None);
+    let config = client_config(&[&default, &a, &b]);
+    let addr = broker.mqtts_addr();
+    for (name, want) in [
+        ("a.example", &a),
+        ("Alias.Example", &a),
+        ("x.b.example", &b),
+        ("localhost", &default),
+        ("other.example", &default),
+        ("127.0.0.1", &default),
+    ] {
+        let (_, served) = mqtt_tls_to(addr, &config, name);
+        assert_eq!(served, want.der, "{name}");
+    }
+    // Reloads cover the SNI chains too.
+    let a2 = cert_for(4, &["a.example"]);
+    install(&a2, &path("a.pem"), &path("a-key.pem"));
+    sighup(&broker);
+    wait_for_count(&broker, "TLS certificate reloaded", 1);
+    let config = client_config(&[&a2]);
+    let (_, served) = mqtt_tls_to(addr, &config, "a.example");
+    assert_eq!(served, a2.der);
 }
 
 /// Python's `ssl` resumes a session: TLS 1.3 and 1.2, by the session cache (default)
