@@ -192,6 +192,21 @@ fn sighup_reloads_the_certificate_and_keeps_connections() {
 }
 
 #[test]
+fn sighup_without_tls_does_not_stop_the_broker() {
+    let mut broker = TestBroker::start();
+    sighup(&broker);
+    broker.wait_for_log("SIGHUP: no TLS certificate to reload", IO_TIMEOUT);
+    assert!(broker.is_running());
+    let mut s = TcpStream::connect(broker.mqtt_addr()).expect("connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    s.write_all(&common::raw::mqtt_connect_packet("after-hup", true))
+        .expect("CONNECT");
+    let mut connack = [0u8; 4];
+    s.read_exact(&mut connack).expect("CONNACK");
+    assert_eq!(connack, [0x20, 2, 0, 0]);
+}
+
+#[test]
 fn a_changed_file_is_reloaded_without_a_signal() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
