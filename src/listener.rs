@@ -298,8 +298,12 @@ impl<H: Handler> Listener<H> {
         let ctx = self.ctx.clone();
         // Boxed: the header phase's buffer is not kept in the task for the connection's
         // life; `then` holds either the header future or the handler's, never both.
+        let shutdown = self.ctx.shutdown.clone();
         let header = Box::pin(async move {
-            let r = crate::proxy_protocol::read_header(&mut stream, via).await;
+            let r = tokio::select! {
+                () = shutdown.cancelled() => Err(crate::proxy_protocol::ProxyError::Shutdown),
+                r = crate::proxy_protocol::read_header(&mut stream, via) => r,
+            };
             (stream, r)
         });
         let serve = header.then(move |(stream, r)| match r {

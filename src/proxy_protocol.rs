@@ -51,6 +51,8 @@ pub enum ProxyError {
     Timeout(Duration),
     #[error("reading the PROXY header: {0}")]
     Io(String),
+    #[error("shutdown while waiting for the PROXY header")]
+    Shutdown,
 }
 
 /// How long the header at the start of `buf` is: `Ok(Some(len))` once that is known
