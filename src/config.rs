@@ -130,6 +130,13 @@ pub struct Listeners {
     pub stomps: String,
     pub mqtts: String,
     pub https: String,
+    /// Expect a PROXY protocol (v1 or v2) header first on every AMQP, STOMP and MQTT
+    /// listener, plain and TLS (before the handshake), as sent by HAProxy's
+    /// `send-proxy` / `send-proxy-v2`: its source address is then the peer address for
+    /// logs, the loopback rule and logins. A connection without a valid header within
+    /// 5 s is closed. Off by default: a listener without it never parses one. Not for
+    /// the HTTP listeners.
+    pub proxy_protocol: bool,
 }
 
 impl Listeners {
@@ -173,6 +180,7 @@ impl Default for Listeners {
             stomps: "0.0.0.0:61614".into(),
             mqtts: "0.0.0.0:8883".into(),
             https: "0.0.0.0:15671".into(),
+            proxy_protocol: false,
         }
     }
 }
@@ -181,7 +189,7 @@ impl Default for Listeners {
 /// 1.3 only). Key names follow RabbitMQ's `ssl_options`. No certificate by default, so
 /// by default no TLS listener is bound. The files are read and checked at startup by
 /// [`crate::tls::server_config`].
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsSection {
     /// PEM certificate chain, the server's certificate first.
@@ -195,6 +203,52 @@ pub struct TlsSection {
     pub verify_peer: bool,
     /// With `verify_peer`: also refuse clients that present no certificate.
     pub fail_if_no_peer_cert: bool,
+    /// How often the certificate, key and CA files are checked for changes (mtime, size,
+    /// inode); a change reloads them as SIGHUP does. `"0s"` = only on SIGHUP.
+    pub watch_interval: HumanDuration,
+    /// Sessions remembered for resumption by session ID (TLS 1.2) and by stateful
+    /// ticket (TLS 1.3), broker-wide, least recently used dropped first. 0 = none.
+    pub session_cache_size: usize,
+    /// Stateless session tickets (TLS 1.2 and 1.3), encrypted with a key that rotates
+    /// every 6 hours; the broker then keeps no state per session. Off: resumption uses
+    /// the session cache.
+    pub session_tickets: bool,
+    /// Tickets sent to a TLS 1.3 client after its handshake (each ticket resumes once).
+    /// 0 = no TLS 1.3 resumption.
+    pub tls13_tickets: usize,
+    /// `[[tls.certificates]]`: further chains, each served to clients that ask for one
+    /// of its `server_names` (SNI); `cert_file` / `key_file` serve everyone else.
+    pub certificates: Vec<TlsCertificateSection>,
+}
+
+/// One `[[tls.certificates]]` entry.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsCertificateSection {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert_file: PathBuf,
+    /// PEM private key of that certificate.
+    pub key_file: PathBuf,
+    /// Host names (case-insensitive) this chain is for; `*.example.com` matches one
+    /// label in front of `example.com`.
+    pub server_names: Vec<String>,
+}
+
+impl Default for TlsSection {
+    fn default() -> Self {
+        TlsSection {
+            cert_file: None,
+            key_file: None,
+            ca_file: None,
+            verify_peer: false,
+            fail_if_no_peer_cert: false,
+            watch_interval: HumanDuration::secs(5),
+            session_cache_size: 1024,
+            session_tickets: false,
+            tls13_tickets: 2,
+            certificates: Vec::new(),
+        }
+    }
 }
 
 impl TlsSection {
@@ -539,6 +593,33 @@ impl Config {
             }
             _ => {}
         }
+        let mut names = std::collections::HashSet::new();
+        for c in &t.certificates {
+            let key = "tls.certificates";
+            if !t.enabled() {
+                return Err(invalid(
+                    key,
+                    c.cert_file.display(),
+                    "needs tls.cert_file and tls.key_file (the chain for other names)",
+                ));
+            }
+            if c.server_names.is_empty() {
+                return Err(invalid(
+                    key,
+                    c.cert_file.display(),
+                    "server_names must name at least one host",
+                ));
+            }
+            for name in &c.server_names {
+                if name.is_empty() || !names.insert(name.to_ascii_lowercase()) {
+                    return Err(invalid(
+                        key,
+                        name,
+                        "server names must be non-empty and appear once",
+                    ));
+                }
+            }
+        }
         if t.verify_peer && t.ca_file.is_none() {
             return Err(invalid(
                 "tls.verify_peer",
@@ -799,6 +880,29 @@ mod tests {
             Config::default()
         );
         Config::default().validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn tls_sni_certificates_are_checked() {
+        let base = "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n";
+        let entry = |names: &str| {
+            format!("[[tls.certificates]]\ncert_file = \"a.pem\"\nkey_file = \"ak.pem\"\nserver_names = {names}\n")
+        };
+        let ok = parse(&format!("{base}{}", entry("[\"a.example\"]"))).expect("parses");
+        ok.validate().expect("valid");
+        assert_eq!(ok.tls.certificates[0].server_names, ["a.example"]);
+        for bad in [
+            format!("{base}{}", entry("[]")),
+            format!(
+                "{base}{}{}",
+                entry("[\"a.example\"]"),
+                entry("[\"A.example\"]")
+            ),
+            entry("[\"a.example\"]"),
+        ] {
+            let c = parse(&bad).expect("parses");
+            assert!(c.validate().is_err(), "{bad}");
+        }
     }
 
     #[test]

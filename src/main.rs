@@ -27,6 +27,10 @@
 //! by another broker, address in use) is one line on stderr starting with
 //! `triad: error: `.
 //!
+//! SIGHUP does not stop the broker: it reloads the TLS certificate, key and CA files
+//! (`TLS certificate reloaded`, or `TLS certificate reload failed; keeping the one in
+//! use` at `error`).
+//!
 //! Exit codes: 0 clean shutdown; 1 runtime failure (store, bind, unclean close);
 //! 2 bad command line or configuration (TLS files included).
 
@@ -36,7 +40,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Semaphore;
@@ -47,7 +50,7 @@ use tracing_subscriber::EnvFilter;
 use triad::cli::{Cli, Tool};
 use triad::config::{Config, ConfigError};
 use triad::listener::{ConnContext, Handler, Listener, Proto};
-use triad::tls::TlsHandler;
+use triad::tls::{TlsConfigs, TlsHandler};
 use triad_store::store::Store;
 
 /// How long shutdown waits for open connections before closing the store anyway.
@@ -74,7 +77,7 @@ fn main() -> ExitCode {
     };
     // The PEM files are part of the configuration: read and checked before anything
     // else, with the same exit code.
-    let tls = match triad::tls::server_config(&config.tls) {
+    let tls = match TlsConfigs::load(&config.tls) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("triad: error: {e}");
@@ -141,7 +144,7 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-fn run(cli: &Cli, config: Config, tls: Option<Arc<ServerConfig>>) -> anyhow::Result<()> {
+fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let s = &config.store;
     info!(
@@ -189,6 +192,18 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<ServerConfig>>) -> anyhow::Res
     Ok(())
 }
 
+/// Reloads the TLS files; on failure the chain in use stays and the error is logged.
+fn reload_tls(tls: &TlsConfigs, why: &str) {
+    match tls.reload() {
+        Ok(()) => info!(trigger = why, "TLS certificate reloaded"),
+        Err(e) => tracing::error!(
+            trigger = why,
+            error = %e,
+            "TLS certificate reload failed; keeping the one in use"
+        ),
+    }
+}
+
 /// Starts accepting on `socket` with `handler`, in a task the shutdown waits for.
 fn spawn_listener<H: Handler>(
     socket: TcpListener,
@@ -204,11 +219,16 @@ fn spawn_listener<H: Handler>(
 async fn serve(
     config: Arc<Config>,
     broker: Arc<triad_core::Broker>,
-    tls: Option<Arc<ServerConfig>>,
+    tls: Option<Arc<TlsConfigs>>,
 ) -> anyhow::Result<()> {
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    // SIGHUP (systemd's ExecReload) reloads the TLS files instead of ending the broker.
+    let mut sighup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+    let watch_every = tls.as_ref().and_then(|t| t.watch_interval());
+    let mut watch = tokio::time::interval(watch_every.unwrap_or(Duration::from_secs(3600)));
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     // Bind everything first: readiness means every port is open. The TLS listeners only
     // with a certificate (the default configuration has none).
@@ -311,6 +331,15 @@ async fn serve(
         tokio::select! {
             _ = sigterm.recv() => break "SIGTERM",
             _ = sigint.recv() => break "SIGINT",
+            _ = sighup.recv() => match &tls {
+                Some(t) => reload_tls(t, "SIGHUP"),
+                None => info!("SIGHUP: no TLS certificate to reload"),
+            },
+            _ = watch.tick(), if watch_every.is_some() => {
+                if let Some(t) = tls.as_ref().filter(|t| t.files_changed()) {
+                    reload_tls(t, "files changed");
+                }
+            }
             _ = tick.tick() => {
                 if let Err(e) = broker.store().health() {
                     store_failed = Some(e);

@@ -1,37 +1,53 @@
-//! TLS for the `amqps`, `stomps`, `mqtts` and `https` listeners: rustls (ring provider)
-//! via tokio-rustls.
+//! TLS for the `amqps`, `stomps`, `mqtts` and `https` listeners: rustls (ring provider),
+//! through its unbuffered API ([`stream`]).
 //!
-//! - [`server_config`] reads `[tls]`'s PEM files once at startup and builds the one
-//!   [`ServerConfig`] every TLS listener shares: TLS 1.2 and 1.3 only, and, with
-//!   `verify_peer`, client certificates verified against `ca_file` by
-//!   [`WebPkiClientVerifier`] (required with `fail_if_no_peer_cert`, else optional).
-//!   Any problem with a file is a [`TlsError`] naming it (the broker exits with 2).
+//! - [`server_config`] reads `[tls]`'s PEM files and builds the [`ServerConfig`] every
+//!   TLS listener shares: TLS 1.2 and 1.3 only, and, with `verify_peer`, client
+//!   certificates verified against `ca_file` by [`WebPkiClientVerifier`] (required with
+//!   `fail_if_no_peer_cert`, else optional); further chains chosen by SNI
+//!   (`[[tls.certificates]]`, [`SniResolver`]); session resumption by cache
+//!   (`session_cache_size`) and tickets (`session_tickets`, `tls13_tickets`). Any
+//!   problem with a file is a [`TlsError`] naming it (the broker exits with 2 at
+//!   startup).
+//! - [`TlsConfigs`] holds the configuration in use and reloads it (SIGHUP, or a file
+//!   changed): new handshakes get the new chain, connections keep theirs, a bad file
+//!   keeps the old one. The session cache and ticket keys survive reloads.
 //! - [`TlsHandler`] wraps a protocol's [`Service`] into the listener's [`Handler`]: the
 //!   handshake runs inside the connection's task with a [`HANDSHAKE_TIMEOUT`] deadline
 //!   (never in the accept loop), then the protocol is served over the TLS stream with
 //!   the client certificate's subject CN in [`ConnContext::peer_cert_cn`].
 //! - [`subject_cn`] reads that CN from a certificate's DER.
+//! - [`stream`]: the TLS stream itself, over rustls' unbuffered API, holding no buffer
+//!   while idle.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{
+    ClientHello, NoServerSessionStorage, ProducesTickets, ResolvesServerCert,
+    ServerSessionMemoryCache, StoresServerSessions, WebPkiClientVerifier,
+};
+use rustls::sign::CertifiedKey;
 use rustls::version::{TLS12, TLS13};
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsAcceptor;
 use tracing::debug;
 
 use crate::config::TlsSection;
 use crate::listener::{ConnContext, ConnResult, Handler, Service};
+
+pub mod stream;
+
+pub use stream::TlsStream;
 
 /// Deadline for the TLS handshake, from accept to a finished handshake (house style:
 /// every pre-auth phase has one; the protocol's own handshake deadline follows).
@@ -68,6 +84,36 @@ pub enum TlsError {
 /// Builds the TLS listeners' configuration from `[tls]`, or `None` when no certificate
 /// and key are configured (then no TLS listener is bound). Reads every file named.
 pub fn server_config(tls: &TlsSection) -> Result<Option<Arc<ServerConfig>>, TlsError> {
+    let resumption = Resumption::new(tls)?;
+    build(tls, &resumption)
+}
+
+/// What a reload keeps: the session cache and the ticket keys, so that clients resume
+/// across certificate reloads too.
+struct Resumption {
+    cache: Arc<dyn StoresServerSessions>,
+    ticketer: Option<Arc<dyn ProducesTickets>>,
+}
+
+impl Resumption {
+    fn new(tls: &TlsSection) -> Result<Resumption, TlsError> {
+        let cache: Arc<dyn StoresServerSessions> = match tls.session_cache_size {
+            0 => Arc::new(NoServerSessionStorage {}),
+            n => ServerSessionMemoryCache::new(n),
+        };
+        let ticketer = if tls.session_tickets {
+            Some(
+                rustls::crypto::ring::Ticketer::new()
+                    .map_err(|e| TlsError::Setup(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        Ok(Resumption { cache, ticketer })
+    }
+}
+
+fn build(tls: &TlsSection, resumption: &Resumption) -> Result<Option<Arc<ServerConfig>>, TlsError> {
     let (Some(cert_file), Some(key_file)) = (&tls.cert_file, &tls.key_file) else {
         return Ok(None);
     };
@@ -85,23 +131,162 @@ pub fn server_config(tls: &TlsSection) -> Result<Option<Arc<ServerConfig>>, TlsE
         .map_err(|e| TlsError::Setup(e.to_string()))?;
     let builder = match cas {
         Some((path, cas)) if tls.verify_peer => {
-            let verifier = client_verifier(path, cas, provider, tls.fail_if_no_peer_cert)?;
+            let verifier =
+                client_verifier(path, cas, Arc::clone(&provider), tls.fail_if_no_peer_cert)?;
             builder.with_client_cert_verifier(verifier)
         }
         _ => builder.with_no_client_auth(),
     };
-    let config = builder.with_single_cert(chain, key).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-            cert: cert_file.clone(),
-            key: key_file.clone(),
-        },
-        e => TlsError::Certified {
-            cert: cert_file.clone(),
-            key: key_file.clone(),
-            reason: e.to_string(),
-        },
-    })?;
+    let default = certified(cert_file, key_file, chain, key, &provider)?;
+    let mut by_name = HashMap::new();
+    for c in &tls.certificates {
+        let chain = load_certs("certificate", &c.cert_file)?;
+        let key = load_key(&c.key_file)?;
+        let ck = certified(&c.cert_file, &c.key_file, chain, key, &provider)?;
+        for name in &c.server_names {
+            by_name.insert(name.to_ascii_lowercase(), Arc::clone(&ck));
+        }
+    }
+    let mut config = builder.with_cert_resolver(Arc::new(SniResolver { by_name, default }));
+    config.session_storage = Arc::clone(&resumption.cache);
+    if let Some(t) = &resumption.ticketer {
+        config.ticketer = Arc::clone(t);
+    }
+    config.send_tls13_tickets = tls.tls13_tickets;
     Ok(Some(Arc::new(config)))
+}
+
+/// The TLS configuration new handshakes use, replaced by [`TlsConfigs::reload`] (on
+/// SIGHUP, and when [`TlsConfigs::files_changed`]). A connection keeps the configuration
+/// it was accepted with; a reload that fails keeps the one in use.
+pub struct TlsConfigs {
+    section: TlsSection,
+    resumption: Resumption,
+    current: RwLock<Arc<ServerConfig>>,
+    /// What the files looked like at the last (attempted) load.
+    stamps: Mutex<Vec<Option<FileStamp>>>,
+}
+
+/// A file's identity and version, as far as `stat` tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+impl TlsConfigs {
+    /// Loads `[tls]`; `None` without a certificate and key.
+    pub fn load(tls: &TlsSection) -> Result<Option<Arc<TlsConfigs>>, TlsError> {
+        let resumption = Resumption::new(tls)?;
+        let stamps = stamps(tls);
+        let Some(config) = build(tls, &resumption)? else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(TlsConfigs {
+            section: tls.clone(),
+            resumption,
+            current: RwLock::new(config),
+            stamps: Mutex::new(stamps),
+        })))
+    }
+
+    /// The configuration for a new handshake.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Reads the files again; on success new handshakes use them, on failure the
+    /// configuration in use stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        *self.stamps.lock().unwrap_or_else(|e| e.into_inner()) = stamps(&self.section);
+        let config = build(&self.section, &self.resumption)?
+            .ok_or_else(|| TlsError::Setup("no certificate and key configured".into()))?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = config;
+        Ok(())
+    }
+
+    /// Whether a certificate, key or CA file changed since the last load.
+    pub fn files_changed(&self) -> bool {
+        *self.stamps.lock().unwrap_or_else(|e| e.into_inner()) != stamps(&self.section)
+    }
+
+    /// `tls.watch_interval`, `None` when off.
+    pub fn watch_interval(&self) -> Option<Duration> {
+        Some(self.section.watch_interval.get()).filter(|d| !d.is_zero())
+    }
+}
+
+fn stamps(tls: &TlsSection) -> Vec<Option<FileStamp>> {
+    use std::os::unix::fs::MetadataExt;
+    let extra = tls
+        .certificates
+        .iter()
+        .flat_map(|c| [Some(&c.cert_file), Some(&c.key_file)]);
+    [&tls.cert_file, &tls.key_file, &tls.ca_file]
+        .into_iter()
+        .map(Option::as_ref)
+        .chain(extra)
+        .map(|path| {
+            let m = std::fs::metadata(path?).ok()?;
+            Some(FileStamp {
+                modified: m.modified().ok(),
+                len: m.len(),
+                inode: m.ino(),
+            })
+        })
+        .collect()
+}
+
+/// A chain and its key, checked to match.
+fn certified(
+    cert_file: &Path,
+    key_file: &Path,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    provider: &CryptoProvider,
+) -> Result<Arc<CertifiedKey>, TlsError> {
+    CertifiedKey::from_der(chain, key, provider)
+        .map(Arc::new)
+        .map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+                cert: cert_file.to_owned(),
+                key: key_file.to_owned(),
+            },
+            e => TlsError::Certified {
+                cert: cert_file.to_owned(),
+                key: key_file.to_owned(),
+                reason: e.to_string(),
+            },
+        })
+}
+
+/// Picks the chain by the name the client asked for (SNI): an exact
+/// `[[tls.certificates]]` name, then `*.` + the name without its first label, else
+/// the default chain (`cert_file`), also for clients that send no name.
+#[derive(Debug)]
+struct SniResolver {
+    by_name: HashMap<String, Arc<CertifiedKey>>,
+    default: Arc<CertifiedKey>,
+}
+
+impl SniResolver {
+    fn pick(&self, name: Option<&str>) -> Arc<CertifiedKey> {
+        let found = name.and_then(|n| {
+            let n = n.to_ascii_lowercase();
+            self.by_name.get(&n).or_else(|| {
+                let (_, parent) = n.split_once('.')?;
+                self.by_name.get(&format!("*.{parent}"))
+            })
+        });
+        Arc::clone(found.unwrap_or(&self.default))
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.pick(hello.server_name()))
+    }
 }
 
 fn client_verifier(
@@ -172,16 +357,13 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// A protocol's [`Service`] behind a TLS handshake: the [`Handler`] of a TLS listener.
 pub struct TlsHandler<T> {
-    acceptor: TlsAcceptor,
+    configs: Arc<TlsConfigs>,
     service: T,
 }
 
 impl<T: Service> TlsHandler<T> {
-    pub fn new(config: Arc<ServerConfig>, service: T) -> TlsHandler<T> {
-        TlsHandler {
-            acceptor: TlsAcceptor::from(config),
-            service,
-        }
+    pub fn new(configs: Arc<TlsConfigs>, service: T) -> TlsHandler<T> {
+        TlsHandler { configs, service }
     }
 }
 
@@ -192,18 +374,18 @@ impl<T: Service> Handler for TlsHandler<T> {
         peer: SocketAddr,
         mut ctx: ConnContext,
     ) -> impl Future<Output = ConnResult> + Send + 'static {
-        let acceptor = self.acceptor.clone();
+        let config = self.configs.current();
         let service = self.service.clone();
         async move {
             // Boxed (the handshake and the stream after it): a connection's task is sized
             // for its largest state, and rustls' connection state (1.2 KiB) and the
             // handshake's temporaries would otherwise widen it several times over for as
             // long as the connection lives.
-            let tls = match Box::pin(handshake(&acceptor, stream, &ctx.shutdown)).await {
+            let tls = match Box::pin(handshake(config, stream, &ctx.shutdown)).await {
                 Ok(tls) => tls,
                 Err(end) => return end,
             };
-            let (_, conn) = tls.get_ref();
+            let conn = tls.common();
             ctx.peer_cert_cn = conn
                 .peer_certificates()
                 .and_then(|chain| chain.first())
@@ -221,15 +403,15 @@ impl<T: Service> Handler for TlsHandler<T> {
 
 /// The TLS handshake under [`HANDSHAKE_TIMEOUT`]; `Err` is how the connection ends.
 async fn handshake(
-    acceptor: &TlsAcceptor,
+    config: Arc<ServerConfig>,
     stream: TcpStream,
     shutdown: &tokio_util::sync::CancellationToken,
-) -> Result<Box<tokio_rustls::server::TlsStream<TcpStream>>, ConnResult> {
+) -> Result<Box<TlsStream<TcpStream>>, ConnResult> {
     tokio::select! {
         () = shutdown.cancelled() => {
             Err(Ok(Cow::Borrowed("shutdown during the TLS handshake")))
         }
-        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match r {
+        r = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsStream::accept(stream, config)) => match r {
             Err(_elapsed) => Err(Ok(Cow::Borrowed("TLS handshake timeout"))),
             Ok(Err(e)) => Err(Err(format!("TLS handshake failed: {e}").into())),
             Ok(Ok(tls)) => Ok(Box::new(tls)),

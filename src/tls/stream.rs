@@ -1,0 +1,470 @@
+//! A server-side TLS stream over rustls' unbuffered API
+//! ([`UnbufferedServerConnection`]), whose buffers are ours and are let go while the
+//! connection waits.
+//!
+//! rustls' buffered `ServerConnection` (what `tokio-rustls` wraps) sizes its record
+//! buffer to 4 KiB before every socket read and keeps it, so every idle TLS connection
+//! held 4 KiB it was not using. Here:
+//!
+//! - a read from the socket lands in a buffer on the stack and is copied into
+//!   `incoming`, just big enough; once its records are processed an empty `incoming`
+//!   is freed (a partial record keeps it until the rest arrives);
+//! - decrypted bytes wait in `plain` until the protocol reads them, then it is freed;
+//! - records to send are encoded or encrypted into `outgoing`, which is freed once the
+//!   socket has taken all of it.
+//!
+//! An idle connection therefore holds rustls' connection state and keys and no buffer.
+//! [`TlsStream::accept`] runs the handshake; the stream is then [`AsyncRead`] and
+//! [`AsyncWrite`] like `tokio_rustls::server::TlsStream`.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use rustls::server::UnbufferedServerConnection;
+use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedStatus};
+use rustls::{CommonState, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The largest TLS record on the wire (16 KiB of payload, 2 KiB of expansion, header): one
+/// socket read is at most this much, on the stack.
+const READ_CHUNK: usize = 16 * 1024 + 2048 + 5;
+/// Plaintext encrypted per `poll_write`: the caller's data is taken in pieces of at most
+/// this, so that `outgoing` stays bounded.
+const WRITE_CHUNK: usize = 64 * 1024;
+/// Past this many unsent TLS bytes, `poll_write` waits for the socket first.
+const OUTGOING_HIGH: usize = 64 * 1024;
+
+/// A TLS connection accepted by a server: rustls' state and our three buffers.
+pub struct TlsStream<IO> {
+    io: IO,
+    conn: UnbufferedServerConnection,
+    /// TLS bytes read and not yet processed; empty (unallocated) unless a record is
+    /// incomplete.
+    incoming: Vec<u8>,
+    /// Decrypted bytes not yet read by the protocol, from `plain_pos` on.
+    plain: Vec<u8>,
+    plain_pos: usize,
+    /// TLS bytes not yet written to the socket, from `out_pos` on.
+    outgoing: Vec<u8>,
+    out_pos: usize,
+    /// The peer sent close_notify or closed the socket: reads return end of file.
+    read_eof: bool,
+    /// Our close_notify is in `outgoing` (or was sent).
+    close_queued: bool,
+}
+
+fn invalid(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
+    /// Runs the server side of the handshake over `io`. No deadline here: the caller
+    /// puts one around it.
+    pub async fn accept(io: IO, config: Arc<ServerConfig>) -> io::Result<TlsStream<IO>> {
+        let conn = UnbufferedServerConnection::new(config).map_err(invalid)?;
+        let mut s = TlsStream {
+            io,
+            conn,
+            incoming: Vec::new(),
+            plain: Vec::new(),
+            plain_pos: 0,
+            outgoing: Vec::new(),
+            out_pos: 0,
+            read_eof: false,
+            close_queued: false,
+        };
+        loop {
+            let processed = s.process(None);
+            // Whatever was produced (flights, or an alert after an error) goes out first.
+            std::future::poll_fn(|cx| s.poll_flush_outgoing(cx)).await?;
+            processed?;
+            if !s.conn.is_handshaking() {
+                return Ok(s);
+            }
+            if s.read_eof {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed during the TLS handshake",
+                ));
+            }
+            std::future::poll_fn(|cx| s.poll_fill(cx)).await?;
+        }
+    }
+
+    /// What rustls knows of the connection: peer certificates, version, cipher suite.
+    pub fn common(&self) -> &CommonState {
+        &self.conn
+    }
+
+    /// Runs rustls until it needs bytes from the peer: decrypted application data goes
+    /// to `plain`, records to send to `outgoing`. With `write`, encrypts it as soon as
+    /// application data may be sent and returns `true`. After an error, any alert rustls
+    /// queued is in `outgoing`.
+    fn process(&mut self, write: Option<&[u8]>) -> io::Result<bool> {
+        let mut write = write;
+        let mut written = false;
+        loop {
+            let UnbufferedStatus { discard, state } =
+                self.conn.process_tls_records(&mut self.incoming);
+            let mut discard = discard;
+            let mut done = false;
+            let mut error = None;
+            match state {
+                Err(e) => error = Some(invalid(e)),
+                Ok(ConnectionState::ReadTraffic(mut r)) => {
+                    while let Some(record) = r.next_record() {
+                        match record {
+                            Ok(record) => {
+                                discard += record.discard;
+                                if self.plain_pos == self.plain.len() {
+                                    self.plain.clear();
+                                    self.plain_pos = 0;
+                                }
+                                self.plain.extend_from_slice(record.payload);
+                            }
+                            Err(e) => {
+                                error = Some(invalid(e));
+                                break;
+                            }
+                        }
+                    }
+                }
+                Ok(ConnectionState::EncodeTlsData(mut e)) => {
+                    if let Err(err) = encode_into(&mut self.outgoing, |out| e.encode(out)) {
+                        error = Some(invalid(err));
+                    }
+                }
+                // The bytes are in `outgoing`; rustls need not wait for the socket.
+                Ok(ConnectionState::TransmitTlsData(t)) => t.done(),
+                Ok(ConnectionState::WriteTraffic(mut w)) => {
+                    if let Some(data) = write.take() {
+                        match encrypt_into(&mut self.outgoing, |out| w.encrypt(data, out)) {
+                            Ok(()) => written = true,
+                            Err(e) => error = Some(invalid(e)),
+                        }
+                    } else {
+                        done = true;
+                    }
+                }
+                // Reported once; we may still write after it (a write in progress goes on).
+                Ok(ConnectionState::PeerClosed) => {
+                    self.read_eof = true;
+                    done = write.is_none();
+                }
+                Ok(ConnectionState::Closed) => {
+                    self.read_eof = true;
+                    done = true;
+                }
+                Ok(ConnectionState::BlockedHandshake) => done = true,
+                // Early data is never accepted (`max_early_data_size` is 0).
+                Ok(ConnectionState::ReadEarlyData(_)) => {
+                    error = Some(invalid("unexpected TLS early data"));
+                }
+                Ok(_) => error = Some(invalid("unexpected TLS connection state")),
+            }
+            self.incoming.drain(..discard.min(self.incoming.len()));
+            if self.incoming.is_empty() && self.incoming.capacity() > 0 {
+                self.incoming = Vec::new();
+            }
+            if let Some(e) = error {
+                self.queue_alerts();
+                return Err(e);
+            }
+            if done {
+                return Ok(written);
+            }
+        }
+    }
+
+    /// After an error rustls has queued its alert: encode it into `outgoing` (bounded;
+    /// best effort, the connection is ending).
+    fn queue_alerts(&mut self) {
+        for _ in 0..4 {
+            let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut []);
+            match state {
+                Ok(ConnectionState::EncodeTlsData(mut e)) => {
+                    if encode_into(&mut self.outgoing, |out| e.encode(out)).is_err() {
+                        return;
+                    }
+                }
+                Ok(ConnectionState::TransmitTlsData(t)) => t.done(),
+                _ => return,
+            }
+        }
+    }
+
+    /// Reads once from the socket into `incoming`; end of file sets `read_eof`.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+        let mut rb = ReadBuf::uninit(&mut stack);
+        ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
+        if rb.filled().is_empty() {
+            self.read_eof = true;
+        } else {
+            self.incoming.extend_from_slice(rb.filled());
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Writes `outgoing` to the socket until it is all sent, then frees it.
+    fn poll_flush_outgoing(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.out_pos < self.outgoing.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.outgoing[self.out_pos..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.out_pos += n;
+        }
+        self.outgoing = Vec::new();
+        self.out_pos = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    fn pending_out(&self) -> usize {
+        self.outgoing.len() - self.out_pos
+    }
+}
+
+/// Runs `encode` on the spare end of `out`, growing it to the size rustls asks for.
+fn encode_into(
+    out: &mut Vec<u8>,
+    mut encode: impl FnMut(&mut [u8]) -> Result<usize, EncodeError>,
+) -> Result<(), EncodeError> {
+    let start = out.len();
+    let need = match encode(&mut []) {
+        Ok(n) => n,
+        Err(EncodeError::InsufficientSize(s)) => s.required_size,
+        Err(e) => return Err(e),
+    };
+    out.resize(start + need, 0);
+    let n = encode(&mut out[start..])?;
+    out.truncate(start + n);
+    Ok(())
+}
+
+/// [`encode_into`] for application data and close_notify.
+fn encrypt_into(
+    out: &mut Vec<u8>,
+    mut encrypt: impl FnMut(&mut [u8]) -> Result<usize, EncryptError>,
+) -> Result<(), EncryptError> {
+    let start = out.len();
+    let need = match encrypt(&mut []) {
+        Ok(n) => n,
+        Err(EncryptError::InsufficientSize(s)) => s.required_size,
+        Err(e) => return Err(e),
+    };
+    out.resize(start + need, 0);
+    let n = encrypt(&mut out[start..])?;
+    out.truncate(start + n);
+    Ok(())
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.plain_pos < this.plain.len() {
+                let n = buf.remaining().min(this.plain.len() - this.plain_pos);
+                buf.put_slice(&this.plain[this.plain_pos..this.plain_pos + n]);
+                this.plain_pos += n;
+                if this.plain_pos == this.plain.len() {
+                    this.plain = Vec::new();
+                    this.plain_pos = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.read_eof {
+                return Poll::Ready(Ok(()));
+            }
+            // Replies rustls owes the peer (key updates, alerts) go out before we wait.
+            if let Poll::Ready(Err(e)) = this.poll_flush_outgoing(cx) {
+                return Poll::Ready(Err(e));
+            }
+            ready!(this.poll_fill(cx))?;
+            if let Err(e) = this.process(None) {
+                // The alert, if the socket takes it now.
+                let _ = this.poll_flush_outgoing(cx);
+                return Poll::Ready(Err(e));
+            }
+        }
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.pending_out() >= OUTGOING_HIGH {
+            ready!(this.poll_flush_outgoing(cx))?;
+        }
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        if this.close_queued {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let n = data.len().min(WRITE_CHUNK);
+        match this.process(Some(&data[..n])) {
+            Ok(true) => {}
+            Ok(false) => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            Err(e) => {
+                let _ = this.poll_flush_outgoing(cx);
+                return Poll::Ready(Err(e));
+            }
+        }
+        // Start sending now; what the socket does not take waits for the next write or
+        // flush.
+        if let Poll::Ready(Err(e)) = this.poll_flush_outgoing(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_flush_outgoing(cx))?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.close_queued {
+            this.close_queued = true;
+            // Flush whatever rustls still owes first, then close_notify.
+            if this.process(None).is_ok() {
+                let UnbufferedStatus { state, .. } = this.conn.process_tls_records(&mut []);
+                if let Ok(ConnectionState::WriteTraffic(mut w)) = state {
+                    let _ = encrypt_into(&mut this.outgoing, |out| w.queue_close_notify(out));
+                }
+            }
+        }
+        ready!(this.poll_flush_outgoing(cx))?;
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::ServerName;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn configs(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> (Arc<ServerConfig>, Arc<rustls::ClientConfig>) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(versions)
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .expect("server config");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).expect("root");
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions)
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+
+    async fn pair(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> (
+        TlsStream<tokio::io::DuplexStream>,
+        tokio_rustls::client::TlsStream<tokio::io::DuplexStream>,
+    ) {
+        let (server, client) = configs(versions);
+        // Small pipe: records cross it in pieces, writes wait for the reader.
+        let (a, b) = tokio::io::duplex(1000);
+        let connector = tokio_rustls::TlsConnector::from(client);
+        let name = ServerName::try_from("localhost").expect("name");
+        let (s, c) = tokio::join!(TlsStream::accept(a, server), connector.connect(name, b));
+        (s.expect("server handshake"), c.expect("client handshake"))
+    }
+
+    #[tokio::test]
+    async fn carries_data_both_ways_and_frees_its_buffers() {
+        for versions in [
+            &[&rustls::version::TLS13][..],
+            &[&rustls::version::TLS12][..],
+        ] {
+            let (mut s, mut c) = pair(versions).await;
+            let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+            let (w, r) = tokio::join!(
+                async {
+                    c.write_all(&big).await.expect("client write");
+                    c.flush().await.expect("flush");
+                },
+                async {
+                    let mut got = vec![0u8; big.len()];
+                    s.read_exact(&mut got).await.expect("server read");
+                    got
+                }
+            );
+            let ((), got) = (w, r);
+            assert_eq!(got, big);
+            let (w, r) = tokio::join!(
+                async {
+                    s.write_all(&big).await.expect("server write");
+                    s.flush().await.expect("flush");
+                },
+                async {
+                    let mut got = vec![0u8; big.len()];
+                    c.read_exact(&mut got).await.expect("client read");
+                    got
+                }
+            );
+            let ((), got) = (w, r);
+            assert_eq!(got, big);
+            assert_eq!(s.incoming.capacity(), 0);
+            assert_eq!(s.plain.capacity(), 0);
+            assert_eq!(s.outgoing.capacity(), 0);
+            // close_notify both ways: the client sees EOF, and the server too.
+            s.shutdown().await.expect("shutdown");
+            let mut rest = Vec::new();
+            c.read_to_end(&mut rest).await.expect("client eof");
+            assert!(rest.is_empty());
+            c.shutdown().await.expect("client shutdown");
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest).await.expect("server eof");
+            assert!(rest.is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_after_the_peer_closed_its_side() {
+        let (mut s, mut c) = pair(&[&rustls::version::TLS13]).await;
+        c.write_all(b"last words").await.expect("client write");
+        c.shutdown().await.expect("client close_notify");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got)
+            .await
+            .expect("server reads to close_notify");
+        assert_eq!(got, b"last words");
+        s.write_all(b"bye").await.expect("server writes after it");
+        s.shutdown().await.expect("server close_notify");
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.expect("client reads");
+        assert_eq!(got, b"bye");
+    }
+}
