@@ -726,6 +726,105 @@ async fn topic_permissions_per_protocol() {
     );
 }
 
+/// Issue 14 item 7: `exchange.bind` checks the source exchange's topic `read` pattern
+/// on the binding key, as `queue.bind` does (RabbitMQ's `binding_action` checks both).
+/// Without it, a user refused `queue.bind amq.topic #` could bind their own exchange to
+/// `amq.topic` with `#` and a queue to that, and read everyone's messages.
+#[tokio::test]
+async fn exchange_bind_checks_topic_read_permission() {
+    let toml = format!(
+        "{}\n[[topic_permissions]]\nuser = \"alice\"\nvhost = \"/\"\nexchange = \"amq.topic\"\n\
+         write = \"^{{username}}\\\\.\"\nread = \"^(public|{{username}})\\\\.\"\n",
+        config("")
+    );
+    let broker = TestBroker::start_with_config(&toml);
+    let alice = amqp(&broker, "alice", "alice-pw", "/")
+        .await
+        .expect("alice");
+    let ch = alice.create_channel().await.expect("channel");
+    ch.exchange_declare(
+        "alice-x".into(),
+        lapin::ExchangeKind::Topic,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare alice-x");
+    let bind = |ch: lapin::Channel, key: &'static str| async move {
+        ch.exchange_bind(
+            "alice-x".into(),
+            "amq.topic".into(),
+            key.into(),
+            ExchangeBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+    };
+    bind(ch.clone(), "public.#")
+        .await
+        .expect("public.# is readable");
+    assert_refused(
+        bind(ch.clone(), "#").await,
+        "exchange.bind #",
+        "ACCESS_REFUSED",
+    );
+    let ch = alice.create_channel().await.expect("channel");
+    assert_refused(
+        ch.exchange_unbind(
+            "alice-x".into(),
+            "amq.topic".into(),
+            "bob.#".into(),
+            ExchangeUnbindOptions::default(),
+            FieldTable::default(),
+        )
+        .await,
+        "exchange.unbind bob.#",
+        "ACCESS_REFUSED",
+    );
+
+    // nothing published under bob.* reaches alice through her exchange
+    let ch = alice.create_channel().await.expect("channel");
+    declare(&ch, "alice-q").await.expect("declare alice-q");
+    ch.queue_bind(
+        "alice-q".into(),
+        "alice-x".into(),
+        "#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("bind alice-q to her own exchange");
+    let guest = amqp(&broker, "guest", "guest", "/").await.expect("guest");
+    let gch = guest.create_channel().await.expect("channel");
+    gch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    for key in ["bob.secret", "public.news"] {
+        gch.basic_publish(
+            "amq.topic".into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            key.as_bytes(),
+            BasicProperties::default(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm");
+    }
+    let got = ch
+        .basic_get("alice-q".into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("get")
+        .expect("public.news arrived");
+    assert_eq!(got.delivery.data, b"public.news");
+    assert!(ch
+        .basic_get("alice-q".into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("get")
+        .is_none());
+}
+
 #[test]
 fn frame_limits_after_login_are_configurable() {
     let broker = TestBroker::start_with_config(&config(

@@ -339,7 +339,12 @@ impl Session {
                 )
             }
             exchange::AMQPMethod::Bind(b) => {
-                access.exchange_bind(b.destination.as_str(), b.source.as_str())?;
+                access.exchange_bind_key(
+                    &vhost,
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                )?;
                 vhost.bind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
@@ -349,7 +354,12 @@ impl Session {
                 (exchange::AMQPMethod::BindOk(exchange::BindOk {}), b.nowait)
             }
             exchange::AMQPMethod::Unbind(b) => {
-                access.exchange_bind(b.destination.as_str(), b.source.as_str())?;
+                access.exchange_bind_key(
+                    &vhost,
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                )?;
                 vhost.unbind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
