@@ -968,14 +968,7 @@ impl Vhost {
 
     /// `basic.publish` (and STOMP SEND, MQTT PUBLISH).
     pub fn publish(&self, p: Publish) -> Result<Published, CoreError> {
-        if p.body.len() > self.max_message_size {
-            return Err(CoreError::PreconditionFailed(format!(
-                "message size {} is larger than configured max size {}",
-                p.body.len(),
-                self.max_message_size
-            )));
-        }
-        let targets = self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())?;
+        let targets = self.check_and_route(&p)?;
         self.publish_to(
             targets,
             &p.exchange,
@@ -984,6 +977,41 @@ impl Vhost {
             &p.body,
             Some(p.conn),
         )
+    }
+
+    /// A transaction's publishes (AMQP `tx.commit`, STOMP `COMMIT`), all or nothing as
+    /// far as the publisher can cause it: every message is checked and routed before the
+    /// first is stored, so one whose exchange is gone or that is too large stores none.
+    pub fn publish_all(&self, batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
+        let mut routed = Vec::with_capacity(batch.len());
+        for p in batch {
+            let targets = self.check_and_route(&p)?;
+            routed.push((p, targets));
+        }
+        routed
+            .into_iter()
+            .map(|(p, targets)| {
+                self.publish_to(
+                    targets,
+                    &p.exchange,
+                    &p.routing_key,
+                    p.properties,
+                    &p.body,
+                    Some(p.conn),
+                )
+            })
+            .collect()
+    }
+
+    fn check_and_route(&self, p: &Publish) -> Result<Vec<Arc<Queue>>, CoreError> {
+        if p.body.len() > self.max_message_size {
+            return Err(CoreError::PreconditionFailed(format!(
+                "message size {} is larger than configured max size {}",
+                p.body.len(),
+                self.max_message_size
+            )));
+        }
+        self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())
     }
 
     fn publish_to(
