@@ -170,11 +170,26 @@ fn amqp_expect(s: &mut TcpStream, buf: &mut Vec<u8>, want: (u16, u16)) -> Vec<u8
 /// A raw AMQP connection through `connection.open-ok` (PLAIN guest/guest, heartbeats
 /// off) with channel 1 open.
 fn amqp_open(addr: SocketAddr) -> TcpStream {
+    amqp_open_hb(addr, 0)
+}
+
+/// [`amqp_open`] with a heartbeat of `heartbeat` seconds.
+fn amqp_open_hb(addr: SocketAddr, heartbeat: u16) -> TcpStream {
     let mut s = tcp(addr);
     let mut buf = Vec::new();
     s.write_all(AMQP_HEADER).unwrap();
     amqp_expect(&mut s, &mut buf, (10, 10));
-    let mut args = 0u32.to_be_bytes().to_vec(); // client-properties: empty table
+    // client-properties: capabilities = {connection.blocked: true}
+    let mut caps = Vec::new();
+    shortstr("connection.blocked", &mut caps);
+    caps.extend_from_slice(&[b't', 1]);
+    let mut props = Vec::new();
+    shortstr("capabilities", &mut props);
+    props.push(b'F');
+    props.extend_from_slice(&(caps.len() as u32).to_be_bytes());
+    props.extend_from_slice(&caps);
+    let mut args = (props.len() as u32).to_be_bytes().to_vec();
+    args.extend_from_slice(&props);
     shortstr("PLAIN", &mut args);
     let resp = b"\0guest\0guest";
     args.extend_from_slice(&(resp.len() as u32).to_be_bytes());
@@ -184,7 +199,7 @@ fn amqp_open(addr: SocketAddr) -> TcpStream {
     let tune = amqp_expect(&mut s, &mut buf, (10, 30));
     let mut args = tune[4..6].to_vec(); // channel-max as proposed
     args.extend_from_slice(&tune[6..10]); // frame-max as proposed
-    args.extend_from_slice(&0u16.to_be_bytes()); // no heartbeats
+    args.extend_from_slice(&heartbeat.to_be_bytes());
     s.write_all(&amqp_method(0, 10, 31, &args)).unwrap();
     let mut args = Vec::new();
     shortstr("/", &mut args);
@@ -982,4 +997,52 @@ fn abuse_leaves_the_broker_serving_with_bounded_memory() {
         rss_start >> 10,
         rss_end >> 10
     );
+}
+
+/// Issue 14 item 14: a publisher blocked by the memory alarm is not read from, but it is
+/// still closed after the heartbeat timeout once it goes silent (it used to be exempt:
+/// the broker took its own not reading for the peer's silence).
+#[test]
+fn blocked_publisher_that_goes_silent_is_closed_after_the_heartbeat_timeout() {
+    // a mark far below any process's size: the memory alarm is up from the start
+    let broker = TestBroker::start_with_config(
+        "[store]\nsegment_size = \"4 MiB\"\n\n[limits]\nmax_message_size = \"1 MiB\"\nmemory_high_watermark = 0.000001\n",
+    );
+    broker.wait_for_log("resource alarm raised", Duration::from_secs(10));
+    let mut s = amqp_open_hb(broker.amqp_addr(), 1);
+    let mut publish = amqp_method(1, 60, 40, &[0, 0, 0, 2, b'h', b'b', 0]);
+    let mut header = 60u16.to_be_bytes().to_vec();
+    header.extend_from_slice(&0u16.to_be_bytes());
+    header.extend_from_slice(&1u64.to_be_bytes());
+    header.extend_from_slice(&0u16.to_be_bytes());
+    publish.extend_from_slice(&amqp_frame(2, 1, &header));
+    publish.extend_from_slice(&amqp_frame(3, 1, b"x"));
+    s.write_all(&publish).unwrap();
+    let mut buf = Vec::new();
+    amqp_expect(&mut s, &mut buf, (10, 60)); // connection.blocked
+                                             // silent from now on: no heartbeats, nothing else; 2 missed heartbeats close it
+    let t = Instant::now();
+    let (_, closed) = read_until_close(&mut s, Duration::from_secs(10));
+    assert!(
+        closed,
+        "a silent, blocked publisher was still connected after {:?}",
+        t.elapsed()
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+
+    // while one that keeps sending heartbeats stays connected past the timeout
+    let mut s = amqp_open_hb(broker.amqp_addr(), 1);
+    s.write_all(&publish).unwrap();
+    let mut buf = Vec::new();
+    amqp_expect(&mut s, &mut buf, (10, 60));
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        s.write_all(&amqp_frame(8, 0, &[])).unwrap();
+        let (_, closed) = read_until_close(&mut s, Duration::from_millis(400));
+        assert!(!closed, "a blocked publisher sending heartbeats was closed");
+    }
 }

@@ -26,6 +26,9 @@ use triad_core::io::read_some;
 /// The write buffer taken for a batch of frames (it grows for larger batches).
 const WBUF: usize = 8 << 10;
 
+/// How much a connection held by a resource alarm may have read and not processed.
+const HELD_READ_MAX: usize = 8 << 10;
+
 /// How long the last bytes to a peer (connection.close at shutdown, TLS close_notify)
 /// may take before the connection is dropped without them.
 const LAST_WORDS: Duration = Duration::from_secs(1);
@@ -158,10 +161,17 @@ where
     session.start();
 
     loop {
+        // While an alarm is raised, a connection that publishes is held: of what it
+        // sends, only heartbeat frames are taken (they prove it alive); the rest waits in
+        // its buffer, at most HELD_READ_MAX of it, until the alarm clears.
+        let holding = blocked && session.has_published();
         // Frames already buffered (a read may carry many).
         if !fatal {
             loop {
                 if matches!(session.state(), State::Closed) {
+                    break;
+                }
+                if holding && !codec::starts_with_heartbeat(rbuf) {
                     break;
                 }
                 match codec::decode(rbuf, &session.limits()) {
@@ -234,11 +244,14 @@ where
             told_blocked = tell_blocked;
             continue;
         }
-        // While an alarm is raised, a connection that publishes is not read from (its
-        // client sees connection.blocked); consumers keep draining.
-        let reading = !(blocked && session.has_published());
+        // While an alarm is raised, a connection that publishes is read only until
+        // HELD_READ_MAX bytes of frames wait (its client sees connection.blocked);
+        // consumers keep draining. What it sends is still read, so a peer that goes
+        // silent meets the heartbeat timeout like any other; once the held bytes fill
+        // the buffer the stall is ours, and the peer is not blamed for it.
+        let holding = blocked && session.has_published();
+        let reading = !holding || rbuf.len() < HELD_READ_MAX;
         if !reading {
-            // the peer's silence is ours while we do not read: no heartbeat timeout
             last_read = Instant::now();
         }
 
