@@ -10,6 +10,7 @@
 //!   a protocol adapter plugs in as.
 //! - [`http`]: a minimal HTTP/1.1 server for `GET /health`.
 //! - [`adapters`]: glue from a connection to the AMQP, STOMP and MQTT adapters.
+//! - [`shutdown`]: closing the store last, and saying whether it was closed.
 //! - [`tls`]: the TLS listeners' rustls configuration (PEM files, TLS 1.2/1.3, client
 //!   certificates) and the handler that runs the handshake before a protocol.
 
@@ -19,6 +20,7 @@ pub mod config;
 pub mod http;
 pub mod listener;
 pub mod monitor;
+pub mod shutdown;
 pub mod tls;
 pub mod units;
 pub mod websocket;

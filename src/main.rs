@@ -21,7 +21,8 @@
 //!
 //! On shutdown it logs `shutdown requested signal=SIGTERM` (or `SIGINT`), waits up to
 //! [`SHUTDOWN_GRACE`] for connections, closes the store (final checkpoint, `abort`
-//! marker removed) and logs `stopped cleanly`.
+//! marker removed) and logs `stopped cleanly`; when the store could not be closed it
+//! says so and exits non-zero instead.
 //!
 //! A fatal startup error (bad config, unreadable or invalid TLS PEM file, store locked
 //! by another broker, address in use) is one line on stderr starting with
@@ -47,11 +48,15 @@ use tracing_subscriber::EnvFilter;
 use triad::cli::{Cli, Tool};
 use triad::config::{Config, ConfigError};
 use triad::listener::{ConnContext, Handler, Listener, Proto};
+use triad::shutdown::StoreClose;
 use triad::tls::TlsHandler;
 use triad_store::store::Store;
 
 /// How long shutdown waits for open connections before closing the store anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long the store waits at shutdown for the last other handles to it to be let go.
+const STORE_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// How often the core's timers run (message TTL at queue heads, `x-expires`).
 const TICK: Duration = Duration::from_millis(250);
 /// How often MQTT `$SYS/broker/...` topics are published (Mosquitto: 10 s).
@@ -173,15 +178,17 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<ServerConfig>>) -> anyhow::Res
     // Tasks that outlived the grace period are dropped here, releasing what they hold.
     runtime.shutdown_timeout(Duration::from_secs(1));
 
-    // The store is closed last, whether serving succeeded or not (e.g. a bind error).
-    let closed = match Arc::try_unwrap(store) {
-        Ok(store) => store.close().context("the store did not close cleanly"),
-        Err(still_shared) => {
-            // Cannot happen once the runtime is gone; dropping the last handle closes it.
-            warn!("store still referenced at shutdown; closing it on drop");
-            drop(still_shared);
-            Ok(())
+    // The store is closed last, whether serving succeeded or not (e.g. a bind error),
+    // and the log says whether it was.
+    let closed = match triad::shutdown::close_store(store, STORE_RELEASE_WAIT) {
+        StoreClose::Closed => Ok(()),
+        StoreClose::Failed(e) => {
+            Err(anyhow::anyhow!(e).context("the store did not close cleanly; the next start recovers it"))
         }
+        StoreClose::StillReferenced { holders } => Err(anyhow::anyhow!(
+            "the store was not closed: {holders} handle(s) still held after {STORE_RELEASE_WAIT:?}; \
+             the next start recovers it (unclean shutdown)"
+        )),
     };
     served?;
     closed?;
