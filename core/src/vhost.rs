@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use triad_store::commitlog::StoredRecord;
 use triad_store::flush::Durable;
 use triad_store::journal::{key_parts, KeyBuilder, MetaOp};
-use triad_store::record::{NewMessage, FLAG_PERSISTENT};
+use triad_store::record::{NewMessage, FLAG_DEAD_LETTERED, FLAG_PERSISTENT};
 use triad_store::store::Store;
 
 use crate::access::VhostAccess;
@@ -1063,7 +1063,12 @@ impl Vhost {
         };
         let appended = self.store.append(&NewMessage {
             queues: &ids,
-            flags: if persistent { FLAG_PERSISTENT } else { 0 },
+            flags: if persistent { FLAG_PERSISTENT } else { 0 }
+                | if publisher.is_none() {
+                    FLAG_DEAD_LETTERED
+                } else {
+                    0
+                },
             born_ts_ms: now_ms(),
             tag_hash: tag,
             keys,
@@ -1098,7 +1103,11 @@ impl Vhost {
         let Ok((exchange, routing_key, mut props)) = envelope::decode(&rec.properties) else {
             return;
         };
-        let Some((dlx, key)) = from.dead_letter_target(reason, &exchange, &routing_key, &mut props)
+        // Only an x-death the broker wrote counts (RabbitMQ 4 no longer interprets one a
+        // client published): a forged one could make a message look like a cycle.
+        let own_deaths = rec.flags & FLAG_DEAD_LETTERED != 0;
+        let Some((dlx, key)) =
+            from.dead_letter_target(reason, &exchange, &routing_key, &mut props, own_deaths)
         else {
             return;
         };
