@@ -61,8 +61,6 @@ const STORE_RELEASE_WAIT: Duration = Duration::from_secs(2);
 const TICK: Duration = Duration::from_millis(250);
 /// How often MQTT `$SYS/broker/...` topics are published (Mosquitto: 10 s).
 const SYS_INTERVAL: Duration = Duration::from_secs(10);
-/// Concurrent HTTP connections (health probes, later the management API).
-const HTTP_MAX_CONNECTIONS: usize = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -241,7 +239,10 @@ async fn serve(
         0 => None,
         n => Some(Arc::new(Semaphore::new(n as usize))),
     };
-    let http_limit = Some(Arc::new(Semaphore::new(HTTP_MAX_CONNECTIONS)));
+    // The HTTP listeners take no slot before accept: each request takes one of
+    // `http.max_requests` or gets 503 at once, and an upgraded WebSocket gives it back
+    // for a WebSocket slot and a `limits.max_connections` one.
+    let http_slots = Arc::new(triad::websocket::Slots::new(&config, conn_limit.clone()));
     for (proto, socket) in bound {
         let local = socket
             .local_addr()
@@ -253,10 +254,11 @@ async fn serve(
             broker: Arc::clone(&broker),
             mqtt: Arc::clone(&mqtt),
             peer_cert_cn: None,
+            http: Arc::clone(&http_slots),
         };
-        // Health probes do not count toward `limits.max_connections`.
+        // Health probes do not count toward `limits.max_connections`; WebSockets do.
         let limit = match proto.plain() {
-            Proto::Http => http_limit.clone(),
+            Proto::Http => None,
             _ => conn_limit.clone(),
         };
         // The protocol adapters plug in here, one `Handler` per protocol; over TLS, the

@@ -24,10 +24,9 @@ use triad_core::io::read_some;
 pub struct StompContext {
     /// The broker core.
     pub broker: Arc<Broker>,
-    /// Login for CONNECT frames without `login` (loopback peers only).
-    pub default_user: String,
-    /// Its password.
-    pub default_pass: String,
+    /// The user a CONNECT without `login` logs in as (no password); `None`: such a
+    /// CONNECT is refused. The process decides per peer (`auth.anonymous`).
+    pub anonymous_user: Option<String>,
     /// Frame limits after login.
     pub limits: Limits,
     /// Frame limits before login.
@@ -52,12 +51,11 @@ pub struct StompContext {
 }
 
 impl StompContext {
-    /// Defaults: guest/guest, RabbitMQ's frame limits, 10 s heart-beats, 10 s handshake.
+    /// Defaults: anonymous login as guest, RabbitMQ's frame limits, 10 s heart-beats, 10 s handshake.
     pub fn new(broker: Arc<Broker>, shutdown: CancellationToken) -> StompContext {
         StompContext {
             broker,
-            default_user: "guest".into(),
-            default_pass: "guest".into(),
+            anonymous_user: Some("guest".into()),
             limits: Limits::AUTHENTICATED,
             unauthenticated_limits: Limits::UNAUTHENTICATED,
             heartbeat_send: Duration::from_secs(10),
@@ -74,8 +72,7 @@ impl StompContext {
     fn session_config(&self) -> SessionConfig {
         let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
         SessionConfig {
-            default_user: self.default_user.clone(),
-            default_pass: self.default_pass.clone(),
+            anonymous_user: self.anonymous_user.clone(),
             heartbeat_send_ms: ms(self.heartbeat_send),
             heartbeat_recv_ms: ms(self.heartbeat_recv),
             limits: self.limits,

@@ -92,10 +92,8 @@ impl Version {
 /// Per-connection settings.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    /// Login used when CONNECT has no `login` (loopback peers only).
-    pub default_user: String,
-    /// Its password.
-    pub default_pass: String,
+    /// The user a CONNECT without `login` logs in as; `None`: refused.
+    pub anonymous_user: Option<String>,
     /// Smallest interval at which the server offers to send heart-beats, ms (0 = never).
     pub heartbeat_send_ms: u32,
     /// Smallest interval at which the server wants heart-beats, ms (0 = never).
@@ -116,8 +114,7 @@ pub struct SessionConfig {
 impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
-            default_user: "guest".into(),
-            default_pass: "guest".into(),
+            anonymous_user: Some("guest".into()),
             heartbeat_send_ms: 10_000,
             heartbeat_recv_ms: 10_000,
             limits: Limits::AUTHENTICATED,
@@ -438,17 +435,15 @@ impl Session {
                     .authenticate(login, f.header("passcode").unwrap_or(""), peer_ip),
             ),
             (None, Some(cn)) => (cn, self.broker.authenticate_external(cn, peer_ip)),
-            (None, None) if peer_ip.is_loopback() => (
-                self.cfg.default_user.as_str(),
-                self.broker
-                    .authenticate(&self.cfg.default_user, &self.cfg.default_pass, peer_ip),
-            ),
-            (None, None) => (
-                "",
-                Err(CoreError::AccessRefused(
-                    "CONNECT without login is only accepted from loopback peers".into(),
-                )),
-            ),
+            (None, None) => match self.cfg.anonymous_user.as_deref() {
+                Some(anon) => (anon, self.broker.authenticate_anonymous(anon, peer_ip)),
+                None => (
+                    "",
+                    Err(CoreError::AccessRefused(
+                        "CONNECT without login is not accepted from this peer".into(),
+                    )),
+                ),
+            },
         };
         let user = match login {
             Ok(u) => u,
