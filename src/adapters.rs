@@ -112,6 +112,16 @@ pub fn stomp<S: Stream>(
     sctx.failed_login_delay = ctx.config.auth.failed_login_delay.get();
     sctx.ssl_cert_login = ctx.config.auth.ssl_cert_login;
     sctx.peer_cert_cn = ctx.peer_cert_cn.clone();
+    let st = &ctx.config.stomp;
+    let n = |v: u32| usize::try_from(v).unwrap_or(usize::MAX);
+    sctx.caps = triad_stomp::Caps {
+        max_transactions: n(st.max_transactions),
+        max_transaction_frames: n(st.max_transaction_frames),
+        max_transaction_bytes: usize::try_from(st.max_transaction_bytes.bytes())
+            .unwrap_or(usize::MAX),
+        max_subscriptions: n(st.max_subscriptions),
+        max_id_length: n(st.max_id_length),
+    };
     closed(triad_stomp::serve(stream, peer, sctx))
 }
 

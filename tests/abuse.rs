@@ -1046,3 +1046,137 @@ fn blocked_publisher_that_goes_silent_is_closed_after_the_heartbeat_timeout() {
         assert!(!closed, "a blocked publisher sending heartbeats was closed");
     }
 }
+
+/// Sends `frames` on a fresh STOMP connection (logged in); returns the first frame the
+/// broker answers with, which must be an ERROR naming `needle`, and checks the close.
+fn stomp_refused(b: &TestBroker, frames: &[(&str, Vec<(String, String)>, Vec<u8>)], needle: &str) {
+    let mut c = StompClient::connect(b.stomp_addr(), Duration::from_secs(10)).unwrap();
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    for (command, headers, body) in frames {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        if c.send(command, &h, body).is_err() {
+            break; // closed mid-way: the ERROR is already waiting
+        }
+    }
+    let f = c.read_frame().expect("an answer");
+    assert_eq!(f.command, "ERROR", "{needle}: {f:?}");
+    let text = format!("{:?} {}", f.headers, String::from_utf8_lossy(&f.body));
+    assert!(text.contains(needle), "{needle}: {text}");
+    let (_, closed) = read_until_close(&mut c.stream, CLOSE_WAIT);
+    assert!(closed, "{needle}: not closed after the ERROR");
+}
+
+fn hdr(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Issue 14 item 11: a STOMP connection's transactions, transaction ids, buffered
+/// frames and bytes, subscriptions and destination lengths are capped (defaults, then
+/// configured values), each an ERROR and close when exceeded. They used to be
+/// unbounded: 2,000 BEGINs with 60 KB ids took the broker from 24 to 139 MiB.
+#[test]
+fn stomp_per_connection_state_is_capped() {
+    let b = TestBroker::start_with_config(CONFIG);
+    let begin = |t: &str| ("BEGIN", hdr(&[("transaction", t)]), Vec::new());
+    let names: Vec<String> = (0..17).map(|i| format!("t{i}")).collect();
+    let frames: Vec<_> = names.iter().map(|t| begin(t)).collect();
+    stomp_refused(&b, &frames, "Too many transactions");
+    stomp_refused(
+        &b,
+        &[begin(&"x".repeat(60_000))],
+        "longer than the 256 allowed",
+    );
+    let subs: Vec<_> = (0..257)
+        .map(|i| {
+            let id = i.to_string();
+            let dest = format!("/topic/cap.{i}");
+            (
+                "SUBSCRIBE",
+                hdr(&[("id", &id), ("destination", &dest)]),
+                Vec::new(),
+            )
+        })
+        .collect();
+    stomp_refused(&b, &subs, "Too many subscriptions");
+    let long_topic = format!("/topic/{}", "k".repeat(300));
+    stomp_refused(
+        &b,
+        &[("SEND", hdr(&[("destination", &long_topic)]), b"x".to_vec())],
+        "destination too long",
+    );
+    stomp_refused(
+        &b,
+        &[(
+            "SUBSCRIBE",
+            hdr(&[("id", "0"), ("destination", &long_topic)]),
+            Vec::new(),
+        )],
+        "destination too long",
+    );
+    drop(b);
+
+    let b = TestBroker::start_with_config(&format!(
+        "{CONFIG}\n[stomp]\nmax_transactions = 2\nmax_transaction_frames = 3\n\
+         max_transaction_bytes = \"64 KiB\"\nmax_subscriptions = 1\nmax_id_length = 8\n"
+    ));
+    stomp_refused(
+        &b,
+        &[begin("a"), begin("b"), begin("c")],
+        "Too many transactions",
+    );
+    stomp_refused(&b, &[begin("123456789")], "longer than the 8 allowed");
+    let send = |body: usize| {
+        (
+            "SEND",
+            hdr(&[("destination", "/queue/cap"), ("transaction", "t")]),
+            vec![b'x'; body],
+        )
+    };
+    stomp_refused(
+        &b,
+        &[begin("t"), send(1), send(1), send(1), send(1)],
+        "holds 3 frames",
+    );
+    stomp_refused(
+        &b,
+        &[begin("t"), send(40 << 10), send(40 << 10)],
+        "Transaction too large",
+    );
+    stomp_refused(
+        &b,
+        &[
+            (
+                "SUBSCRIBE",
+                hdr(&[("id", "1"), ("destination", "/queue/cap")]),
+                Vec::new(),
+            ),
+            (
+                "SUBSCRIBE",
+                hdr(&[("id", "2"), ("destination", "/queue/cap")]),
+                Vec::new(),
+            ),
+        ],
+        "Too many subscriptions",
+    );
+    // within the caps all is well: a committed transaction is delivered
+    let mut c = StompClient::connect(b.stomp_addr(), Duration::from_secs(10)).unwrap();
+    c.send("BEGIN", &[("transaction", "t")], b"").unwrap();
+    c.send(
+        "SEND",
+        &[("destination", "/queue/cap-ok"), ("transaction", "t")],
+        b"in tx",
+    )
+    .unwrap();
+    c.send("COMMIT", &[("transaction", "t"), ("receipt", "r")], b"")
+        .unwrap();
+    let f = c.read_frame().unwrap();
+    assert_eq!(f.command, "RECEIPT", "{f:?}");
+}

@@ -16,7 +16,7 @@ use triad_core::Broker;
 
 use crate::codec::{self, Limits, HEARTBEAT};
 use crate::frame::Frame;
-use crate::session::{Action, DurableWait, Session, SessionConfig};
+use crate::session::{Action, Caps, DurableWait, Session, SessionConfig};
 use triad_core::io::read_some;
 
 /// Everything a STOMP connection needs from the process.
@@ -48,6 +48,8 @@ pub struct StompContext {
     pub ssl_cert_login: bool,
     /// This connection's verified TLS client certificate CN.
     pub peer_cert_cn: Option<String>,
+    /// Caps on per-connection state.
+    pub caps: Caps,
 }
 
 impl StompContext {
@@ -66,6 +68,7 @@ impl StompContext {
             failed_login_delay: Duration::from_secs(1),
             ssl_cert_login: false,
             peer_cert_cn: None,
+            caps: Caps::default(),
         }
     }
 
@@ -80,6 +83,7 @@ impl StompContext {
             outbox_capacity: self.outbox_capacity,
             ssl_cert_login: self.ssl_cert_login,
             peer_cert_cn: self.peer_cert_cn.clone(),
+            caps: self.caps,
         }
     }
 }
@@ -279,7 +283,11 @@ where
                     match decoder.decode(&mut rbuf, &limits, session.dialect()) {
                         Ok(Some(frame)) => {
                             tracing::trace!(command = %frame.command, "frame");
-                            published |= frame.command == crate::frame::Command::Send;
+                            // BEGIN too: a transaction buffers what it will publish
+                            published |= matches!(
+                                frame.command,
+                                crate::frame::Command::Send | crate::frame::Command::Begin
+                            );
                             session.handle(frame, &mut actions);
                             if actions.iter().any(|a| matches!(a, Action::Close | Action::Disconnect)) {
                                 break;
