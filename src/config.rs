@@ -958,6 +958,59 @@ mod tests {
     }
 
     #[test]
+    fn anonymous_http_and_stomp_sections() {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        let c = Config::default();
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let far = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        let mapped = IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped());
+        assert_eq!(c.auth.anonymous_login(lo, false).as_deref(), Some("guest"));
+        assert_eq!(
+            c.auth.anonymous_login(mapped, false).as_deref(),
+            Some("guest")
+        );
+        assert_eq!(
+            c.auth
+                .anonymous_login(IpAddr::V6(Ipv6Addr::LOCALHOST), true),
+            None
+        );
+        assert_eq!(c.auth.anonymous_login(far, false), None);
+        let c = parse("[auth]\nanonymous = \"off\"\n").expect("off");
+        assert_eq!(c.auth.anonymous_login(lo, false), None);
+        let c = parse(
+            "[auth]\nanonymous = \"any\"\nanonymous_user = \"web\"\nanonymous_websocket = true\n\
+             [[users]]\nname = \"web\"\npassword_hash = \"kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR\"\n",
+        )
+        .expect("any");
+        c.validate().expect("valid");
+        assert_eq!(c.auth.anonymous_login(far, true).as_deref(), Some("web"));
+        for bad in [
+            "[auth]\nanonymous_user = \"nobody\"\n",
+            "[auth]\nanonymous = \"any\"\nanonymous_user = \"guest\"\n",
+            "[auth]\nanonymous = \"sometimes\"\n",
+            "[http]\nallowed_origins = [\"example.com\"]\n",
+            "[http]\nallowed_origins = [\"https://a.example/path\"]\n",
+            "[http]\nmax_websocket_connections = 0\n",
+            "[stomp]\nmax_transactions = 0\n",
+            "[stomp]\nmax_id_length = 0\n",
+        ] {
+            assert!(
+                parse(bad).and_then(|c| c.validate()).is_err(),
+                "accepted: {bad}"
+            );
+        }
+        let c = parse(
+            "[http]\nallowed_origins = [\"https://app.example:8443\", \"*\"]\n\
+             [stomp]\nmax_transactions = 3\nmax_transaction_bytes = \"1 MiB\"\n",
+        )
+        .expect("http and stomp");
+        c.validate().expect("valid");
+        assert_eq!(c.http.allowed_origins.len(), 2);
+        assert_eq!(c.stomp.max_transactions, 3);
+        assert_eq!(c.stomp.max_transaction_bytes.bytes(), 1 << 20);
+    }
+
+    #[test]
     fn mqtt_session_expiry() {
         assert_eq!(Config::default().mqtt.session_expiry, None);
         let c = parse("[mqtt]\nsession_expiry = \"1h\"\n").expect("parses");

@@ -1047,9 +1047,12 @@ fn blocked_publisher_that_goes_silent_is_closed_after_the_heartbeat_timeout() {
     }
 }
 
+/// A STOMP frame to send: command, headers, body.
+type RawFrame<'a> = (&'a str, Vec<(String, String)>, Vec<u8>);
+
 /// Sends `frames` on a fresh STOMP connection (logged in); returns the first frame the
 /// broker answers with, which must be an ERROR naming `needle`, and checks the close.
-fn stomp_refused(b: &TestBroker, frames: &[(&str, Vec<(String, String)>, Vec<u8>)], needle: &str) {
+fn stomp_refused(b: &TestBroker, frames: &[RawFrame<'_>], needle: &str) {
     let mut c = StompClient::connect(b.stomp_addr(), Duration::from_secs(10)).unwrap();
     c.stream
         .set_read_timeout(Some(Duration::from_secs(10)))
