@@ -1183,3 +1183,58 @@ fn stomp_per_connection_state_is_capped() {
     let f = c.read_frame().unwrap();
     assert_eq!(f.command, "RECEIPT", "{f:?}");
 }
+
+/// Issue 14 item 14, the other half: a peer that stops reading is closed after the
+/// heartbeat timeout too. A consumer with a 1 s heartbeat that keeps its socket open but
+/// reads nothing while 24 MiB are delivered to it used to hold the broker's write to it
+/// forever (the heartbeat check does not run while a write is stuck).
+#[test]
+fn consumer_that_stops_reading_is_closed_after_the_heartbeat_timeout() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = TestBroker::start_with_config(CONFIG);
+    rt.block_on(async {
+        let conn = amqp::connect(b.amqp_addr()).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        amqp::declare_durable(&ch, "stalled").await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let body = vec![b's'; 512 << 10];
+        for _ in 0..48 {
+            ch.basic_publish(
+                "".into(),
+                "stalled".into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+        conn.close(200, "setup".into()).await.unwrap();
+    });
+    let mut c = amqp_open_hb(b.amqp_addr(), 1);
+    let mut args = 0u16.to_be_bytes().to_vec();
+    shortstr("stalled", &mut args);
+    shortstr("s", &mut args);
+    args.push(0x02); // no-ack: nothing bounds the deliveries but the socket
+    args.extend_from_slice(&0u32.to_be_bytes());
+    c.write_all(&amqp_method(1, 60, 20, &args)).unwrap();
+    // From here on nothing is read; the client's heartbeats keep going out, so only the
+    // stuck write can tell the broker that this peer is gone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && !b.log().contains("peer stopped reading") {
+        if !write_lossy(&mut c, &amqp_frame(8, 0, &[])) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    b.wait_for_log("peer stopped reading", Duration::from_secs(1));
+    let (_, closed) = read_until_close(&mut c, Duration::from_secs(30));
+    assert!(
+        closed,
+        "the broker kept the connection of a peer that stopped reading"
+    );
+}

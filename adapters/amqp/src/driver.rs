@@ -3,8 +3,9 @@
 //! One `select!` over: the shutdown token, `read_buf` into the connection's buffer,
 //! the core's outbox, settled publisher confirms, and one timer (handshake deadline,
 //! heartbeats, close-ok wait). Every branch is cancel-safe. Output is encoded as a
-//! batch and written with one `write_all`; while it is being written nothing is read,
-//! so a peer that does not read stops being read from.
+//! batch and written out before anything more is read, so a peer that does not read
+//! stops being read from; one that takes no bytes for twice the heartbeat is closed,
+//! as one that sends none is (also while a resource alarm holds it).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -111,27 +112,50 @@ where
 
 /// Writes `buf`. Once shutdown is requested the write gets [`LAST_WORDS`] more to
 /// finish (so the connection.close 320 still follows a frame in progress), but a peer
-/// that does not read cannot hold up the broker's shutdown. `Ok(false)`: gave up.
+/// that does not read cannot hold up the broker's shutdown. With `stall` (twice the
+/// heartbeat), a peer that takes no bytes for that long has stopped reading and is
+/// given up on, as one that stops sending is. `Ok(false)`: gave up.
 async fn write_bounded<S>(
     stream: &mut S,
     buf: &[u8],
     shutdown: &CancellationToken,
+    stall: Option<Duration>,
 ) -> std::io::Result<bool>
 where
     S: AsyncWrite + Unpin,
 {
-    let write = stream.write_all(buf);
-    tokio::pin!(write);
-    if !shutdown.is_cancelled() {
+    let mut off = 0;
+    let mut last_words = shutdown.is_cancelled().then(|| Instant::now() + LAST_WORDS);
+    while let Some(rest) = buf.get(off..).filter(|r| !r.is_empty()) {
+        let progress_by = stall.map(|d| Instant::now() + d);
+        let give_up = match (progress_by, last_words) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         tokio::select! {
-            r = &mut write => return r.map(|()| true),
-            _ = shutdown.cancelled() => {}
+            r = stream.write(rest) => match r? {
+                0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                n => off += n,
+            },
+            _ = shutdown.cancelled(), if last_words.is_none() => {
+                last_words = Some(Instant::now() + LAST_WORDS);
+            }
+            _ = sleep_until(give_up.unwrap_or_else(Instant::now)), if give_up.is_some() => {
+                if last_words.is_none_or(|t| Instant::now() < t) {
+                    tracing::info!(stall = ?stall, "peer stopped reading: no bytes taken for twice the heartbeat; closing");
+                }
+                return Ok(false);
+            }
         }
     }
-    match tokio::time::timeout(LAST_WORDS, write).await {
-        Ok(r) => r.map(|()| true),
-        Err(_) => Ok(false),
-    }
+    Ok(true)
+}
+
+/// How long a write may take no bytes before the peer counts as gone: twice the
+/// negotiated heartbeat, none without heartbeats.
+fn write_stall(session: &Session) -> Option<Duration> {
+    let hb = u64::from(session.heartbeat());
+    (hb > 0 && session.is_open()).then(|| Duration::from_secs(hb * 2))
 }
 
 async fn connection_loop<S>(
@@ -199,7 +223,7 @@ where
                 wbuf.reserve(WBUF);
             }
             session.write_to(&mut wbuf)?;
-            if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
+            if !write_bounded(stream, &wbuf, &ctx.shutdown, write_stall(session)).await? {
                 return Ok(());
             }
             wbuf.clear();
@@ -302,7 +326,7 @@ where
                     }
                     if now >= last_write + hb / 2 {
                         codec::encode(&codec::Frame::Heartbeat(0), &mut wbuf)?;
-                        if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
+                        if !write_bounded(stream, &wbuf, &ctx.shutdown, write_stall(session)).await? {
                             return Ok(());
                         }
                         wbuf.clear();
