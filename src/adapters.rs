@@ -91,6 +91,13 @@ pub fn amqp<S: Stream>(
     closed(triad_amqp::serve(stream, peer, actx))
 }
 
+/// The user a login without credentials from `peer` becomes (`auth.anonymous`); a
+/// connection that came through the HTTP listener is a WebSocket one.
+fn anonymous_user(ctx: &ConnContext, peer: SocketAddr) -> Option<String> {
+    let websocket = ctx.proto.plain() == crate::listener::Proto::Http;
+    ctx.config.auth.anonymous_login(peer.ip(), websocket)
+}
+
 /// Serves one STOMP 1.0-1.2 connection.
 pub fn stomp<S: Stream>(
     stream: S,
@@ -98,14 +105,23 @@ pub fn stomp<S: Stream>(
     ctx: ConnContext,
 ) -> impl Future<Output = ConnResult> + Send + 'static {
     let mut sctx = triad_stomp::StompContext::new(ctx.broker.clone(), ctx.shutdown.clone());
-    sctx.default_user = ctx.config.auth.default_user.clone();
-    sctx.default_pass = ctx.config.auth.default_pass.clone();
+    sctx.anonymous_user = anonymous_user(&ctx, peer);
     sctx.handshake_timeout = ctx.config.limits.handshake_timeout.get();
     sctx.limits.max_frame =
         usize::try_from(ctx.config.limits.stomp_frame_max.bytes()).unwrap_or(usize::MAX);
     sctx.failed_login_delay = ctx.config.auth.failed_login_delay.get();
     sctx.ssl_cert_login = ctx.config.auth.ssl_cert_login;
     sctx.peer_cert_cn = ctx.peer_cert_cn.clone();
+    let st = &ctx.config.stomp;
+    let n = |v: u32| usize::try_from(v).unwrap_or(usize::MAX);
+    sctx.caps = triad_stomp::Caps {
+        max_transactions: n(st.max_transactions),
+        max_transaction_frames: n(st.max_transaction_frames),
+        max_transaction_bytes: usize::try_from(st.max_transaction_bytes.bytes())
+            .unwrap_or(usize::MAX),
+        max_subscriptions: n(st.max_subscriptions),
+        max_id_length: n(st.max_id_length),
+    };
     closed(triad_stomp::serve(stream, peer, sctx))
 }
 
@@ -118,8 +134,7 @@ pub fn mqtt<S: Stream>(
     let mctx = triad_mqtt::MqttContext {
         broker: ctx.broker.clone(),
         state: ctx.mqtt.clone(),
-        default_user: ctx.config.auth.default_user.clone(),
-        default_pass: ctx.config.auth.default_pass.clone(),
+        anonymous_user: anonymous_user(&ctx, peer),
         limits: triad_mqtt::MqttLimits {
             connect_timeout: ctx.config.limits.handshake_timeout.get(),
             max_packet_size: usize::try_from(ctx.config.limits.mqtt_packet_max.bytes())

@@ -52,6 +52,8 @@ pub struct Config {
     pub limits: Limits,
     pub tls: TlsSection,
     pub mqtt: MqttSection,
+    pub http: HttpSection,
+    pub stomp: StompSection,
     /// `[[users]]`: accounts besides the default user, with hashed passwords.
     pub users: Vec<UserSection>,
     /// `[[permissions]]`: what each user may do in each vhost.
@@ -71,6 +73,62 @@ pub struct MqttSection {
     /// `persistent_client_expiration`). Counted from the disconnect, across restarts.
     /// Off (`None`) by default: sessions are kept until a clean-session connect.
     pub session_expiry: Option<HumanDuration>,
+}
+
+/// `[http]`: the HTTP listener's WebSocket endpoints.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSection {
+    /// Origins (`scheme://host[:port]`) whose pages may open a WebSocket; `"*"` = any.
+    /// An upgrade without `Origin` (not a browser) is always allowed; one from the
+    /// broker's own origin (`Origin` naming the `Host` it asked for) is allowed by
+    /// default; any other gets 403. Defends against cross-site WebSocket hijacking.
+    pub allowed_origins: Vec<String>,
+    /// Open WebSocket connections (they also count toward `limits.max_connections`);
+    /// past it an upgrade gets 503. Keeps WebSocket clients from taking every slot.
+    pub max_websocket_connections: u32,
+    /// Requests being read or answered at once (health probes, upgrades before they
+    /// complete); past it a request gets 503 at once. Upgraded connections do not hold
+    /// one, so `/health` always answers.
+    pub max_requests: u32,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        HttpSection {
+            allowed_origins: Vec::new(),
+            max_websocket_connections: 1024,
+            max_requests: 64,
+        }
+    }
+}
+
+/// `[stomp]`: per-connection caps on STOMP state, each an ERROR and close when exceeded.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StompSection {
+    /// Open transactions (BEGIN without COMMIT / ABORT) per connection.
+    pub max_transactions: u32,
+    /// Frames (SEND, ACK, NACK) buffered in one transaction.
+    pub max_transaction_frames: u32,
+    /// Bytes of SEND bodies buffered in all of a connection's transactions.
+    pub max_transaction_bytes: ByteSize,
+    /// Subscriptions per connection.
+    pub max_subscriptions: u32,
+    /// Longest `transaction`, subscription `id` and destination, in bytes.
+    pub max_id_length: u32,
+}
+
+impl Default for StompSection {
+    fn default() -> Self {
+        StompSection {
+            max_transactions: 16,
+            max_transaction_frames: 1024,
+            max_transaction_bytes: ByteSize::mib(16),
+            max_subscriptions: 256,
+            max_id_length: 256,
+        }
+    }
 }
 
 /// One `[[users]]` entry. The password is stored only as RabbitMQ's salted SHA-256
@@ -317,6 +375,46 @@ pub struct Auth {
     /// `stomp.ssl_cert_login` / `mqtt.ssl_cert_login`). AMQP always offers EXTERNAL
     /// when a verified certificate was presented.
     pub ssl_cert_login: bool,
+    /// Who may log in without credentials (STOMP CONNECT without `login`, MQTT CONNECT
+    /// without a user name), as `anonymous_user`, with no password checked.
+    pub anonymous: Anonymous,
+    /// The user an anonymous login becomes; unset = `default_user`.
+    pub anonymous_user: Option<String>,
+    /// Whether anonymous logins are accepted over WebSocket too (off: any web page a
+    /// browser on the broker's host opens could otherwise use them).
+    pub anonymous_websocket: bool,
+}
+
+/// `auth.anonymous`: who may log in without credentials.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Anonymous {
+    /// Nobody: every login needs credentials (or a client certificate).
+    Off,
+    /// Peers on a loopback address only (RabbitMQ's guest default).
+    Loopback,
+    /// Any peer.
+    Any,
+}
+
+impl Auth {
+    /// The user an anonymous login from `peer` becomes (`websocket`: it came through
+    /// the HTTP listener's upgrade), or `None` when it is not allowed.
+    pub fn anonymous_login(&self, peer: std::net::IpAddr, websocket: bool) -> Option<String> {
+        if websocket && !self.anonymous_websocket {
+            return None;
+        }
+        let allowed = match self.anonymous {
+            Anonymous::Off => false,
+            Anonymous::Loopback => peer.to_canonical().is_loopback(),
+            Anonymous::Any => true,
+        };
+        allowed.then(|| {
+            self.anonymous_user
+                .clone()
+                .unwrap_or_else(|| self.default_user.clone())
+        })
+    }
 }
 
 impl Default for Auth {
@@ -328,6 +426,9 @@ impl Default for Auth {
             default_vhost: "/".into(),
             failed_login_delay: HumanDuration::secs(1),
             ssl_cert_login: false,
+            anonymous: Anonymous::Loopback,
+            anonymous_user: None,
+            anonymous_websocket: false,
         }
     }
 }
@@ -503,6 +604,8 @@ impl Config {
         if a.default_user.is_empty() {
             return Err(invalid("auth.default_user", "", "must not be empty"));
         }
+        self.validate_anonymous()?;
+        self.validate_http_stomp()?;
         if a.default_vhost.is_empty() {
             return Err(invalid("auth.default_vhost", "", "must not be empty"));
         }
@@ -648,6 +751,71 @@ impl Config {
                 },
                 "needs tls.cert_file and tls.key_file (no TLS listener runs without them)",
             ));
+        }
+        Ok(())
+    }
+
+    /// `auth.anonymous_user` exists and can log in the way `auth.anonymous` allows.
+    fn validate_anonymous(&self) -> Result<(), ConfigError> {
+        let a = &self.auth;
+        let Some(user) = a.anonymous_user.as_deref() else {
+            return Ok(());
+        };
+        if user != a.default_user && !self.users.iter().any(|u| u.name == user) {
+            return Err(invalid(
+                "auth.anonymous_user",
+                user,
+                "no such user (add it under [[users]])",
+            ));
+        }
+        if a.anonymous == Anonymous::Any && a.loopback_users.iter().any(|u| u == user) {
+            return Err(invalid(
+                "auth.anonymous_user",
+                user,
+                "is in auth.loopback_users, so auth.anonymous = \"any\" would be refused to every other peer",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[http]` and `[stomp]` limits: none may be zero, origins must be origins.
+    fn validate_http_stomp(&self) -> Result<(), ConfigError> {
+        for o in &self.http.allowed_origins {
+            let ok = o == "*"
+                || o.split_once("://").is_some_and(|(scheme, host)| {
+                    !scheme.is_empty() && !host.is_empty() && !host.contains('/')
+                });
+            if !ok {
+                return Err(invalid(
+                    "http.allowed_origins",
+                    o,
+                    "must be \"*\" or scheme://host[:port] (no path)",
+                ));
+            }
+        }
+        let h = &self.http;
+        let st = &self.stomp;
+        for (key, v) in [
+            (
+                "http.max_websocket_connections",
+                u64::from(h.max_websocket_connections),
+            ),
+            ("http.max_requests", u64::from(h.max_requests)),
+            ("stomp.max_transactions", u64::from(st.max_transactions)),
+            (
+                "stomp.max_transaction_frames",
+                u64::from(st.max_transaction_frames),
+            ),
+            (
+                "stomp.max_transaction_bytes",
+                st.max_transaction_bytes.bytes(),
+            ),
+            ("stomp.max_subscriptions", u64::from(st.max_subscriptions)),
+            ("stomp.max_id_length", u64::from(st.max_id_length)),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, 0, "must be at least 1"));
+            }
         }
         Ok(())
     }
@@ -903,6 +1071,59 @@ mod tests {
             let c = parse(&bad).expect("parses");
             assert!(c.validate().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn anonymous_http_and_stomp_sections() {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        let c = Config::default();
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let far = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        let mapped = IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped());
+        assert_eq!(c.auth.anonymous_login(lo, false).as_deref(), Some("guest"));
+        assert_eq!(
+            c.auth.anonymous_login(mapped, false).as_deref(),
+            Some("guest")
+        );
+        assert_eq!(
+            c.auth
+                .anonymous_login(IpAddr::V6(Ipv6Addr::LOCALHOST), true),
+            None
+        );
+        assert_eq!(c.auth.anonymous_login(far, false), None);
+        let c = parse("[auth]\nanonymous = \"off\"\n").expect("off");
+        assert_eq!(c.auth.anonymous_login(lo, false), None);
+        let c = parse(
+            "[auth]\nanonymous = \"any\"\nanonymous_user = \"web\"\nanonymous_websocket = true\n\
+             [[users]]\nname = \"web\"\npassword_hash = \"kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR\"\n",
+        )
+        .expect("any");
+        c.validate().expect("valid");
+        assert_eq!(c.auth.anonymous_login(far, true).as_deref(), Some("web"));
+        for bad in [
+            "[auth]\nanonymous_user = \"nobody\"\n",
+            "[auth]\nanonymous = \"any\"\nanonymous_user = \"guest\"\n",
+            "[auth]\nanonymous = \"sometimes\"\n",
+            "[http]\nallowed_origins = [\"example.com\"]\n",
+            "[http]\nallowed_origins = [\"https://a.example/path\"]\n",
+            "[http]\nmax_websocket_connections = 0\n",
+            "[stomp]\nmax_transactions = 0\n",
+            "[stomp]\nmax_id_length = 0\n",
+        ] {
+            assert!(
+                parse(bad).and_then(|c| c.validate()).is_err(),
+                "accepted: {bad}"
+            );
+        }
+        let c = parse(
+            "[http]\nallowed_origins = [\"https://app.example:8443\", \"*\"]\n\
+             [stomp]\nmax_transactions = 3\nmax_transaction_bytes = \"1 MiB\"\n",
+        )
+        .expect("http and stomp");
+        c.validate().expect("valid");
+        assert_eq!(c.http.allowed_origins.len(), 2);
+        assert_eq!(c.stomp.max_transactions, 3);
+        assert_eq!(c.stomp.max_transaction_bytes.bytes(), 1 << 20);
     }
 
     #[test]

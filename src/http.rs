@@ -21,6 +21,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::listener::{ConnContext, ConnResult, Service, Stream};
+use crate::websocket::Refused;
 
 /// Largest request head (request line and headers) read.
 pub const MAX_HEAD: usize = 8 << 10;
@@ -41,10 +42,12 @@ pub struct Request<'a> {
 pub enum Status {
     Ok = 200,
     BadRequest = 400,
+    Forbidden = 403,
     NotFound = 404,
     MethodNotAllowed = 405,
     RequestTimeout = 408,
     HeadTooLarge = 431,
+    ServiceUnavailable = 503,
     VersionNotSupported = 505,
 }
 
@@ -57,10 +60,12 @@ impl Status {
         match self {
             Status::Ok => "OK",
             Status::BadRequest => "Bad Request",
+            Status::Forbidden => "Forbidden",
             Status::NotFound => "Not Found",
             Status::MethodNotAllowed => "Method Not Allowed",
             Status::RequestTimeout => "Request Timeout",
             Status::HeadTooLarge => "Request Header Fields Too Large",
+            Status::ServiceUnavailable => "Service Unavailable",
             Status::VersionNotSupported => "HTTP Version Not Supported",
         }
     }
@@ -151,6 +156,8 @@ fn error_body(status: Status) -> &'static str {
         Status::HeadTooLarge => r#"{"error":"request head too large"}"#,
         Status::RequestTimeout => r#"{"error":"request timeout"}"#,
         Status::VersionNotSupported => r#"{"error":"HTTP version not supported"}"#,
+        Status::Forbidden => r#"{"error":"origin not allowed"}"#,
+        Status::ServiceUnavailable => r#"{"error":"too many connections"}"#,
         _ => r#"{"error":"bad request"}"#,
     }
 }
@@ -217,6 +224,19 @@ impl Service for Http {
 /// Serves one request on `stream` (plain TCP or TLS); a [`crate::listener::Handler`]
 /// for the plain listener.
 pub async fn serve<S: Stream>(mut stream: S, peer: SocketAddr, ctx: ConnContext) -> ConnResult {
+    // A request slot, or 503 at once: a flood of slow requests costs its own sockets,
+    // never a wait for the next health probe.
+    let Ok(request_slot) = ctx.http.requests.clone().try_acquire_owned() else {
+        let s = Status::ServiceUnavailable;
+        let _ = tokio::time::timeout(LINGER, async {
+            stream
+                .write_all(&render(s, "", error_body(s), true))
+                .await?;
+            stream.shutdown().await
+        })
+        .await;
+        return Ok(Cow::Borrowed("too many HTTP requests -> 503"));
+    };
     let deadline = ctx.config.limits.handshake_timeout.get();
     let mut buf = Vec::with_capacity(1024);
     let head = tokio::select! {
@@ -244,8 +264,35 @@ pub async fn serve<S: Stream>(mut stream: S, peer: SocketAddr, ctx: ConnContext)
             Ok(req) => {
                 let head = std::str::from_utf8(buf.get(..end).unwrap_or(&[])).unwrap_or("");
                 if let Some(u) = crate::websocket::upgrade(req.method, req.path, head) {
-                    let rest = buf.get(end..).unwrap_or(&[]).to_vec();
-                    return crate::websocket::serve(stream, rest, u, peer, ctx).await;
+                    let allowed = &ctx.config.http.allowed_origins;
+                    let taken = if crate::websocket::origin_allowed(
+                        u.origin.as_deref(),
+                        u.host.as_deref(),
+                        allowed,
+                    ) {
+                        ctx.http.take()
+                    } else {
+                        Err(Refused::Origin)
+                    };
+                    match taken {
+                        Ok(held) => {
+                            drop(request_slot);
+                            let rest = buf.get(end..).unwrap_or(&[]).to_vec();
+                            return crate::websocket::serve(stream, rest, u, peer, ctx, held).await;
+                        }
+                        Err(why) => {
+                            let s = match why {
+                                Refused::Origin => Status::Forbidden,
+                                Refused::Full => Status::ServiceUnavailable,
+                            };
+                            tracing::info!(%peer, origin = ?u.origin, status = s.code(), "WebSocket upgrade refused");
+                            stream
+                                .write_all(&render(s, "", error_body(s), true))
+                                .await?;
+                            stream.shutdown().await?;
+                            return Ok(Cow::Owned(format!("WebSocket upgrade -> {}", s.code())));
+                        }
+                    }
                 }
                 let (status, headers, body) = route(&req);
                 let outcome = format!("{} {} -> {}", req.method, req.path, status.code());

@@ -11,6 +11,7 @@
 //! - [`http`]: a minimal HTTP/1.1 server for `GET /health`.
 //! - [`adapters`]: glue from a connection to the AMQP, STOMP and MQTT adapters.
 //! - [`proxy_protocol`]: PROXY protocol v1/v2 headers (`listeners.proxy_protocol`).
+//! - [`shutdown`]: closing the store last, and saying whether it was closed.
 //! - [`tls`]: the TLS listeners' rustls configuration (PEM files, TLS 1.2/1.3, client
 //!   certificates) and the handler that runs the handshake before a protocol.
 
@@ -21,6 +22,7 @@ pub mod http;
 pub mod listener;
 pub mod monitor;
 pub mod proxy_protocol;
+pub mod shutdown;
 pub mod tls;
 pub mod units;
 pub mod websocket;

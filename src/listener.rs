@@ -124,6 +124,8 @@ pub struct ConnContext {
     /// AMQP offers SASL EXTERNAL with it; STOMP and MQTT log in as it with
     /// `auth.ssl_cert_login` (RabbitMQ's `ssl_cert_login_from = common_name`).
     pub peer_cert_cn: Option<String>,
+    /// The HTTP listener's request, WebSocket and connection slots.
+    pub http: Arc<crate::websocket::Slots>,
 }
 
 /// A protocol's connection driver. Implemented for every
@@ -396,6 +398,7 @@ pub(crate) fn test_ctx(proto: Proto, config: Config, shutdown: &CancellationToke
         mqtt: triad_mqtt::MqttState::new(broker.clone()).expect("mqtt state"),
         broker,
         peer_cert_cn: None,
+        http: Arc::new(crate::websocket::Slots::new(&Config::default(), None)),
     }
 }
 

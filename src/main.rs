@@ -21,7 +21,8 @@
 //!
 //! On shutdown it logs `shutdown requested signal=SIGTERM` (or `SIGINT`), waits up to
 //! [`SHUTDOWN_GRACE`] for connections, closes the store (final checkpoint, `abort`
-//! marker removed) and logs `stopped cleanly`.
+//! marker removed) and logs `stopped cleanly`; when the store could not be closed it
+//! says so and exits non-zero instead.
 //!
 //! A fatal startup error (bad config, unreadable or invalid TLS PEM file, store locked
 //! by another broker, address in use) is one line on stderr starting with
@@ -50,17 +51,19 @@ use tracing_subscriber::EnvFilter;
 use triad::cli::{Cli, Tool};
 use triad::config::{Config, ConfigError};
 use triad::listener::{ConnContext, Handler, Listener, Proto};
+use triad::shutdown::StoreClose;
 use triad::tls::{TlsConfigs, TlsHandler};
 use triad_store::store::Store;
 
 /// How long shutdown waits for open connections before closing the store anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long the store waits at shutdown for the last other handles to it to be let go.
+const STORE_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// How often the core's timers run (message TTL at queue heads, `x-expires`).
 const TICK: Duration = Duration::from_millis(250);
 /// How often MQTT `$SYS/broker/...` topics are published (Mosquitto: 10 s).
 const SYS_INTERVAL: Duration = Duration::from_secs(10);
-/// Concurrent HTTP connections (health probes, later the management API).
-const HTTP_MAX_CONNECTIONS: usize = 64;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -176,15 +179,17 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
     // Tasks that outlived the grace period are dropped here, releasing what they hold.
     runtime.shutdown_timeout(Duration::from_secs(1));
 
-    // The store is closed last, whether serving succeeded or not (e.g. a bind error).
-    let closed = match Arc::try_unwrap(store) {
-        Ok(store) => store.close().context("the store did not close cleanly"),
-        Err(still_shared) => {
-            // Cannot happen once the runtime is gone; dropping the last handle closes it.
-            warn!("store still referenced at shutdown; closing it on drop");
-            drop(still_shared);
-            Ok(())
+    // The store is closed last, whether serving succeeded or not (e.g. a bind error),
+    // and the log says whether it was.
+    let closed = match triad::shutdown::close_store(store, STORE_RELEASE_WAIT) {
+        StoreClose::Closed => Ok(()),
+        StoreClose::Failed(e) => {
+            Err(anyhow::anyhow!(e).context("the store did not close cleanly; the next start recovers it"))
         }
+        StoreClose::StillReferenced { holders } => Err(anyhow::anyhow!(
+            "the store was not closed: {holders} handle(s) still held after {STORE_RELEASE_WAIT:?}; \
+             the next start recovers it (unclean shutdown)"
+        )),
     };
     served?;
     closed?;
@@ -254,7 +259,10 @@ async fn serve(
         0 => None,
         n => Some(Arc::new(Semaphore::new(n as usize))),
     };
-    let http_limit = Some(Arc::new(Semaphore::new(HTTP_MAX_CONNECTIONS)));
+    // The HTTP listeners take no slot before accept: each request takes one of
+    // `http.max_requests` or gets 503 at once, and an upgraded WebSocket gives it back
+    // for a WebSocket slot and a `limits.max_connections` one.
+    let http_slots = Arc::new(triad::websocket::Slots::new(&config, conn_limit.clone()));
     for (proto, socket) in bound {
         let local = socket
             .local_addr()
@@ -266,10 +274,11 @@ async fn serve(
             broker: Arc::clone(&broker),
             mqtt: Arc::clone(&mqtt),
             peer_cert_cn: None,
+            http: Arc::clone(&http_slots),
         };
-        // Health probes do not count toward `limits.max_connections`.
+        // Health probes do not count toward `limits.max_connections`; WebSockets do.
         let limit = match proto.plain() {
-            Proto::Http => http_limit.clone(),
+            Proto::Http => None,
             _ => conn_limit.clone(),
         };
         // The protocol adapters plug in here, one `Handler` per protocol; over TLS, the

@@ -9,9 +9,11 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Message, Role, WebSocketConfig};
 use tokio_tungstenite::WebSocketStream;
@@ -36,6 +38,103 @@ pub struct Upgrade {
     pub target: Target,
     pub key: String,
     pub protocol: Option<&'static str>,
+    /// The `Origin` header (browsers send it), if any.
+    pub origin: Option<String>,
+    /// The `Host` header, if any.
+    pub host: Option<String>,
+}
+
+/// The slots the HTTP listener's connections take, each checked with `try_acquire`
+/// (an answer at once, never a wait).
+#[derive(Debug)]
+pub struct Slots {
+    /// `http.max_requests`: requests being read or answered. An upgraded connection
+    /// gives its slot back, so WebSocket clients never keep `/health` from answering.
+    pub requests: Arc<Semaphore>,
+    /// `http.max_websocket_connections`.
+    pub websockets: Arc<Semaphore>,
+    /// `limits.max_connections`, shared with the TCP listeners; `None` = unlimited.
+    pub connections: Option<Arc<Semaphore>>,
+}
+
+/// What an upgrade holds for as long as its connection lives.
+#[derive(Debug)]
+pub struct Held {
+    _websocket: OwnedSemaphorePermit,
+    _connection: Option<OwnedSemaphorePermit>,
+}
+
+/// Why an upgrade is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// 403: a browser page from an origin not in `http.allowed_origins`.
+    Origin,
+    /// 503: `http.max_websocket_connections` or `limits.max_connections` reached.
+    Full,
+}
+
+impl Slots {
+    /// The slots `[http]` configures; `connections` is the TCP listeners' semaphore.
+    pub fn new(config: &crate::config::Config, connections: Option<Arc<Semaphore>>) -> Slots {
+        let n = |v: u32| usize::try_from(v).unwrap_or(usize::MAX);
+        Slots {
+            requests: Arc::new(Semaphore::new(n(config.http.max_requests))),
+            websockets: Arc::new(Semaphore::new(n(config.http.max_websocket_connections))),
+            connections,
+        }
+    }
+
+    /// Takes a WebSocket slot and a connection slot, or neither.
+    pub fn take(&self) -> Result<Held, Refused> {
+        let websocket = self
+            .websockets
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Refused::Full)?;
+        let connection = match &self.connections {
+            Some(sem) => Some(sem.clone().try_acquire_owned().map_err(|_| Refused::Full)?),
+            None => None,
+        };
+        Ok(Held {
+            _websocket: websocket,
+            _connection: connection,
+        })
+    }
+}
+
+/// Whether a page from `origin` may open a WebSocket here: no `Origin` (not a
+/// browser), `"*"` or the origin listed in `allowed`, or the broker's own origin (its
+/// host and port are the `Host` the request was sent to).
+pub fn origin_allowed(origin: Option<&str>, host: Option<&str>, allowed: &[String]) -> bool {
+    let Some(origin) = origin else {
+        return true;
+    };
+    let origin = origin.trim_end_matches('/');
+    if allowed
+        .iter()
+        .any(|a| a == "*" || a.trim_end_matches('/').eq_ignore_ascii_case(origin))
+    {
+        return true;
+    }
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false; // "null" (sandboxed pages, file://) and anything malformed
+    };
+    let Some(host) = host else {
+        return false;
+    };
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" | "ws" => ":80",
+        "https" | "wss" => ":443",
+        _ => "",
+    };
+    let norm = |a: &str| {
+        let a = a.to_ascii_lowercase();
+        match a.strip_suffix(default_port) {
+            Some(s) if !default_port.is_empty() => s.to_owned(),
+            _ => a,
+        }
+    };
+    norm(authority) == norm(host)
 }
 
 /// Recognises an upgrade to `/ws` or `/mqtt` in a parsed head; `None` for anything else.
@@ -72,6 +171,8 @@ pub fn upgrade(method: &str, path: &str, head: &str) -> Option<Upgrade> {
         target,
         key,
         protocol,
+        origin: header("origin").map(str::to_owned),
+        host: header("host").map(str::to_owned),
     })
 }
 
@@ -89,13 +190,15 @@ pub fn accept_response(u: &Upgrade) -> String {
 }
 
 /// Completes the upgrade on `stream` (`rest`: bytes read after the head) and serves the
-/// protocol over it until either side closes.
+/// protocol over it until either side closes, holding `held` (its connection slots)
+/// until then.
 pub async fn serve<S: Stream>(
     mut stream: S,
     rest: Vec<u8>,
     u: Upgrade,
     peer: SocketAddr,
     ctx: ConnContext,
+    held: Held,
 ) -> ConnResult {
     stream.write_all(accept_response(&u).as_bytes()).await?;
     let mut config = WebSocketConfig::default();
@@ -111,6 +214,7 @@ pub async fn serve<S: Stream>(
     };
     // the adapter dropped its end: the bridge sees EOF, closes the WebSocket and ends
     let _ = pump.await;
+    drop(held);
     served.map(|r| Cow::Owned(format!("websocket: {r}")))
 }
 
@@ -173,5 +277,46 @@ mod tests {
         assert!(upgrade("GET", "/ws", "GET /ws HTTP/1.1\r\nHost: x\r\n\r\n").is_none());
         let m = upgrade("GET", "/mqtt", "GET /mqtt HTTP/1.1\r\nupgrade: WebSocket\r\nsec-websocket-key: k\r\nsec-websocket-protocol: mqtt\r\n\r\n").expect("mqtt");
         assert_eq!((m.target, m.protocol), (Target::Mqtt, Some("mqtt")));
+    }
+
+    #[test]
+    fn origins_are_checked_against_the_host_and_the_allowed_list() {
+        let none: &[String] = &[];
+        assert!(origin_allowed(None, Some("b:15672"), none), "not a browser");
+        assert!(origin_allowed(
+            Some("http://b:15672"),
+            Some("b:15672"),
+            none
+        ));
+        assert!(origin_allowed(Some("http://B"), Some("b:80"), none));
+        assert!(origin_allowed(Some("https://b"), Some("b:443"), none));
+        assert!(!origin_allowed(
+            Some("http://evil.example"),
+            Some("b:15672"),
+            none
+        ));
+        assert!(!origin_allowed(
+            Some("http://b:8080"),
+            Some("b:15672"),
+            none
+        ));
+        assert!(!origin_allowed(Some("null"), Some("b:15672"), none));
+        assert!(!origin_allowed(Some("http://b:15672"), None, none));
+        let listed = ["https://app.example".to_owned()];
+        assert!(origin_allowed(
+            Some("https://app.example"),
+            Some("b"),
+            &listed
+        ));
+        assert!(!origin_allowed(
+            Some("https://other.example"),
+            Some("b"),
+            &listed
+        ));
+        assert!(origin_allowed(
+            Some("https://x"),
+            Some("b"),
+            &["*".to_owned()]
+        ));
     }
 }

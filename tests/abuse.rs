@@ -170,11 +170,26 @@ fn amqp_expect(s: &mut TcpStream, buf: &mut Vec<u8>, want: (u16, u16)) -> Vec<u8
 /// A raw AMQP connection through `connection.open-ok` (PLAIN guest/guest, heartbeats
 /// off) with channel 1 open.
 fn amqp_open(addr: SocketAddr) -> TcpStream {
+    amqp_open_hb(addr, 0)
+}
+
+/// [`amqp_open`] with a heartbeat of `heartbeat` seconds.
+fn amqp_open_hb(addr: SocketAddr, heartbeat: u16) -> TcpStream {
     let mut s = tcp(addr);
     let mut buf = Vec::new();
     s.write_all(AMQP_HEADER).unwrap();
     amqp_expect(&mut s, &mut buf, (10, 10));
-    let mut args = 0u32.to_be_bytes().to_vec(); // client-properties: empty table
+    // client-properties: capabilities = {connection.blocked: true}
+    let mut caps = Vec::new();
+    shortstr("connection.blocked", &mut caps);
+    caps.extend_from_slice(&[b't', 1]);
+    let mut props = Vec::new();
+    shortstr("capabilities", &mut props);
+    props.push(b'F');
+    props.extend_from_slice(&(caps.len() as u32).to_be_bytes());
+    props.extend_from_slice(&caps);
+    let mut args = (props.len() as u32).to_be_bytes().to_vec();
+    args.extend_from_slice(&props);
     shortstr("PLAIN", &mut args);
     let resp = b"\0guest\0guest";
     args.extend_from_slice(&(resp.len() as u32).to_be_bytes());
@@ -184,7 +199,7 @@ fn amqp_open(addr: SocketAddr) -> TcpStream {
     let tune = amqp_expect(&mut s, &mut buf, (10, 30));
     let mut args = tune[4..6].to_vec(); // channel-max as proposed
     args.extend_from_slice(&tune[6..10]); // frame-max as proposed
-    args.extend_from_slice(&0u16.to_be_bytes()); // no heartbeats
+    args.extend_from_slice(&heartbeat.to_be_bytes());
     s.write_all(&amqp_method(0, 10, 31, &args)).unwrap();
     let mut args = Vec::new();
     shortstr("/", &mut args);
@@ -981,5 +996,245 @@ fn abuse_leaves_the_broker_serving_with_bounded_memory() {
         started.elapsed(),
         rss_start >> 10,
         rss_end >> 10
+    );
+}
+
+/// Issue 14 item 14: a publisher blocked by the memory alarm is not read from, but it is
+/// still closed after the heartbeat timeout once it goes silent (it used to be exempt:
+/// the broker took its own not reading for the peer's silence).
+#[test]
+fn blocked_publisher_that_goes_silent_is_closed_after_the_heartbeat_timeout() {
+    // a mark far below any process's size: the memory alarm is up from the start
+    let broker = TestBroker::start_with_config(
+        "[store]\nsegment_size = \"4 MiB\"\n\n[limits]\nmax_message_size = \"1 MiB\"\nmemory_high_watermark = 0.000001\n",
+    );
+    broker.wait_for_log("resource alarm raised", Duration::from_secs(10));
+    let mut s = amqp_open_hb(broker.amqp_addr(), 1);
+    let mut publish = amqp_method(1, 60, 40, &[0, 0, 0, 2, b'h', b'b', 0]);
+    let mut header = 60u16.to_be_bytes().to_vec();
+    header.extend_from_slice(&0u16.to_be_bytes());
+    header.extend_from_slice(&1u64.to_be_bytes());
+    header.extend_from_slice(&0u16.to_be_bytes());
+    publish.extend_from_slice(&amqp_frame(2, 1, &header));
+    publish.extend_from_slice(&amqp_frame(3, 1, b"x"));
+    s.write_all(&publish).unwrap();
+    let mut buf = Vec::new();
+    amqp_expect(&mut s, &mut buf, (10, 60)); // connection.blocked
+                                             // silent from now on: no heartbeats, nothing else; 2 missed heartbeats close it
+    let t = Instant::now();
+    let (_, closed) = read_until_close(&mut s, Duration::from_secs(10));
+    assert!(
+        closed,
+        "a silent, blocked publisher was still connected after {:?}",
+        t.elapsed()
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+
+    // while one that keeps sending heartbeats stays connected past the timeout
+    let mut s = amqp_open_hb(broker.amqp_addr(), 1);
+    s.write_all(&publish).unwrap();
+    let mut buf = Vec::new();
+    amqp_expect(&mut s, &mut buf, (10, 60));
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        s.write_all(&amqp_frame(8, 0, &[])).unwrap();
+        let (_, closed) = read_until_close(&mut s, Duration::from_millis(400));
+        assert!(!closed, "a blocked publisher sending heartbeats was closed");
+    }
+}
+
+/// A STOMP frame to send: command, headers, body.
+type RawFrame<'a> = (&'a str, Vec<(String, String)>, Vec<u8>);
+
+/// Sends `frames` on a fresh STOMP connection (logged in); returns the first frame the
+/// broker answers with, which must be an ERROR naming `needle`, and checks the close.
+fn stomp_refused(b: &TestBroker, frames: &[RawFrame<'_>], needle: &str) {
+    let mut c = StompClient::connect(b.stomp_addr(), Duration::from_secs(10)).unwrap();
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    for (command, headers, body) in frames {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        if c.send(command, &h, body).is_err() {
+            break; // closed mid-way: the ERROR is already waiting
+        }
+    }
+    let f = c.read_frame().expect("an answer");
+    assert_eq!(f.command, "ERROR", "{needle}: {f:?}");
+    let text = format!("{:?} {}", f.headers, String::from_utf8_lossy(&f.body));
+    assert!(text.contains(needle), "{needle}: {text}");
+    let (_, closed) = read_until_close(&mut c.stream, CLOSE_WAIT);
+    assert!(closed, "{needle}: not closed after the ERROR");
+}
+
+fn hdr(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Issue 14 item 11: a STOMP connection's transactions, transaction ids, buffered
+/// frames and bytes, subscriptions and destination lengths are capped (defaults, then
+/// configured values), each an ERROR and close when exceeded. They used to be
+/// unbounded: 2,000 BEGINs with 60 KB ids took the broker from 24 to 139 MiB.
+#[test]
+fn stomp_per_connection_state_is_capped() {
+    let b = TestBroker::start_with_config(CONFIG);
+    let begin = |t: &str| ("BEGIN", hdr(&[("transaction", t)]), Vec::new());
+    let names: Vec<String> = (0..17).map(|i| format!("t{i}")).collect();
+    let frames: Vec<_> = names.iter().map(|t| begin(t)).collect();
+    stomp_refused(&b, &frames, "Too many transactions");
+    stomp_refused(
+        &b,
+        &[begin(&"x".repeat(60_000))],
+        "longer than the 256 allowed",
+    );
+    let subs: Vec<_> = (0..257)
+        .map(|i| {
+            let id = i.to_string();
+            let dest = format!("/topic/cap.{i}");
+            (
+                "SUBSCRIBE",
+                hdr(&[("id", &id), ("destination", &dest)]),
+                Vec::new(),
+            )
+        })
+        .collect();
+    stomp_refused(&b, &subs, "Too many subscriptions");
+    let long_topic = format!("/topic/{}", "k".repeat(300));
+    stomp_refused(
+        &b,
+        &[("SEND", hdr(&[("destination", &long_topic)]), b"x".to_vec())],
+        "destination too long",
+    );
+    stomp_refused(
+        &b,
+        &[(
+            "SUBSCRIBE",
+            hdr(&[("id", "0"), ("destination", &long_topic)]),
+            Vec::new(),
+        )],
+        "destination too long",
+    );
+    drop(b);
+
+    let b = TestBroker::start_with_config(&format!(
+        "{CONFIG}\n[stomp]\nmax_transactions = 2\nmax_transaction_frames = 3\n\
+         max_transaction_bytes = \"64 KiB\"\nmax_subscriptions = 1\nmax_id_length = 8\n"
+    ));
+    stomp_refused(
+        &b,
+        &[begin("a"), begin("b"), begin("c")],
+        "Too many transactions",
+    );
+    stomp_refused(&b, &[begin("123456789")], "longer than the 8 allowed");
+    let send = |body: usize| {
+        (
+            "SEND",
+            hdr(&[("destination", "/queue/cap"), ("transaction", "t")]),
+            vec![b'x'; body],
+        )
+    };
+    stomp_refused(
+        &b,
+        &[begin("t"), send(1), send(1), send(1), send(1)],
+        "holds 3 frames",
+    );
+    stomp_refused(
+        &b,
+        &[begin("t"), send(40 << 10), send(40 << 10)],
+        "Transaction too large",
+    );
+    stomp_refused(
+        &b,
+        &[
+            (
+                "SUBSCRIBE",
+                hdr(&[("id", "1"), ("destination", "/queue/cap")]),
+                Vec::new(),
+            ),
+            (
+                "SUBSCRIBE",
+                hdr(&[("id", "2"), ("destination", "/queue/cap")]),
+                Vec::new(),
+            ),
+        ],
+        "Too many subscriptions",
+    );
+    // within the caps all is well: a committed transaction is delivered
+    let mut c = StompClient::connect(b.stomp_addr(), Duration::from_secs(10)).unwrap();
+    c.send("BEGIN", &[("transaction", "t")], b"").unwrap();
+    c.send(
+        "SEND",
+        &[("destination", "/queue/cap-ok"), ("transaction", "t")],
+        b"in tx",
+    )
+    .unwrap();
+    c.send("COMMIT", &[("transaction", "t"), ("receipt", "r")], b"")
+        .unwrap();
+    let f = c.read_frame().unwrap();
+    assert_eq!(f.command, "RECEIPT", "{f:?}");
+}
+
+/// Issue 14 item 14, the other half: a peer that stops reading is closed after the
+/// heartbeat timeout too. A consumer with a 1 s heartbeat that keeps its socket open but
+/// reads nothing while 24 MiB are delivered to it used to hold the broker's write to it
+/// forever (the heartbeat check does not run while a write is stuck).
+#[test]
+fn consumer_that_stops_reading_is_closed_after_the_heartbeat_timeout() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let b = TestBroker::start_with_config(CONFIG);
+    rt.block_on(async {
+        let conn = amqp::connect(b.amqp_addr()).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        amqp::declare_durable(&ch, "stalled").await.unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        let body = vec![b's'; 512 << 10];
+        for _ in 0..48 {
+            ch.basic_publish(
+                "".into(),
+                "stalled".into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+        conn.close(200, "setup".into()).await.unwrap();
+    });
+    let mut c = amqp_open_hb(b.amqp_addr(), 1);
+    let mut args = 0u16.to_be_bytes().to_vec();
+    shortstr("stalled", &mut args);
+    shortstr("s", &mut args);
+    args.push(0x02); // no-ack: nothing bounds the deliveries but the socket
+    args.extend_from_slice(&0u32.to_be_bytes());
+    c.write_all(&amqp_method(1, 60, 20, &args)).unwrap();
+    // From here on nothing is read; the client's heartbeats keep going out, so only the
+    // stuck write can tell the broker that this peer is gone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && !b.log().contains("peer stopped reading") {
+        if !write_lossy(&mut c, &amqp_frame(8, 0, &[])) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    b.wait_for_log("peer stopped reading", Duration::from_secs(1));
+    let (_, closed) = read_until_close(&mut c, Duration::from_secs(30));
+    assert!(
+        closed,
+        "the broker kept the connection of a peer that stopped reading"
     );
 }

@@ -158,3 +158,63 @@ fn restart_after_kill_9_on_the_same_data_dir() {
     assert!(status.success(), "exit status {status}");
     assert!(!broker.data_dir().join("abort").exists());
 }
+
+/// Issue 14 item 15: "stopped cleanly" is logged only when the store was closed (its
+/// `abort` marker removed); a stop with connections of every protocol still holding
+/// state (subscriptions, unacked deliveries, a persistent MQTT session, a consumer that
+/// does not read) says what happened.
+#[test]
+fn shutdown_log_says_whether_the_store_was_closed() {
+    use common::raw::{MqttClient, StompClient};
+    let t = Duration::from_secs(10);
+    let mut broker = TestBroker::start();
+    let abort = broker.data_dir().join("abort");
+    let mut stomp = StompClient::connect(broker.stomp_addr(), t).expect("stomp");
+    for i in 0..2000 {
+        let body = vec![b'x'; 4096];
+        stomp
+            .send(
+                "SEND",
+                &[("destination", "/queue/held"), ("persistent", "true")],
+                &body,
+            )
+            .expect("send");
+        if i == 1999 {
+            stomp
+                .send(
+                    "SEND",
+                    &[("destination", "/queue/held"), ("receipt", "r")],
+                    b"",
+                )
+                .expect("send");
+        }
+    }
+    let f = stomp.read_frame().expect("receipt");
+    assert_eq!(f.command, "RECEIPT", "{f:?}");
+    // a subscriber that never reads: the broker's writes to it stall
+    let mut stuck = StompClient::connect(broker.stomp_addr(), t).expect("stomp");
+    stuck
+        .send(
+            "SUBSCRIBE",
+            &[
+                ("destination", "/queue/held"),
+                ("id", "0"),
+                ("ack", "client"),
+            ],
+            b"",
+        )
+        .expect("subscribe");
+    let mut mqtt = MqttClient::connect(broker.mqtt_addr(), "keeper", false, t).expect("mqtt");
+    assert_eq!(mqtt.subscribe(1, "a/#", 1).expect("suback"), 1);
+    let status = broker.terminate();
+    let log = broker.log();
+    let clean = log.contains("stopped cleanly");
+    assert_eq!(
+        clean,
+        !abort.exists(),
+        "the log says stopped cleanly = {clean} but the abort marker exists = {}:\n{log}",
+        abort.exists()
+    );
+    assert_eq!(status.success(), clean, "exit status {status}:\n{log}");
+    drop((stomp, stuck, mqtt));
+}

@@ -734,6 +734,199 @@ async fn topic_permissions_per_protocol() {
     );
 }
 
+/// Issue 14 item 7: `exchange.bind` checks the source exchange's topic `read` pattern
+/// on the binding key, as `queue.bind` does (RabbitMQ's `binding_action` checks both).
+/// Without it, a user refused `queue.bind amq.topic #` could bind their own exchange to
+/// `amq.topic` with `#` and a queue to that, and read everyone's messages.
+#[tokio::test]
+async fn exchange_bind_checks_topic_read_permission() {
+    let toml = format!(
+        "{}\n[[topic_permissions]]\nuser = \"alice\"\nvhost = \"/\"\nexchange = \"amq.topic\"\n\
+         write = \"^{{username}}\\\\.\"\nread = \"^(public|{{username}})\\\\.\"\n",
+        config("")
+    );
+    let broker = TestBroker::start_with_config(&toml);
+    let alice = amqp(&broker, "alice", "alice-pw", "/")
+        .await
+        .expect("alice");
+    let ch = alice.create_channel().await.expect("channel");
+    ch.exchange_declare(
+        "alice-x".into(),
+        lapin::ExchangeKind::Topic,
+        ExchangeDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("declare alice-x");
+    let bind = |ch: lapin::Channel, key: &'static str| async move {
+        ch.exchange_bind(
+            "alice-x".into(),
+            "amq.topic".into(),
+            key.into(),
+            ExchangeBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+    };
+    bind(ch.clone(), "public.#")
+        .await
+        .expect("public.# is readable");
+    assert_refused(
+        bind(ch.clone(), "#").await,
+        "exchange.bind #",
+        "ACCESS_REFUSED",
+    );
+    let ch = alice.create_channel().await.expect("channel");
+    assert_refused(
+        ch.exchange_unbind(
+            "alice-x".into(),
+            "amq.topic".into(),
+            "bob.#".into(),
+            ExchangeUnbindOptions::default(),
+            FieldTable::default(),
+        )
+        .await,
+        "exchange.unbind bob.#",
+        "ACCESS_REFUSED",
+    );
+
+    // nothing published under bob.* reaches alice through her exchange
+    let ch = alice.create_channel().await.expect("channel");
+    declare(&ch, "alice-q").await.expect("declare alice-q");
+    ch.queue_bind(
+        "alice-q".into(),
+        "alice-x".into(),
+        "#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .expect("bind alice-q to her own exchange");
+    let guest = amqp(&broker, "guest", "guest", "/").await.expect("guest");
+    let gch = guest.create_channel().await.expect("channel");
+    gch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    for key in ["bob.secret", "public.news"] {
+        gch.basic_publish(
+            "amq.topic".into(),
+            key.into(),
+            BasicPublishOptions::default(),
+            key.as_bytes(),
+            BasicProperties::default(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm");
+    }
+    let got = ch
+        .basic_get("alice-q".into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("get")
+        .expect("public.news arrived");
+    assert_eq!(got.delivery.data, b"public.news");
+    assert!(ch
+        .basic_get("alice-q".into(), BasicGetOptions { no_ack: true })
+        .await
+        .expect("get")
+        .is_none());
+}
+
+/// Issue 14 item 13: an `x-death` header a client publishes is not trusted for
+/// dead-letter cycle detection (RabbitMQ 4 no longer interprets it). A forged record
+/// saying the message already left `xd-q` for `maxlen` used to make the broker take
+/// its real drop from `xd-q` for a cycle and discard it instead of dead-lettering it.
+/// The broker's own record replaces the forged headers.
+#[tokio::test]
+async fn client_supplied_x_death_is_not_trusted() {
+    use lapin::types::{AMQPValue, FieldArray, LongString, ShortString};
+    let broker = start();
+    let conn = amqp(&broker, "guest", "guest", "/").await.expect("guest");
+    let ch = conn.create_channel().await.expect("channel");
+    declare(&ch, "xd-dlq").await.expect("declare dlq");
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongInt(1));
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(LongString::from("")),
+    );
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString(LongString::from("xd-dlq")),
+    );
+    ch.queue_declare("xd-q".into(), QueueDeclareOptions::default(), args)
+        .await
+        .expect("declare xd-q");
+    let long = |s: &str| AMQPValue::LongString(LongString::from(s));
+    let mut forged = FieldTable::default();
+    forged.insert("queue".into(), long("xd-q"));
+    forged.insert("reason".into(), long("maxlen"));
+    forged.insert("count".into(), AMQPValue::LongLongInt(41));
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-death".into(),
+        AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::FieldTable(forged)])),
+    );
+    headers.insert("x-first-death-queue".into(), long("elsewhere"));
+    headers.insert("app".into(), long("kept"));
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    for (body, h) in [(&b"forged"[..], Some(headers)), (&b"next"[..], None)] {
+        let mut props = BasicProperties::default();
+        if let Some(h) = h {
+            props = props.with_headers(h);
+        }
+        ch.basic_publish(
+            "".into(),
+            "xd-q".into(),
+            BasicPublishOptions::default(),
+            body,
+            props,
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirm");
+    }
+    // the second publish pushed the first out of xd-q (max length 1): dead-lettered
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        if let Some(m) = ch
+            .basic_get("xd-dlq".into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("get")
+        {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the message with a forged x-death was dropped as a dead-letter cycle"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(got.delivery.data, b"forged");
+    let h = got.delivery.properties.headers().clone().expect("headers");
+    let h = h.inner();
+    let key = |k: &str| ShortString::from(k.to_owned());
+    assert_eq!(h.get(&key("app")), Some(&long("kept")));
+    assert_eq!(h.get(&key("x-first-death-queue")), Some(&long("xd-q")));
+    let Some(AMQPValue::FieldArray(deaths)) = h.get(&key("x-death")) else {
+        panic!("no x-death: {h:?}");
+    };
+    let deaths = deaths.as_slice();
+    assert_eq!(deaths.len(), 1, "the forged record was kept: {deaths:?}");
+    let Some(AMQPValue::FieldTable(d)) = deaths.first() else {
+        panic!("{deaths:?}");
+    };
+    let count = d.inner().get(&key("count"));
+    assert!(
+        matches!(count, Some(AMQPValue::LongLongInt(1))),
+        "count {count:?}"
+    );
+}
+
 #[test]
 fn frame_limits_after_login_are_configurable() {
     let broker = TestBroker::start_with_config(&config(

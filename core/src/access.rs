@@ -385,6 +385,20 @@ impl VhostAccess {
         self.topic(vhost, exchange, key, Access::Read)
     }
 
+    /// `exchange.bind` / `unbind` with its key: [`VhostAccess::exchange_bind`] plus, when
+    /// the source is a topic exchange with a topic permission, its `read` pattern on the
+    /// key (RabbitMQ's `binding_action` checks it for exchange and queue bindings alike).
+    pub fn exchange_bind_key(
+        &self,
+        vhost: &Vhost,
+        destination: &str,
+        source: &str,
+        key: &str,
+    ) -> Result<(), CoreError> {
+        self.exchange_bind(destination, source)?;
+        self.topic(vhost, source, key, Access::Read)
+    }
+
     fn topic(
         &self,
         vhost: &Vhost,

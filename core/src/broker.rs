@@ -303,6 +303,18 @@ impl Broker {
         }
     }
 
+    /// An anonymous login (STOMP CONNECT without `login`, MQTT CONNECT without a user
+    /// name) as `user`, which the shell chose by its `auth.anonymous` policy: the user
+    /// must exist; no password is asked for, so none is checked (nor needs configuring).
+    pub fn authenticate_anonymous(&self, user: &str, peer: IpAddr) -> Result<User, CoreError> {
+        match self.cfg.users.iter().find(|u| u.name == user) {
+            Some(u) => self.admit(u, peer),
+            None => Err(CoreError::AccessRefused(format!(
+                "anonymous login refused: no user '{user}'"
+            ))),
+        }
+    }
+
     fn admit(&self, u: &UserConfig, peer: IpAddr) -> Result<User, CoreError> {
         if self.cfg.loopback_users.contains(&u.name) && !peer.is_loopback() {
             return Err(CoreError::NotAllowed(format!(

@@ -1256,15 +1256,32 @@ impl Queue {
     /// Dead-letter routing for a message leaving this queue, with RabbitMQ's `x-death`
     /// bookkeeping; `None` when there is no dead-letter exchange or the message would
     /// cycle (already expired out of this queue before).
+    ///
+    /// `own_deaths`: the message was stored by an earlier dead-lettering, so its `x-death`
+    /// is the broker's. Otherwise a client published it, and any `x-death` and
+    /// `x-first-death-*` headers it set are replaced, not read (as RabbitMQ 4, which
+    /// keeps deaths apart from client headers): a forged record could otherwise make a
+    /// message look like a cycle and be dropped, or inflate its counts.
     pub(crate) fn dead_letter_target(
         &self,
         reason: &str,
         exchange: &str,
         routing_key: &str,
         props: &mut Properties,
+        own_deaths: bool,
     ) -> Option<(String, String)> {
         let dlx = self.args.dead_letter_exchange.clone()?;
         let mut headers = props.headers.take().unwrap_or_default();
+        if !own_deaths {
+            for k in [
+                "x-death",
+                "x-first-death-reason",
+                "x-first-death-queue",
+                "x-first-death-exchange",
+            ] {
+                headers.remove(k);
+            }
+        }
         let mut deaths: Vec<FieldValue> = headers
             .get("x-death")
             .and_then(|v| v.as_array())

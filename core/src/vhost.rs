@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use triad_store::commitlog::StoredRecord;
 use triad_store::flush::Durable;
 use triad_store::journal::{key_parts, KeyBuilder, MetaOp};
-use triad_store::record::{NewMessage, FLAG_PERSISTENT};
+use triad_store::record::{NewMessage, FLAG_DEAD_LETTERED, FLAG_PERSISTENT};
 use triad_store::store::Store;
 
 use crate::access::VhostAccess;
@@ -1028,14 +1028,7 @@ impl Vhost {
 
     /// `basic.publish` (and STOMP SEND, MQTT PUBLISH).
     pub fn publish(&self, p: Publish) -> Result<Published, CoreError> {
-        if p.body.len() > self.max_message_size {
-            return Err(CoreError::PreconditionFailed(format!(
-                "message size {} is larger than configured max size {}",
-                p.body.len(),
-                self.max_message_size
-            )));
-        }
-        let targets = self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())?;
+        let targets = self.check_and_route(&p)?;
         self.publish_to(
             targets,
             &p.exchange,
@@ -1044,6 +1037,41 @@ impl Vhost {
             &p.body,
             Some(p.conn),
         )
+    }
+
+    /// A transaction's publishes (AMQP `tx.commit`, STOMP `COMMIT`), all or nothing as
+    /// far as the publisher can cause it: every message is checked and routed before the
+    /// first is stored, so one whose exchange is gone or that is too large stores none.
+    pub fn publish_all(&self, batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
+        let mut routed = Vec::with_capacity(batch.len());
+        for p in batch {
+            let targets = self.check_and_route(&p)?;
+            routed.push((p, targets));
+        }
+        routed
+            .into_iter()
+            .map(|(p, targets)| {
+                self.publish_to(
+                    targets,
+                    &p.exchange,
+                    &p.routing_key,
+                    p.properties,
+                    &p.body,
+                    Some(p.conn),
+                )
+            })
+            .collect()
+    }
+
+    fn check_and_route(&self, p: &Publish) -> Result<Vec<Arc<Queue>>, CoreError> {
+        if p.body.len() > self.max_message_size {
+            return Err(CoreError::PreconditionFailed(format!(
+                "message size {} is larger than configured max size {}",
+                p.body.len(),
+                self.max_message_size
+            )));
+        }
+        self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())
     }
 
     fn publish_to(
@@ -1095,7 +1123,12 @@ impl Vhost {
         };
         let appended = self.store.append(&NewMessage {
             queues: &ids,
-            flags: if persistent { FLAG_PERSISTENT } else { 0 },
+            flags: if persistent { FLAG_PERSISTENT } else { 0 }
+                | if publisher.is_none() {
+                    FLAG_DEAD_LETTERED
+                } else {
+                    0
+                },
             born_ts_ms: now_ms(),
             tag_hash: tag,
             keys,
@@ -1130,7 +1163,11 @@ impl Vhost {
         let Ok((exchange, routing_key, mut props)) = envelope::decode(&rec.properties) else {
             return;
         };
-        let Some((dlx, key)) = from.dead_letter_target(reason, &exchange, &routing_key, &mut props)
+        // Only an x-death the broker wrote counts (RabbitMQ 4 no longer interprets one a
+        // client published): a forged one could make a message look like a cycle.
+        let own_deaths = rec.flags & FLAG_DEAD_LETTERED != 0;
+        let Some((dlx, key)) =
+            from.dead_letter_target(reason, &exchange, &routing_key, &mut props, own_deaths)
         else {
             return;
         };

@@ -41,6 +41,9 @@ pub const HEADER_LEN: usize = 12;
 pub const MIN_PADDING: u64 = 8;
 /// Message flag: the publisher asked for persistence (delivery-mode 2, QoS > 0).
 pub const FLAG_PERSISTENT: u16 = 1;
+/// Message flag: stored by the broker's dead-lettering, so the `x-death` header in its
+/// properties is the broker's own record (a client-published one is not trusted).
+pub const FLAG_DEAD_LETTERED: u16 = 2;
 
 /// Most queues one message may be stored for.
 pub const MAX_QUEUES: usize = u16::MAX as usize;

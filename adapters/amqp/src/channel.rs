@@ -339,7 +339,12 @@ impl Session {
                 )
             }
             exchange::AMQPMethod::Bind(b) => {
-                access.exchange_bind(b.destination.as_str(), b.source.as_str())?;
+                access.exchange_bind_key(
+                    &vhost,
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                )?;
                 vhost.bind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
@@ -349,7 +354,12 @@ impl Session {
                 (exchange::AMQPMethod::BindOk(exchange::BindOk {}), b.nowait)
             }
             exchange::AMQPMethod::Unbind(b) => {
-                access.exchange_bind(b.destination.as_str(), b.source.as_str())?;
+                access.exchange_bind_key(
+                    &vhost,
+                    b.destination.as_str(),
+                    b.source.as_str(),
+                    b.routing_key.as_str(),
+                )?;
                 vhost.unbind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
@@ -723,26 +733,7 @@ impl Session {
                     return Err(not_tx());
                 };
                 let ops = std::mem::take(ops);
-                let vhost = self.vhost_arc()?;
-                for op in ops {
-                    match op {
-                        TxOp::Publish(p) => {
-                            let (mandatory, props, body) =
-                                (p.mandatory, p.properties.clone(), p.body.clone());
-                            let (ex, rk) = (p.exchange.clone(), p.routing_key.clone());
-                            let res = vhost.publish(*p)?;
-                            if !res.routed && mandatory {
-                                self.send_return(id, &ex, &rk, &props, &body);
-                            }
-                        }
-                        TxOp::Settle {
-                            entries,
-                            ack,
-                            requeue,
-                        } => settle(&entries, ack, requeue),
-                    }
-                }
-                self.send(id, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
+                self.commit(id, ops)?;
             }
             tx::AMQPMethod::Rollback(_) => {
                 let Mode::Tx { ops } = &mut ch.mode else {
@@ -766,6 +757,80 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// `tx.commit`: every publish is routed before any is stored and no ack is applied
+    /// unless all of them were (on an error the acks go back to the channel's unacked
+    /// set, to be requeued when it closes); `tx.commit-ok` waits, in the confirm FIFO,
+    /// until the transaction's persistent messages are on disk, as confirms do.
+    fn commit(&mut self, id: u16, ops: Vec<TxOp>) -> Result<(), AmqpError> {
+        let vhost = self.vhost_arc()?;
+        let mut publishes = Vec::new();
+        let mut returns = Vec::new();
+        let mut settles = Vec::new();
+        for op in ops {
+            match op {
+                TxOp::Publish(p) => {
+                    returns.push(p.mandatory.then(|| {
+                        (
+                            p.exchange.clone(),
+                            p.routing_key.clone(),
+                            p.properties.clone(),
+                            p.body.clone(),
+                        )
+                    }));
+                    publishes.push(*p);
+                }
+                TxOp::Settle {
+                    entries,
+                    ack,
+                    requeue,
+                } => settles.push((entries, ack, requeue)),
+            }
+        }
+        let results = match vhost.publish_all(publishes) {
+            Ok(r) => r,
+            Err(e) => {
+                let ch = self.chan(id)?;
+                for (entries, ..) in settles {
+                    ch.unacked.extend(entries);
+                }
+                return Err(e.into());
+            }
+        };
+        let mut durable: Vec<crate::confirms::Durable> = Vec::new();
+        for (res, ret) in results.into_iter().zip(returns) {
+            if let (false, Some((ex, rk, props, body))) = (res.routed, ret) {
+                self.send_return(id, &ex, &rk, &props, &body);
+            }
+            if let Some(d) = res.durable {
+                durable.push(Box::pin(async move { d.await.is_ok() }));
+            }
+        }
+        for (entries, ack, requeue) in settles {
+            settle(&entries, ack, requeue);
+        }
+        if durable.is_empty() && self.confirms.is_empty() {
+            self.send(id, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
+        } else {
+            self.confirms.push_commit(id, durable);
+        }
+        Ok(())
+    }
+
+    /// The transaction committed on channel `id` is durable (`ok`), or the store failed.
+    pub(crate) fn on_commit_durable(&mut self, id: u16, ok: bool) {
+        if !self.channels.get(&id).is_some_and(|c| c.is_open()) {
+            return;
+        }
+        if ok {
+            self.send(id, AMQPClass::Tx(tx::AMQPMethod::CommitOk(tx::CommitOk {})));
+        } else {
+            self.close_connection(AmqpError::connection(
+                errors::INTERNAL_ERROR,
+                "the store failed to make the transaction durable",
+            ));
+        }
     }
 
     /// A content header frame on channel `id`.

@@ -27,6 +27,14 @@ const FRAME_END: u8 = 0xCE;
 /// Header (7) plus frame-end (1).
 pub const FRAME_OVERHEAD: usize = 8;
 
+/// Whether `buf` starts with a whole heartbeat frame (type 8, size 0, frame end).
+pub fn starts_with_heartbeat(buf: &[u8]) -> bool {
+    matches!(
+        buf.get(..FRAME_OVERHEAD),
+        Some([FRAME_HEARTBEAT, _, _, 0, 0, 0, 0, FRAME_END])
+    )
+}
+
 /// Maximum nesting of field tables and arrays accepted from a peer, counting the
 /// outermost table as 1 (the core's own bound).
 pub const MAX_TABLE_DEPTH: usize = triad_core::value::MAX_DEPTH;

@@ -7,6 +7,9 @@
 //! delivery-tag order and a run of acks can be sent as one `basic.ack multiple=true`.
 //! The store completes group commits in offset order, so waiting on the front entry
 //! costs nothing.
+//!
+//! A `tx.commit-ok` waits in the same FIFO ([`ConfirmQueue::push_commit`]) on every
+//! persistent message of its transaction, so it too is sent only once they are on disk.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -24,8 +27,10 @@ pub struct Settled {
     pub channel: u16,
     /// Publish sequence number (the confirm's delivery tag).
     pub seq: u64,
-    /// `true` → basic.ack, `false` → basic.nack.
+    /// `true` → basic.ack, `false` → basic.nack; for a commit: its messages are durable.
     pub ack: bool,
+    /// A `tx.commit` (`seq` unused): `ack` → `tx.commit-ok`, otherwise the store failed.
+    pub commit: bool,
 }
 
 struct Entry {
@@ -51,7 +56,35 @@ impl ConfirmQueue {
     /// Adds a confirm; `durable` delays it until the store has flushed.
     pub fn push(&mut self, channel: u16, seq: u64, ack: bool, durable: Option<Durable>) {
         self.entries.push_back(Entry {
-            settled: Settled { channel, seq, ack },
+            settled: Settled {
+                channel,
+                seq,
+                ack,
+                commit: false,
+            },
+            durable,
+        });
+    }
+
+    /// Adds a `tx.commit-ok` that waits for every one of `durable` (the transaction's
+    /// persistent messages in durable queues).
+    pub fn push_commit(&mut self, channel: u16, durable: Vec<Durable>) {
+        let durable: Option<Durable> = (!durable.is_empty()).then(|| {
+            Box::pin(async move {
+                let mut ok = true;
+                for d in durable {
+                    ok &= d.await;
+                }
+                ok
+            }) as Durable
+        });
+        self.entries.push_back(Entry {
+            settled: Settled {
+                channel,
+                seq: 0,
+                ack: true,
+                commit: true,
+            },
             durable,
         });
     }
@@ -103,5 +136,44 @@ impl ConfirmQueue {
             }
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_waits_for_every_durable_of_its_transaction() {
+        let (tx1, rx1) = tokio::sync::oneshot::channel::<()>();
+        let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
+        let mut q = ConfirmQueue::default();
+        q.push_commit(
+            1,
+            vec![
+                Box::pin(async move { rx1.await.is_ok() }),
+                Box::pin(async move { rx2.await.is_ok() }),
+            ],
+        );
+        let mut out = Vec::new();
+        q.take_ready(&mut out, None);
+        assert!(out.is_empty());
+        tx2.send(()).unwrap();
+        q.take_ready(&mut out, None);
+        assert!(
+            out.is_empty(),
+            "one message of the commit is not durable yet"
+        );
+        tx1.send(()).unwrap();
+        q.take_ready(&mut out, None);
+        assert_eq!(
+            out,
+            vec![Settled {
+                channel: 1,
+                seq: 0,
+                ack: true,
+                commit: true
+            }]
+        );
     }
 }

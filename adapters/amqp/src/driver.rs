@@ -3,8 +3,9 @@
 //! One `select!` over: the shutdown token, `read_buf` into the connection's buffer,
 //! the core's outbox, settled publisher confirms, and one timer (handshake deadline,
 //! heartbeats, close-ok wait). Every branch is cancel-safe. Output is encoded as a
-//! batch and written with one `write_all`; while it is being written nothing is read,
-//! so a peer that does not read stops being read from.
+//! batch and written out before anything more is read, so a peer that does not read
+//! stops being read from; one that takes no bytes for twice the heartbeat is closed,
+//! as one that sends none is (also while a resource alarm holds it).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,6 +26,9 @@ use triad_core::io::read_some;
 
 /// The write buffer taken for a batch of frames (it grows for larger batches).
 const WBUF: usize = 8 << 10;
+
+/// How much a connection held by a resource alarm may have read and not processed.
+const HELD_READ_MAX: usize = 8 << 10;
 
 /// How long the last bytes to a peer (connection.close at shutdown, TLS close_notify)
 /// may take before the connection is dropped without them.
@@ -108,27 +112,50 @@ where
 
 /// Writes `buf`. Once shutdown is requested the write gets [`LAST_WORDS`] more to
 /// finish (so the connection.close 320 still follows a frame in progress), but a peer
-/// that does not read cannot hold up the broker's shutdown. `Ok(false)`: gave up.
+/// that does not read cannot hold up the broker's shutdown. With `stall` (twice the
+/// heartbeat), a peer that takes no bytes for that long has stopped reading and is
+/// given up on, as one that stops sending is. `Ok(false)`: gave up.
 async fn write_bounded<S>(
     stream: &mut S,
     buf: &[u8],
     shutdown: &CancellationToken,
+    stall: Option<Duration>,
 ) -> std::io::Result<bool>
 where
     S: AsyncWrite + Unpin,
 {
-    let write = stream.write_all(buf);
-    tokio::pin!(write);
-    if !shutdown.is_cancelled() {
+    let mut off = 0;
+    let mut last_words = shutdown.is_cancelled().then(|| Instant::now() + LAST_WORDS);
+    while let Some(rest) = buf.get(off..).filter(|r| !r.is_empty()) {
+        let progress_by = stall.map(|d| Instant::now() + d);
+        let give_up = match (progress_by, last_words) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         tokio::select! {
-            r = &mut write => return r.map(|()| true),
-            _ = shutdown.cancelled() => {}
+            r = stream.write(rest) => match r? {
+                0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                n => off += n,
+            },
+            _ = shutdown.cancelled(), if last_words.is_none() => {
+                last_words = Some(Instant::now() + LAST_WORDS);
+            }
+            _ = sleep_until(give_up.unwrap_or_else(Instant::now)), if give_up.is_some() => {
+                if last_words.is_none_or(|t| Instant::now() < t) {
+                    tracing::info!(stall = ?stall, "peer stopped reading: no bytes taken for twice the heartbeat; closing");
+                }
+                return Ok(false);
+            }
         }
     }
-    match tokio::time::timeout(LAST_WORDS, write).await {
-        Ok(r) => r.map(|()| true),
-        Err(_) => Ok(false),
-    }
+    Ok(true)
+}
+
+/// How long a write may take no bytes before the peer counts as gone: twice the
+/// negotiated heartbeat, none without heartbeats.
+fn write_stall(session: &Session) -> Option<Duration> {
+    let hb = u64::from(session.heartbeat());
+    (hb > 0 && session.is_open()).then(|| Duration::from_secs(hb * 2))
 }
 
 async fn connection_loop<S>(
@@ -158,10 +185,17 @@ where
     session.start();
 
     loop {
+        // While an alarm is raised, a connection that publishes is held: of what it
+        // sends, only heartbeat frames are taken (they prove it alive); the rest waits in
+        // its buffer, at most HELD_READ_MAX of it, until the alarm clears.
+        let holding = blocked && session.has_published();
         // Frames already buffered (a read may carry many).
         if !fatal {
             loop {
                 if matches!(session.state(), State::Closed) {
+                    break;
+                }
+                if holding && !codec::starts_with_heartbeat(rbuf) {
                     break;
                 }
                 match codec::decode(rbuf, &session.limits()) {
@@ -195,7 +229,7 @@ where
                 wbuf.reserve(WBUF);
             }
             session.write_to(&mut wbuf)?;
-            if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
+            if !write_bounded(stream, &wbuf, &ctx.shutdown, write_stall(session)).await? {
                 return Ok(());
             }
             wbuf.clear();
@@ -240,11 +274,14 @@ where
             told_blocked = tell_blocked;
             continue;
         }
-        // While an alarm is raised, a connection that publishes is not read from (its
-        // client sees connection.blocked); consumers keep draining.
-        let reading = !(blocked && session.has_published());
+        // While an alarm is raised, a connection that publishes is read only until
+        // HELD_READ_MAX bytes of frames wait (its client sees connection.blocked);
+        // consumers keep draining. What it sends is still read, so a peer that goes
+        // silent meets the heartbeat timeout like any other; once the held bytes fill
+        // the buffer the stall is ours, and the peer is not blamed for it.
+        let holding = blocked && session.has_published();
+        let reading = !holding || rbuf.len() < HELD_READ_MAX;
         if !reading {
-            // the peer's silence is ours while we do not read: no heartbeat timeout
             last_read = Instant::now();
         }
 
@@ -295,7 +332,7 @@ where
                     }
                     if now >= last_write + hb / 2 {
                         codec::encode(&codec::Frame::Heartbeat(0), &mut wbuf)?;
-                        if !write_bounded(stream, &wbuf, &ctx.shutdown).await? {
+                        if !write_bounded(stream, &wbuf, &ctx.shutdown, write_stall(session)).await? {
                             return Ok(());
                         }
                         wbuf.clear();

@@ -610,12 +610,17 @@ impl Session {
     pub fn on_confirms(&mut self, settled: Vec<Settled>) {
         let mut i = 0;
         while let Some(s) = settled.get(i).copied() {
+            if s.commit {
+                i += 1;
+                self.on_commit_durable(s.channel, s.ack);
+                continue;
+            }
             // Coalesce a run of acks on one channel into one ack multiple=true.
             let mut last = s.seq;
             let mut j = i + 1;
             if s.ack {
                 while let Some(n) = settled.get(j) {
-                    if n.channel != s.channel || !n.ack {
+                    if n.channel != s.channel || !n.ack || n.commit {
                         break;
                     }
                     last = n.seq;

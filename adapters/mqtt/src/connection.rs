@@ -495,15 +495,17 @@ fn login(
         (None, Some(cn)) => broker
             .authenticate_external(cn, ip)
             .map_err(|e| (NOT_AUTHORIZED, e))?,
-        (None, None) if ip.is_loopback() => broker
-            .authenticate(&ctx.default_user, &ctx.default_pass, ip)
-            .map_err(|e| (NOT_AUTHORIZED, e))?,
-        (None, None) => {
-            return Err((
-                NOT_AUTHORIZED,
-                CoreError::NotAllowed("anonymous login from a non-loopback peer".into()),
-            ))
-        }
+        (None, None) => match ctx.anonymous_user.as_deref() {
+            Some(anon) => broker
+                .authenticate_anonymous(anon, ip)
+                .map_err(|e| (NOT_AUTHORIZED, e))?,
+            None => {
+                return Err((
+                    NOT_AUTHORIZED,
+                    CoreError::NotAllowed("anonymous login not accepted from this peer".into()),
+                ))
+            }
+        },
     };
     let access = broker
         .vhost_access(&user, vhost)

@@ -89,10 +89,9 @@ pub struct MqttContext {
     pub broker: Arc<triad_core::Broker>,
     /// Shared MQTT state (made with [`MqttState::new`] over the same broker).
     pub state: Arc<MqttState>,
-    /// User for CONNECTs without a user name from loopback peers.
-    pub default_user: String,
-    /// Its password.
-    pub default_pass: String,
+    /// The user a CONNECT without a user name logs in as (no password); `None`: such a
+    /// CONNECT gets CONNACK 5. The process decides per peer (`auth.anonymous`).
+    pub anonymous_user: Option<String>,
     /// Limits.
     pub limits: MqttLimits,
     /// Cancelled at broker shutdown.

@@ -40,8 +40,7 @@ fn context(broker: Arc<Broker>) -> MqttContext {
     MqttContext {
         broker,
         state,
-        default_user: "guest".into(),
-        default_pass: "guest".into(),
+        anonymous_user: Some("guest".into()),
         limits: MqttLimits {
             connect_timeout: Duration::from_secs(2),
             ..MqttLimits::default()

@@ -35,12 +35,33 @@ pub enum Destination {
 
 /// A destination this broker does not understand.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("unknown destination '{0}': use /queue/, /topic/, /exchange/, /amq/queue/, /temp-queue/ or /reply-queue/")]
-pub struct BadDestination(pub String);
+pub enum BadDestination {
+    /// Not one of the forms in the table above.
+    #[error("unknown destination '{0}': use /queue/, /topic/, /exchange/, /amq/queue/, /temp-queue/ or /reply-queue/")]
+    Unknown(String),
+    /// A queue or exchange name or a routing key longer than [`MAX_NAME`].
+    #[error(
+        "destination too long: a name or routing key of {0} bytes (at most {MAX_NAME}, as AMQP's)"
+    )]
+    TooLong(usize),
+}
+
+/// Longest queue name, exchange name or routing key in a destination: AMQP 0-9-1's
+/// short string, so that every protocol can carry it (a longer routing key could not
+/// be delivered to an AMQP consumer).
+pub const MAX_NAME: usize = 255;
 
 fn nonempty(s: &str, whole: &str) -> Result<String, BadDestination> {
     if s.is_empty() {
-        Err(BadDestination(whole.to_string()))
+        Err(BadDestination::Unknown(whole.to_string()))
+    } else {
+        short(s)
+    }
+}
+
+fn short(s: &str) -> Result<String, BadDestination> {
+    if s.len() > MAX_NAME {
+        Err(BadDestination::TooLong(s.len()))
     } else {
         Ok(s.to_string())
     }
@@ -59,7 +80,7 @@ impl Destination {
             let (x, k) = rest.split_once('/').unwrap_or((rest, ""));
             return Ok(Destination::Exchange {
                 exchange: nonempty(x, s)?,
-                key: k.to_string(),
+                key: short(k)?,
             });
         }
         if let Some(q) = s.strip_prefix("/amq/queue/") {
@@ -71,7 +92,7 @@ impl Destination {
         if let Some(q) = s.strip_prefix("/reply-queue/") {
             return Ok(Destination::ReplyQueue(nonempty(q, s)?));
         }
-        Err(BadDestination(s.to_string()))
+        Err(BadDestination::Unknown(s.to_string()))
     }
 
     /// The destination header of a delivery, from the exchange and routing key it was

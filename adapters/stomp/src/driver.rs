@@ -16,7 +16,7 @@ use triad_core::Broker;
 
 use crate::codec::{self, Limits, HEARTBEAT};
 use crate::frame::Frame;
-use crate::session::{Action, DurableWait, Session, SessionConfig};
+use crate::session::{Action, Caps, DurableWait, Session, SessionConfig};
 use triad_core::io::read_some;
 
 /// Everything a STOMP connection needs from the process.
@@ -24,10 +24,9 @@ use triad_core::io::read_some;
 pub struct StompContext {
     /// The broker core.
     pub broker: Arc<Broker>,
-    /// Login for CONNECT frames without `login` (loopback peers only).
-    pub default_user: String,
-    /// Its password.
-    pub default_pass: String,
+    /// The user a CONNECT without `login` logs in as (no password); `None`: such a
+    /// CONNECT is refused. The process decides per peer (`auth.anonymous`).
+    pub anonymous_user: Option<String>,
     /// Frame limits after login.
     pub limits: Limits,
     /// Frame limits before login.
@@ -49,15 +48,16 @@ pub struct StompContext {
     pub ssl_cert_login: bool,
     /// This connection's verified TLS client certificate CN.
     pub peer_cert_cn: Option<String>,
+    /// Caps on per-connection state.
+    pub caps: Caps,
 }
 
 impl StompContext {
-    /// Defaults: guest/guest, RabbitMQ's frame limits, 10 s heart-beats, 10 s handshake.
+    /// Defaults: anonymous login as guest, RabbitMQ's frame limits, 10 s heart-beats, 10 s handshake.
     pub fn new(broker: Arc<Broker>, shutdown: CancellationToken) -> StompContext {
         StompContext {
             broker,
-            default_user: "guest".into(),
-            default_pass: "guest".into(),
+            anonymous_user: Some("guest".into()),
             limits: Limits::AUTHENTICATED,
             unauthenticated_limits: Limits::UNAUTHENTICATED,
             heartbeat_send: Duration::from_secs(10),
@@ -68,14 +68,14 @@ impl StompContext {
             failed_login_delay: Duration::from_secs(1),
             ssl_cert_login: false,
             peer_cert_cn: None,
+            caps: Caps::default(),
         }
     }
 
     fn session_config(&self) -> SessionConfig {
         let ms = |d: Duration| u32::try_from(d.as_millis()).unwrap_or(u32::MAX);
         SessionConfig {
-            default_user: self.default_user.clone(),
-            default_pass: self.default_pass.clone(),
+            anonymous_user: self.anonymous_user.clone(),
             heartbeat_send_ms: ms(self.heartbeat_send),
             heartbeat_recv_ms: ms(self.heartbeat_recv),
             limits: self.limits,
@@ -83,6 +83,7 @@ impl StompContext {
             outbox_capacity: self.outbox_capacity,
             ssl_cert_login: self.ssl_cert_login,
             peer_cert_cn: self.peer_cert_cn.clone(),
+            caps: self.caps,
         }
     }
 }
@@ -288,7 +289,11 @@ where
                     match decoder.decode(&mut rbuf, &limits, session.dialect()) {
                         Ok(Some(frame)) => {
                             tracing::trace!(command = %frame.command, "frame");
-                            published |= frame.command == crate::frame::Command::Send;
+                            // BEGIN too: a transaction buffers what it will publish
+                            published |= matches!(
+                                frame.command,
+                                crate::frame::Command::Send | crate::frame::Command::Begin
+                            );
                             session.handle(frame, &mut actions);
                             if actions.iter().any(|a| matches!(a, Action::Close | Action::Disconnect)) {
                                 break;

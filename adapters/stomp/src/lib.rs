@@ -32,4 +32,4 @@ pub mod session;
 pub use codec::{decode, encode, DecodeError, Dialect, Limits};
 pub use driver::{serve, ServeError, StompContext};
 pub use frame::{Command, Frame};
-pub use session::{Action, Session, SessionConfig, Version};
+pub use session::{Action, Caps, Session, SessionConfig, Version};

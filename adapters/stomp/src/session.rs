@@ -92,10 +92,8 @@ impl Version {
 /// Per-connection settings.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    /// Login used when CONNECT has no `login` (loopback peers only).
-    pub default_user: String,
-    /// Its password.
-    pub default_pass: String,
+    /// The user a CONNECT without `login` logs in as; `None`: refused.
+    pub anonymous_user: Option<String>,
     /// Smallest interval at which the server offers to send heart-beats, ms (0 = never).
     pub heartbeat_send_ms: u32,
     /// Smallest interval at which the server wants heart-beats, ms (0 = never).
@@ -111,13 +109,42 @@ pub struct SessionConfig {
     pub ssl_cert_login: bool,
     /// This connection's verified TLS client certificate CN.
     pub peer_cert_cn: Option<String>,
+    /// Caps on per-connection state.
+    pub caps: Caps,
+}
+
+/// Caps on what one connection may make the broker hold; each is checked before the
+/// state is added, and exceeding one is an ERROR and close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Open transactions (BEGIN without COMMIT / ABORT).
+    pub max_transactions: usize,
+    /// SEND, ACK and NACK frames buffered in one transaction.
+    pub max_transaction_frames: usize,
+    /// SEND body bytes buffered in all open transactions together.
+    pub max_transaction_bytes: usize,
+    /// Subscriptions.
+    pub max_subscriptions: usize,
+    /// Longest transaction or subscription id, in bytes.
+    pub max_id_length: usize,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Caps {
+            max_transactions: 16,
+            max_transaction_frames: 1024,
+            max_transaction_bytes: 16 << 20,
+            max_subscriptions: 256,
+            max_id_length: 256,
+        }
+    }
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
-            default_user: "guest".into(),
-            default_pass: "guest".into(),
+            anonymous_user: Some("guest".into()),
             heartbeat_send_ms: 10_000,
             heartbeat_recv_ms: 10_000,
             limits: Limits::AUTHENTICATED,
@@ -125,6 +152,7 @@ impl Default for SessionConfig {
             outbox_capacity: 1024,
             ssl_cert_login: false,
             peer_cert_cn: None,
+            caps: Caps::default(),
         }
     }
 }
@@ -222,6 +250,8 @@ pub struct Session {
     ids: HashMap<String, (String, u64), foldhash::fast::RandomState>,
     next_seq: u64,
     txs: HashMap<String, Vec<TxOp>>,
+    /// SEND body bytes buffered in `txs`.
+    tx_bytes: usize,
     temp_queues: HashMap<String, String>,
 }
 
@@ -261,6 +291,7 @@ impl Session {
             ids: HashMap::default(),
             next_seq: 1,
             txs: HashMap::new(),
+            tx_bytes: 0,
             temp_queues: HashMap::new(),
         }
     }
@@ -445,17 +476,15 @@ impl Session {
                     .authenticate(login, f.header("passcode").unwrap_or(""), peer_ip),
             ),
             (None, Some(cn)) => (cn, self.broker.authenticate_external(cn, peer_ip)),
-            (None, None) if peer_ip.is_loopback() => (
-                self.cfg.default_user.as_str(),
-                self.broker
-                    .authenticate(&self.cfg.default_user, &self.cfg.default_pass, peer_ip),
-            ),
-            (None, None) => (
-                "",
-                Err(CoreError::AccessRefused(
-                    "CONNECT without login is only accepted from loopback peers".into(),
-                )),
-            ),
+            (None, None) => match self.cfg.anonymous_user.as_deref() {
+                Some(anon) => (anon, self.broker.authenticate_anonymous(anon, peer_ip)),
+                None => (
+                    "",
+                    Err(CoreError::AccessRefused(
+                        "CONNECT without login is not accepted from this peer".into(),
+                    )),
+                ),
+            },
         };
         // Every refusal gets the answer (and the delay) of a bad password: one made only
         // once the password was accepted (no permissions on the vhost, over the
@@ -542,10 +571,21 @@ impl Session {
         let props = mapping::properties_from_send(&f, &self.user)?;
         if let Some(tx) = f.header("transaction") {
             let tx = tx.to_string();
-            self.txs
-                .get_mut(&tx)
-                .ok_or_else(|| unknown_tx(&tx))?
-                .push(TxOp::Send(f));
+            let caps = self.cfg.caps;
+            let bytes = self.tx_bytes.saturating_add(f.body.len());
+            let ops = self.txs.get_mut(&tx).ok_or_else(|| unknown_tx(&tx))?;
+            tx_frame_room(ops, &caps, &tx)?;
+            if bytes > caps.max_transaction_bytes {
+                return Err(Fail::new(
+                    "Transaction too large",
+                    format!(
+                        "open transactions would hold {bytes} bytes of messages, more than {}",
+                        caps.max_transaction_bytes
+                    ),
+                ));
+            }
+            ops.push(TxOp::Send(f));
+            self.tx_bytes = bytes;
             if let Some(r) = receipt {
                 out.push(Action::Receipt {
                     durable: None,
@@ -695,6 +735,17 @@ impl Session {
                 ))
             }
         };
+        let caps = self.cfg.caps;
+        check_id_length("subscription id", &id, &caps)?;
+        if self.subs.len() >= caps.max_subscriptions && !self.subs.contains_key(&id) {
+            return Err(Fail::new(
+                "Too many subscriptions",
+                format!(
+                    "{} subscriptions are open on this connection, the most allowed",
+                    caps.max_subscriptions
+                ),
+            ));
+        }
         if self.subs.contains_key(&id) {
             return Err(Fail::new(
                 "Duplicated subscription identifier",
@@ -884,7 +935,9 @@ impl Session {
         }
         if let Some(tx) = f.header("transaction") {
             let tx = tx.to_string();
+            let caps = self.cfg.caps;
             let ops = self.txs.get_mut(&tx).ok_or_else(|| unknown_tx(&tx))?;
+            tx_frame_room(ops, &caps, &tx)?;
             ops.push(if ack { TxOp::Ack(f) } else { TxOp::Nack(f) });
             return Ok(());
         }
@@ -926,10 +979,21 @@ impl Session {
 
     fn begin(&mut self, f: &Frame) -> Res {
         let tx = required(f, "transaction")?;
+        let caps = self.cfg.caps;
+        check_id_length("transaction", tx, &caps)?;
         if self.txs.contains_key(tx) {
             return Err(Fail::new(
                 "Transaction already active",
                 format!("transaction '{tx}' was already begun"),
+            ));
+        }
+        if self.txs.len() >= caps.max_transactions {
+            return Err(Fail::new(
+                "Too many transactions",
+                format!(
+                    "{} transactions are open on this connection, the most allowed",
+                    caps.max_transactions
+                ),
             ));
         }
         self.txs.insert(tx.to_string(), Vec::new());
@@ -938,7 +1002,7 @@ impl Session {
 
     fn commit(&mut self, f: &Frame, out: &mut Vec<Action>) -> Res {
         let tx = required(f, "transaction")?;
-        let ops = self.txs.remove(tx).ok_or_else(|| unknown_tx(tx))?;
+        let ops = self.take_tx(tx)?;
         let mut waits = Vec::new();
         for op in ops {
             match op {
@@ -975,8 +1039,22 @@ impl Session {
 
     fn abort(&mut self, f: &Frame) -> Res {
         let tx = required(f, "transaction")?;
-        self.txs.remove(tx).ok_or_else(|| unknown_tx(tx))?;
+        self.take_tx(tx)?;
         Ok(())
+    }
+
+    /// Removes transaction `tx`, giving back its share of `tx_bytes`.
+    fn take_tx(&mut self, tx: &str) -> Res<Vec<TxOp>> {
+        let ops = self.txs.remove(tx).ok_or_else(|| unknown_tx(tx))?;
+        let bytes: usize = ops
+            .iter()
+            .map(|op| match op {
+                TxOp::Send(s) => s.body.len(),
+                _ => 0,
+            })
+            .sum();
+        self.tx_bytes = self.tx_bytes.saturating_sub(bytes);
+        Ok(ops)
     }
 
     /// Turns a core event into frames.
@@ -1092,6 +1170,34 @@ fn required<'a>(f: &'a Frame, name: &str) -> Res<&'a str> {
             format!("{} needs a '{name}' header", f.command),
         )
     })
+}
+
+/// Whether transaction `tx` (holding `ops`) may buffer one more frame.
+fn tx_frame_room(ops: &[TxOp], caps: &Caps, tx: &str) -> Res {
+    if ops.len() >= caps.max_transaction_frames {
+        return Err(Fail::new(
+            "Transaction too large",
+            format!(
+                "transaction '{tx}' holds {} frames, the most allowed",
+                caps.max_transaction_frames
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_id_length(what: &str, id: &str, caps: &Caps) -> Res {
+    if id.len() > caps.max_id_length {
+        return Err(Fail::new(
+            "Header too long",
+            format!(
+                "a {what} of {} bytes is longer than the {} allowed",
+                id.len(),
+                caps.max_id_length
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn unknown_tx(tx: &str) -> Fail {

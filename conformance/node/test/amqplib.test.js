@@ -125,3 +125,43 @@ test('mandatory publish to nowhere is returned', async () => {
   assert.equal(msg.fields.replyCode, 312);
   await ch.close();
 });
+
+// Issue 14 item 13: a retry loop that republishes a dead-lettered message with the
+// x-death header it received (a common amqplib pattern) is not mistaken for a
+// dead-letter cycle: the broker ignores client-supplied x-death, as RabbitMQ 4 does,
+// and writes its own record.
+test('republished x-death is not taken for a dead-letter cycle', async () => {
+  const ch = await conn.createConfirmChannel();
+  const q = uid('work'); const dlq = uid('dlq');
+  await ch.assertQueue(dlq, { durable: false });
+  await ch.assertQueue(q, {
+    durable: false,
+    arguments: { 'x-dead-letter-exchange': '', 'x-dead-letter-routing-key': dlq },
+  });
+  ch.publish('', q, Buffer.from('job'));
+  await ch.waitForConfirms();
+  for (let round = 1; round <= 2; round++) {
+    const m = await within(5000, `get ${round}`, (async () => {
+      for (;;) {
+        const got = await ch.get(q, { noAck: false });
+        if (got) return got;
+      }
+    })());
+    ch.reject(m, false); // dead-lettered to dlq with reason rejected
+    const dead = await within(5000, `dead ${round}`, (async () => {
+      for (;;) {
+        const got = await ch.get(dlq, { noAck: true });
+        if (got) return got;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    })());
+    const deaths = dead.properties.headers['x-death'];
+    assert.equal(deaths.length, 1);
+    assert.equal(deaths[0].queue, q);
+    assert.equal(deaths[0].count, 1, 'a republished x-death is not counted');
+    // republish with the headers as received
+    ch.publish('', q, dead.content, { headers: dead.properties.headers });
+    await ch.waitForConfirms();
+  }
+  await ch.close();
+});

@@ -67,3 +67,35 @@ test('mqtt.js over WebSocket: QoS 1 round trip', async () => {
     await c.endAsync();
   }
 });
+
+// Issue 14 item 8: the `ws` client with a foreign page's Origin (as a browser sends it)
+// is refused with 403; with the broker's own origin it is accepted. stompjs without
+// credentials over WebSocket is refused: anonymous login is off there by default.
+function upgradeStatus(origin) {
+  return new Promise((resolve) => {
+    const ws = new WebSocket(`${WS}/ws`, ['v12.stomp'], origin ? { origin } : {});
+    ws.on('unexpected-response', (_req, res) => { resolve(res.statusCode); ws.terminate(); });
+    ws.on('open', () => { resolve(101); ws.terminate(); });
+    ws.on('error', () => {});
+  });
+}
+
+test('ws: a page from another origin cannot open a WebSocket', async () => {
+  assert.equal(await within(5000, 'foreign origin', upgradeStatus('http://evil.example')), 403);
+  assert.equal(await within(5000, 'own origin', upgradeStatus(HTTP)), 101);
+});
+
+test('stompjs over WebSocket without credentials is refused', async () => {
+  const err = await within(5000, 'anonymous stomp', new Promise((resolve) => {
+    const c = new Client({
+      webSocketFactory: () => new WebSocket(`${WS}/ws`, ['v12.stomp']),
+      reconnectDelay: 0,
+      heartbeatIncoming: 0,
+      heartbeatOutgoing: 0,
+      onConnect: () => { resolve(null); c.deactivate(); },
+      onStompError: (f) => { resolve(f.headers.message); c.deactivate(); },
+    });
+    c.activate();
+  }));
+  assert.equal(err, 'Bad CONNECT');
+});
