@@ -139,6 +139,8 @@ pub fn mqtt<S: Stream>(
             connect_timeout: ctx.config.limits.handshake_timeout.get(),
             max_packet_size: usize::try_from(ctx.config.limits.mqtt_packet_max.bytes())
                 .unwrap_or(usize::MAX),
+            max_subscriptions: usize::try_from(ctx.config.mqtt.max_subscriptions)
+                .unwrap_or(usize::MAX),
             ..triad_mqtt::MqttLimits::default()
         },
         shutdown: ctx.shutdown.clone(),

@@ -65,7 +65,7 @@ pub struct Config {
 }
 
 /// `[mqtt]`: MQTT settings beyond the listener and packet size.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MqttSection {
     /// A persistent session (clean session 0) whose client stays disconnected longer
@@ -73,6 +73,19 @@ pub struct MqttSection {
     /// `persistent_client_expiration`). Counted from the disconnect, across restarts.
     /// Off (`None`) by default: sessions are kept until a clean-session connect.
     pub session_expiry: Option<HumanDuration>,
+    /// Subscriptions one session may hold (EMQX's `max_subscriptions`); a SUBSCRIBE
+    /// past it gets return code 0x80 for each new filter. Each subscription is a
+    /// binding in the broker's memory and a journal record.
+    pub max_subscriptions: u32,
+}
+
+impl Default for MqttSection {
+    fn default() -> Self {
+        MqttSection {
+            session_expiry: None,
+            max_subscriptions: 10_000,
+        }
+    }
 }
 
 /// `[http]`: the HTTP listener's WebSocket endpoints.
@@ -581,6 +594,13 @@ impl Config {
                 "store.checkpoint_interval",
                 s.checkpoint_interval,
                 "must be above zero",
+            ));
+        }
+        if self.mqtt.max_subscriptions == 0 {
+            return Err(invalid(
+                "mqtt.max_subscriptions",
+                self.mqtt.max_subscriptions,
+                "must be at least 1",
             ));
         }
         if s.retention_interval.get().is_zero() {
@@ -1109,6 +1129,7 @@ mod tests {
             "[http]\nmax_websocket_connections = 0\n",
             "[stomp]\nmax_transactions = 0\n",
             "[stomp]\nmax_id_length = 0\n",
+            "[mqtt]\nmax_subscriptions = 0\n",
         ] {
             assert!(
                 parse(bad).and_then(|c| c.validate()).is_err(),

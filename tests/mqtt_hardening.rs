@@ -645,3 +645,42 @@ fn ipv4_mapped_loopback_is_loopback_on_a_dual_stack_listener() {
     });
     assert!(!b.log().contains("::ffff:"), "{}", b.log());
 }
+
+/// Issue 14 item 11: subscriptions per MQTT session are capped (`mqtt.max_subscriptions`):
+/// past the cap each new filter gets return code 0x80, filters already held are still
+/// granted, and the count includes what a persistent session brings back.
+#[test]
+fn subscriptions_per_session_are_capped() {
+    let b =
+        TestBroker::start_with_config(&format!("{TEST_CONFIG}\n[mqtt]\nmax_subscriptions = 3\n"));
+    let addr = b.mqtt_addr();
+    let mut c = connect(addr, "capped", false);
+    c.send_subscribe(1, &[("cap/1", 1), ("cap/2", 1), ("cap/1", 0)])
+        .unwrap();
+    let (suback, _) = c.read_until(9).unwrap();
+    assert_eq!(suback.body.get(2..), Some(&[1u8, 1, 0][..]));
+    assert_eq!(c.subscribe(2, "cap/3", 1).unwrap(), 1, "the third");
+    assert_eq!(c.subscribe(3, "cap/4", 1).unwrap(), 0x80, "past the cap");
+    assert_eq!(c.subscribe(4, "cap/2", 0).unwrap(), 0, "one already held");
+    // the refused filter routes nothing to the session
+    let mut p = connect(addr, "cap-pub", true);
+    publish_acked(&mut p, "cap/4", false, b"refused");
+    publish_acked(&mut p, "cap/3", false, b"granted");
+    loop {
+        let m = c.read_packet().unwrap();
+        if m.kind() != 3 {
+            continue;
+        }
+        let (topic, pkid, _) = m.publish().unwrap();
+        if let Some(id) = pkid {
+            c.puback(id).unwrap();
+        }
+        assert_eq!(topic, "cap/3", "only the granted filter delivers");
+        break;
+    }
+    c.disconnect().unwrap();
+    // a persistent session comes back with its three subscriptions: still full
+    let mut c = connect(addr, "capped", false);
+    assert_eq!(c.subscribe(5, "cap/5", 1).unwrap(), 0x80);
+    assert_eq!(c.subscribe(6, "cap/1", 1).unwrap(), 1);
+}

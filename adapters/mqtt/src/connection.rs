@@ -408,6 +408,7 @@ where
             max_packet_size: ctx.limits.max_packet_size,
             max_filters: ctx.limits.max_filters,
         },
+        max_subscriptions: ctx.limits.max_subscriptions,
     };
     // [MQTT-3.2.2-1]..[MQTT-3.2.2-3]
     codec::encode(
@@ -613,6 +614,8 @@ struct Conn {
     retained: RetainedFeed,
     wbuf: BytesMut,
     limits: Limits,
+    /// Subscriptions the session may hold ([`crate::MqttLimits::max_subscriptions`]).
+    max_subscriptions: usize,
 }
 
 /// The connection's write buffer, taken (4 KiB) if it was let go while idle.
@@ -1057,6 +1060,19 @@ impl Conn {
                 continue;
             }
             if !valid_filter(&filter) {
+                seen.insert(filter, None);
+                codes.push(0x80);
+                continue;
+            }
+            if !self.session.subs.contains_key(&filter)
+                && self.session.subs.len() >= self.max_subscriptions
+            {
+                tracing::info!(
+                    client_id = %self.client_id,
+                    filter,
+                    max = self.max_subscriptions,
+                    "subscription refused: the session holds mqtt.max_subscriptions already"
+                );
                 seen.insert(filter, None);
                 codes.push(0x80);
                 continue;

@@ -67,6 +67,9 @@ pub struct MqttLimits {
     pub connect_timeout: Duration,
     /// Longest client id accepted (it becomes part of a queue name).
     pub max_client_id_len: usize,
+    /// Subscriptions one session may hold (each is a binding in memory and a journal
+    /// record); a SUBSCRIBE past it gets return code 0x80 for each new filter.
+    pub max_subscriptions: usize,
 }
 
 impl Default for MqttLimits {
@@ -78,6 +81,7 @@ impl Default for MqttLimits {
             max_inflight: 32,
             connect_timeout: Duration::from_secs(10),
             max_client_id_len: 200,
+            max_subscriptions: 10_000,
         }
     }
 }
