@@ -102,11 +102,12 @@ fn proxy_header_address_is_the_peer_for_the_loopback_rule() {
     let broker = TestBroker::start_with_config(PROXY_CONFIG);
     let mqtt = broker.mqtt_addr();
 
-    // A remote client behind the balancer: guest is refused (v1 and v2) ...
-    assert_eq!(mqtt_guest(&mut connect(mqtt), &v1("203.0.113.7")), Some(5));
+    // A remote client behind the balancer: guest is refused (v1 and v2), with CONNACK 4
+    // as for a bad password (a loopback-only refusal must not tell the password is right) ...
+    assert_eq!(mqtt_guest(&mut connect(mqtt), &v1("203.0.113.7")), Some(4));
     assert_eq!(
         mqtt_guest(&mut connect(mqtt), &v2([198, 51, 100, 9])),
-        Some(5)
+        Some(4)
     );
     // ... and a local one is accepted.
     assert_eq!(mqtt_guest(&mut connect(mqtt), &v1("127.0.0.1")), Some(0));
@@ -205,7 +206,7 @@ fn tls_listener_reads_the_header_before_the_handshake() {
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         mqtt_guest(&mut tls, b"")
     };
-    assert_eq!(guest_over_tls(&v2([192, 0, 2, 33])), Some(5));
+    assert_eq!(guest_over_tls(&v2([192, 0, 2, 33])), Some(4));
     assert_eq!(guest_over_tls(&v1("127.0.0.1")), Some(0));
     broker.wait_for_log("peer=192.0.2.33:40000", IO_TIMEOUT);
     // No header: the ClientHello is not a header; closed before any TLS.
