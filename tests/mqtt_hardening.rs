@@ -684,3 +684,29 @@ fn subscriptions_per_session_are_capped() {
     assert_eq!(c.subscribe(5, "cap/5", 1).unwrap(), 0x80);
     assert_eq!(c.subscribe(6, "cap/1", 1).unwrap(), 1);
 }
+
+/// Issue 14 item 11: topic names and filters are capped at 255 bytes (the routing key
+/// they become is an AMQP short string): a longer filter gets 0x80, a PUBLISH to a
+/// longer topic ends the connection (MQTT 3.1.1 cannot refuse one message).
+#[test]
+fn long_topics_and_filters_are_refused() {
+    let b = TestBroker::start();
+    let addr = b.mqtt_addr();
+    let long = format!("t/{}", "x".repeat(300));
+    let mut c = connect(addr, "long-topics", true);
+    assert_eq!(c.subscribe(1, &long, 1).unwrap(), 0x80);
+    let fits = format!("t/{}", "x".repeat(253));
+    assert_eq!(c.subscribe(2, &fits, 1).unwrap(), 1, "255 bytes fit");
+    c.publish(&long, 1, 3, b"too long").unwrap();
+    // closed, not just silent (a read timeout would be WouldBlock / TimedOut)
+    let e = c
+        .read_packet()
+        .expect_err("no PUBACK for a topic over 255 bytes");
+    assert!(
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+        ),
+        "{e:?}"
+    );
+}

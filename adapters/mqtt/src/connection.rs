@@ -53,6 +53,11 @@ const MAX_PENDING: usize = 1024;
 /// MiB of write buffer).
 const RETAINED_BATCH: usize = 64 << 10;
 
+/// Longest topic name or filter accepted, in bytes: AMQP's short string, which the
+/// routing key it maps to must fit in (as RabbitMQ's MQTT plugin and the STOMP adapter);
+/// also what one subscription's binding key may cost.
+pub const MAX_TOPIC_LEN: usize = 255;
+
 /// Longest a publish is held back by a throttled queue. Bounded so that a consumer that
 /// never acks (or a cycle of clients that publish to each other) slows its publishers
 /// down to their in-flight window per this period instead of stopping them.
@@ -1059,7 +1064,7 @@ impl Conn {
                 }
                 continue;
             }
-            if !valid_filter(&filter) {
+            if !valid_filter(&filter) || filter.len() > MAX_TOPIC_LEN {
                 seen.insert(filter, None);
                 codes.push(0x80);
                 continue;
@@ -1133,6 +1138,9 @@ impl Conn {
     ) -> Result<(Vec<Durable>, Option<Backpressure>), MqttError> {
         // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
         // (MQTT 3.1.1 has no way to refuse one message).
+        if topic.len() > MAX_TOPIC_LEN {
+            return Err(MqttError::Protocol("topic name longer than 255 bytes"));
+        }
         let routing_key = topic_to_routing_key(topic);
         if triad_core::reserved::is_reserved_topic("amq.topic", &routing_key) {
             // `$SYS` is the broker's: acknowledged and dropped, as Mosquitto does
