@@ -307,6 +307,8 @@ struct Inner {
     /// The log's end after the last record compaction copied forward: segments are
     /// deleted only once the log is flushed up to it.
     copied_to: AtomicU64,
+    /// How long the last retention pass took to count live bytes (paces the passes).
+    live_walk_ns: AtomicU64,
     /// Set when a write failed for want of space (a new segment could not be
     /// preallocated); the broker raises its disk alarm until enough space is free again.
     disk_full: AtomicBool,
@@ -529,6 +531,7 @@ impl Store {
             flush,
             checkpoint: Mutex::new(ckpt_offset),
             copied_to: AtomicU64::new(0),
+            live_walk_ns: AtomicU64::new(0),
             disk_full: AtomicBool::new(false),
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
@@ -1382,7 +1385,10 @@ impl Inner {
             .map(|s| (s.start(), s.end()))
             .filter(|(_, end)| *end <= ckpt)
             .collect();
+        let walk = std::time::Instant::now();
         let live = live_bytes(&qs, &sealed);
+        let walk = u64::try_from(walk.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.live_walk_ns.store(walk, Ordering::Relaxed);
         drop(qs);
         // Segments left dead by an earlier pass's copies go only once those are on disk
         // (always so, unless that pass's flush failed).
@@ -1446,37 +1452,17 @@ impl Inner {
         // Each queue's ack head as the scan first meets it: an entry below it is acked for
         // good, so most dead records are told apart without a lock.
         let mut heads: HashMap<QueueId, Option<u64>> = HashMap::new();
-        let mut candidates = Vec::new();
-        self.log.scan_segment(start, |off, _, d| {
-            if let Decoded::Message { view, .. } = d {
-                let maybe_live = view.queues().any(|(id, l)| {
-                    let head = heads.entry(id).or_insert_with(|| {
-                        let map = self.queues.read().unwrap_or_else(|e| e.into_inner());
-                        map.get(&id).map(|q| q.ack().head())
-                    });
-                    head.is_some_and(|h| l >= h)
-                });
-                if maybe_live {
-                    candidates.push(off);
-                }
-            }
-            Ok(())
-        })?;
+        // At most one batch of candidates is held: memory does not grow with the segment.
+        let mut batch: Vec<u64> = Vec::with_capacity(COPY_BATCH);
         let (mut bytes, mut records) = (0u64, 0usize);
-        for batch in candidates.chunks(COPY_BATCH) {
-            if records >= max {
-                break;
-            }
+        let mut copy = |batch: &mut Vec<u64>| -> Result<()> {
             // read (and checksum-verified) outside the lock
             let recs: Vec<StoredRecord> = batch
-                .iter()
-                .map(|off| self.log.read(*off))
+                .drain(..)
+                .map(|off| self.log.read(off))
                 .collect::<Result<_>>()?;
             let mut w = self.writer();
-            for rec in &recs {
-                if records >= max {
-                    break;
-                }
+            for rec in recs.iter().take(max.saturating_sub(records)) {
                 let n = self.copy_forward(&mut w, rec)?;
                 bytes += n;
                 records += usize::from(n > 0);
@@ -1485,6 +1471,29 @@ impl Inner {
             self.copied_to.fetch_max(end, Ordering::AcqRel);
             drop(w);
             drop(self.after_append(end));
+            Ok(())
+        };
+        self.log.scan_segment(start, |off, _, d| {
+            let Decoded::Message { view, .. } = d else {
+                return Ok(());
+            };
+            let maybe_live = view.queues().any(|(id, l)| {
+                let head = heads.entry(id).or_insert_with(|| {
+                    let map = self.queues.read().unwrap_or_else(|e| e.into_inner());
+                    map.get(&id).map(|q| q.ack().head())
+                });
+                head.is_some_and(|h| l >= h)
+            });
+            if maybe_live {
+                batch.push(off);
+                if batch.len() == COPY_BATCH {
+                    copy(&mut batch)?;
+                }
+            }
+            Ok(())
+        })?;
+        if !batch.is_empty() {
+            copy(&mut batch)?;
         }
         Ok((bytes, records))
     }
@@ -1605,7 +1614,11 @@ impl Inner {
                 }
             }
             since_retention += self.cfg.checkpoint_interval;
-            if since_retention >= self.cfg.retention_interval {
+            // A pass walks every pending entry (O(backlog)): with a backlog of hundreds of
+            // millions that takes seconds, so passes are spaced to keep the walks under a
+            // tenth of this thread's time, whatever `retention_interval` says.
+            let walk = Duration::from_nanos(self.live_walk_ns.load(Ordering::Relaxed));
+            if since_retention >= self.cfg.retention_interval.max(walk * RETENTION_PACE) {
                 since_retention = Duration::ZERO;
                 if let Err(e) = self.retention() {
                     tracing::warn!(error = %e, "store: retention failed");
@@ -1619,6 +1632,8 @@ impl Inner {
 /// the log holds at most about twice the live data plus the segments the checkpoint has
 /// not reached yet.
 const COMPACT_LIVE_PERCENT: u64 = 50;
+/// Retention passes start at least this many times their last liveness walk apart.
+const RETENTION_PACE: u32 = 10;
 /// One retention pass copies at most this many segments' worth of live records.
 const COMPACT_SEGMENTS_PER_PASS: u64 = 4;
 /// Compaction copies live records in batches of this many per writer lock.
