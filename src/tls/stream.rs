@@ -7,13 +7,15 @@
 //! held 4 KiB it was not using. Here:
 //!
 //! - a read from the socket lands in a buffer on the stack and is copied into
-//!   `incoming`, just big enough; once its records are processed an empty `incoming`
-//!   is freed (a partial record keeps it until the rest arrives);
-//! - decrypted bytes wait in `plain` until the protocol reads them, then it is freed;
-//! - records to send are encoded or encrypted into `outgoing`, which is freed once the
-//!   socket has taken all of it.
+//!   `incoming` (a partial record stays there until the rest arrives);
+//! - decrypted bytes wait in `plain` until the protocol reads them;
+//! - records to send are encoded or encrypted into `outgoing` until the socket takes
+//!   them.
 //!
-//! An idle connection therefore holds rustls' connection state and keys and no buffer.
+//! While data flows the three keep their capacity (no allocation per read or write);
+//! when a read finds the socket empty, i.e. the connection waits, each one that holds
+//! nothing is freed. An idle connection therefore holds rustls' connection state and
+//! keys and no buffer.
 //! [`TlsStream::accept`] runs the handshake; the stream is then [`AsyncRead`] and
 //! [`AsyncWrite`] like `tokio_rustls::server::TlsStream`.
 
@@ -41,8 +43,8 @@ const OUTGOING_HIGH: usize = 64 * 1024;
 pub struct TlsStream<IO> {
     io: IO,
     conn: UnbufferedServerConnection,
-    /// TLS bytes read and not yet processed; empty (unallocated) unless a record is
-    /// incomplete.
+    /// TLS bytes read and not yet processed (a record not yet complete); freed, with the
+    /// other two, while the connection waits.
     incoming: Vec<u8>,
     /// Decrypted bytes not yet read by the protocol, from `plain_pos` on.
     plain: Vec<u8>,
@@ -166,9 +168,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                 Ok(_) => error = Some(invalid("unexpected TLS connection state")),
             }
             self.incoming.drain(..discard.min(self.incoming.len()));
-            if self.incoming.is_empty() && self.incoming.capacity() > 0 {
-                self.incoming = Vec::new();
-            }
             if let Some(e) = error {
                 self.queue_alerts();
                 return Err(e);
@@ -218,9 +217,24 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             }
             self.out_pos += n;
         }
-        self.outgoing = Vec::new();
+        self.outgoing.clear();
         self.out_pos = 0;
         Poll::Ready(Ok(()))
+    }
+
+    /// The connection waits for the peer: frees every buffer that holds nothing.
+    fn release_idle(&mut self) {
+        if self.incoming.is_empty() {
+            self.incoming = Vec::new();
+        }
+        if self.plain_pos == self.plain.len() {
+            self.plain = Vec::new();
+            self.plain_pos = 0;
+        }
+        if self.out_pos == self.outgoing.len() {
+            self.outgoing = Vec::new();
+            self.out_pos = 0;
+        }
     }
 
     fn pending_out(&self) -> usize {
@@ -275,7 +289,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 buf.put_slice(&this.plain[this.plain_pos..this.plain_pos + n]);
                 this.plain_pos += n;
                 if this.plain_pos == this.plain.len() {
-                    this.plain = Vec::new();
+                    this.plain.clear();
                     this.plain_pos = 0;
                 }
                 return Poll::Ready(Ok(()));
@@ -287,7 +301,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
             if let Poll::Ready(Err(e)) = this.poll_flush_outgoing(cx) {
                 return Poll::Ready(Err(e));
             }
-            ready!(this.poll_fill(cx))?;
+            match this.poll_fill(cx) {
+                Poll::Pending => {
+                    this.release_idle();
+                    return Poll::Pending;
+                }
+                Poll::Ready(r) => r?,
+            }
             if let Err(e) = this.process(None) {
                 // The alert, if the socket takes it now.
                 let _ = this.poll_flush_outgoing(cx);
@@ -436,6 +456,14 @@ mod tests {
             );
             let ((), got) = (w, r);
             assert_eq!(got, big);
+            // the server then waits for the client: a read that finds nothing
+            let mut one = [0u8; 1];
+            let waiting = std::future::poll_fn(|cx| {
+                let mut rb = ReadBuf::new(&mut one);
+                Poll::Ready(Pin::new(&mut s).poll_read(cx, &mut rb).is_pending())
+            })
+            .await;
+            assert!(waiting);
             assert_eq!(s.incoming.capacity(), 0);
             assert_eq!(s.plain.capacity(), 0);
             assert_eq!(s.outgoing.capacity(), 0);
