@@ -45,6 +45,7 @@ use tracing::debug;
 use crate::config::TlsSection;
 use crate::listener::{ConnContext, ConnResult, Handler, Service};
 
+mod records;
 pub mod stream;
 
 pub use stream::TlsStream;
@@ -153,6 +154,7 @@ fn build(tls: &TlsSection, resumption: &Resumption) -> Result<Option<Arc<ServerC
         config.ticketer = Arc::clone(t);
     }
     config.send_tls13_tickets = tls.tls13_tickets;
+    stream::prepare(&mut config);
     Ok(Some(Arc::new(config)))
 }
 
@@ -381,21 +383,19 @@ impl<T: Service> Handler for TlsHandler<T> {
             // for its largest state, and rustls' connection state (1.2 KiB) and the
             // handshake's temporaries would otherwise widen it several times over for as
             // long as the connection lives.
-            let tls = match Box::pin(handshake(config, stream, &ctx.shutdown)).await {
+            let (tls, established) = match Box::pin(handshake(config, stream, &ctx.shutdown)).await
+            {
                 Ok(tls) => tls,
                 Err(end) => return end,
             };
-            let conn = tls.common();
-            ctx.peer_cert_cn = conn
-                .peer_certificates()
-                .and_then(|chain| chain.first())
-                .and_then(|cert| subject_cn(cert));
+            ctx.peer_cert_cn = established.peer_cert.as_deref().and_then(subject_cn);
             debug!(
-                version = ?conn.protocol_version(),
-                suite = ?conn.negotiated_cipher_suite().map(|s| s.suite()),
+                version = ?established.version,
+                suite = ?established.suite,
                 peer_cert_cn = ?ctx.peer_cert_cn,
                 "TLS established"
             );
+            drop(established);
             service.serve(tls, peer, ctx).await
         }
     }
@@ -406,7 +406,7 @@ async fn handshake(
     config: Arc<ServerConfig>,
     stream: TcpStream,
     shutdown: &tokio_util::sync::CancellationToken,
-) -> Result<Box<TlsStream<TcpStream>>, ConnResult> {
+) -> Result<(Box<TlsStream<TcpStream>>, stream::Established), ConnResult> {
     tokio::select! {
         () = shutdown.cancelled() => {
             Err(Ok(Cow::Borrowed("shutdown during the TLS handshake")))
@@ -414,7 +414,7 @@ async fn handshake(
         r = tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsStream::accept(stream, config)) => match r {
             Err(_elapsed) => Err(Ok(Cow::Borrowed("TLS handshake timeout"))),
             Ok(Err(e)) => Err(Err(format!("TLS handshake failed: {e}").into())),
-            Ok(Ok(tls)) => Ok(Box::new(tls)),
+            Ok(Ok((tls, established))) => Ok((Box::new(tls), established)),
         },
     }
 }

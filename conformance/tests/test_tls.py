@@ -9,6 +9,7 @@ import queue
 import socket
 import ssl
 import subprocess
+import threading
 import time
 
 import paho.mqtt.client as mqtt
@@ -212,3 +213,66 @@ def test_a_client_certificate_from_an_unknown_ca_is_refused(tls_broker, certs):
         credentials=pika.PlainCredentials("guest", "guest"),
         ssl_options=pika.SSLOptions(client_context(certs), server_hostname="localhost"))
     pika.BlockingConnection(params).close()
+
+
+def test_openssl_key_updates_both_ways_over_stomp(tls_broker, certs, uid):
+    """OpenSSL's own TLS 1.3 record layer against ours after the handshake: `openssl
+    s_client` asks for a key update ("K", update_requested: the broker answers with its
+    own KeyUpdate and moves its sending key on) and sends one without a request ("k"),
+    and STOMP frames keep flowing both ways under the new keys."""
+    host, port = tls_broker.host_port("stomps")
+    p = subprocess.Popen(
+        ["openssl", "s_client", "-connect", f"{host}:{port}", "-servername", "localhost",
+         # Not -quiet or -ign_eof: s_client takes "K" and "k" as commands only
+         # without them. -msg shows each handshake message, ours included.
+         "-CAfile", certs("ca.pem"), "-tls1_3", "-msg"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = bytearray()
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            chunk = p.stdout.read1(65536)
+            if not chunk:
+                return
+            out.extend(chunk)
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+
+    def send(data):
+        # One write per s_client command: it reads its input in chunks, and "K\n" or
+        # "k\n" is a command only as a chunk of its own.
+        p.stdin.write(data)
+        p.stdin.flush()
+
+    def wait_for(needle, count=1):
+        deadline = time.monotonic() + 10
+        while bytes(out).count(needle) < count:
+            assert time.monotonic() < deadline, f"no {needle!r} in {bytes(out)!r}"
+            time.sleep(0.02)
+
+    try:
+        dest = f"/queue/keyupdate-{uid}".encode()
+        send(b"CONNECT\naccept-version:1.2\nhost:/\nlogin:guest\npasscode:guest\n\n\0")
+        wait_for(b"CONNECTED")
+        send(b"SUBSCRIBE\nid:1\ndestination:" + dest + b"\nreceipt:s\n\n\0")
+        wait_for(b"receipt-id:s")
+        for n, command in enumerate([b"K\n", b"k\n", b"K\n"], start=1):
+            send(command)
+            time.sleep(0.2)  # lets s_client take the command as its own chunk
+            body = f"after key update {n}".encode()
+            send(b"SEND\ndestination:" + dest + b"\nreceipt:r" + str(n).encode() + b"\n\n"
+                 + body + b"\0")
+            wait_for(body)
+            wait_for(b"receipt-id:r" + str(n).encode())
+        assert bytes(out).count(b">>> TLS 1.3, Handshake [length 0005], KeyUpdate") == 3
+        # the broker's own KeyUpdate, once for each "K" (update_requested)
+        assert bytes(out).count(b"<<< TLS 1.3, Handshake [length 0005], KeyUpdate") == 2
+        send(b"DISCONNECT\nreceipt:bye\n\n\0")
+        wait_for(b"receipt-id:bye")
+    finally:
+        stop.set()
+        p.kill()
+        p.wait(timeout=10)
+        t.join(timeout=5)

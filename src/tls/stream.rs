@@ -14,9 +14,14 @@
 //!
 //! While data flows the three keep their capacity (no allocation per read or write);
 //! when a read finds the socket empty, i.e. the connection waits, each one that holds
-//! nothing is freed. An idle connection therefore holds rustls' connection state and
-//! keys and no buffer.
-//! [`TlsStream::accept`] runs the handshake; the stream is then [`AsyncRead`] and
+//! nothing is freed.
+//!
+//! [`TlsStream::accept`] runs the handshake with rustls. A TLS 1.3 connection then
+//! leaves rustls: its records are sealed and opened by [`Tls13Records`] (see
+//! [`super::records`]), which keeps the traffic secrets and sequence numbers and only
+//! expands the keys while the connection is busy, so an idle TLS 1.3 connection holds
+//! about 250 bytes of TLS state and no buffer. TLS 1.2 connections stay with rustls
+//! (about 3 KiB of state and keys while idle). The stream is then [`AsyncRead`] and
 //! [`AsyncWrite`] like `tokio_rustls::server::TlsStream`.
 
 use std::io;
@@ -25,10 +30,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use rustls::pki_types::CertificateDer;
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedStatus};
-use rustls::{CommonState, ServerConfig};
+use rustls::{CipherSuite, ProtocolVersion, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::records::{self, Captured, Tls13Records};
 
 /// The largest TLS record on the wire (16 KiB of payload, 2 KiB of expansion, header): one
 /// socket read is at most this much, on the stack.
@@ -39,10 +47,39 @@ const WRITE_CHUNK: usize = 64 * 1024;
 /// Past this many unsent TLS bytes, `poll_write` waits for the socket first.
 const OUTGOING_HIGH: usize = 64 * 1024;
 
-/// A TLS connection accepted by a server: rustls' state and our three buffers.
+/// What carries the records. The TLS 1.3 state is inline on purpose: the stream is
+/// boxed once per connection, and a second box would cost an allocation and its
+/// malloc overhead for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Engine {
+    /// The handshake, and TLS 1.2 connections throughout.
+    Rustls(Box<UnbufferedServerConnection>),
+    /// TLS 1.3 after the handshake.
+    Tls13(Tls13Records),
+    /// Only while a connection leaves rustls.
+    Moving,
+}
+
+/// What the handshake settled, for the caller's log and authentication.
+pub struct Established {
+    pub version: Option<ProtocolVersion>,
+    pub suite: Option<CipherSuite>,
+    /// The client's certificate (the first of its chain), if it sent one.
+    pub peer_cert: Option<CertificateDer<'static>>,
+}
+
+/// Sets what [`TlsStream`] needs in a server configuration: secret extraction and the
+/// [`records::CaptureSecrets`] key log, so that TLS 1.3 connections leave rustls after
+/// the handshake. Without them a connection stays with rustls.
+pub fn prepare(config: &mut ServerConfig) {
+    config.enable_secret_extraction = true;
+    config.key_log = Arc::new(records::CaptureSecrets);
+}
+
+/// A TLS connection accepted by a server: its record protection and our three buffers.
 pub struct TlsStream<IO> {
     io: IO,
-    conn: UnbufferedServerConnection,
+    engine: Engine,
     /// TLS bytes read and not yet processed (a record not yet complete); freed, with the
     /// other two, while the connection waits.
     incoming: Vec<u8>,
@@ -65,11 +102,14 @@ fn invalid(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error 
 impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     /// Runs the server side of the handshake over `io`. No deadline here: the caller
     /// puts one around it.
-    pub async fn accept(io: IO, config: Arc<ServerConfig>) -> io::Result<TlsStream<IO>> {
+    pub async fn accept(
+        io: IO,
+        config: Arc<ServerConfig>,
+    ) -> io::Result<(TlsStream<IO>, Established)> {
         let conn = UnbufferedServerConnection::new(config).map_err(invalid)?;
         let mut s = TlsStream {
             io,
-            conn,
+            engine: Engine::Rustls(Box::new(conn)),
             incoming: Vec::new(),
             plain: Vec::new(),
             plain_pos: 0,
@@ -78,13 +118,25 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             read_eof: false,
             close_queued: false,
         };
+        let mut secrets = Captured::default();
         loop {
-            let processed = s.process(None);
+            let processed = records::capture(&mut secrets, || s.process(None));
             // Whatever was produced (flights, or an alert after an error) goes out first.
             std::future::poll_fn(|cx| s.poll_flush_outgoing(cx)).await?;
             processed?;
-            if !s.conn.is_handshaking() {
-                return Ok(s);
+            if let Engine::Rustls(conn) = &s.engine {
+                if !conn.is_handshaking() {
+                    let established = Established {
+                        version: conn.protocol_version(),
+                        suite: conn.negotiated_cipher_suite().map(|c| c.suite()),
+                        peer_cert: conn
+                            .peer_certificates()
+                            .and_then(|chain| chain.first())
+                            .map(|c| c.clone().into_owned()),
+                    };
+                    s.leave_rustls(secrets)?;
+                    return Ok((s, established));
+                }
             }
             if s.read_eof {
                 return Err(io::Error::new(
@@ -96,21 +148,61 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         }
     }
 
-    /// What rustls knows of the connection: peer certificates, version, cipher suite.
-    pub fn common(&self) -> &CommonState {
-        &self.conn
+    /// A TLS 1.3 connection whose handshake is done moves to [`Tls13Records`] (when
+    /// the configuration was [`prepare`]d); any other stays with rustls.
+    fn leave_rustls(&mut self, secrets: Captured) -> io::Result<()> {
+        let Engine::Rustls(conn) = &self.engine else {
+            return Ok(());
+        };
+        if conn.protocol_version() != Some(ProtocolVersion::TLSv1_3) || !secrets.complete() {
+            return Ok(());
+        }
+        let Engine::Rustls(conn) = std::mem::replace(&mut self.engine, Engine::Moving) else {
+            return Ok(());
+        };
+        let (keys, _kernel) = (*conn)
+            .dangerous_into_kernel_connection()
+            .map_err(invalid)?;
+        let records = Tls13Records::new(keys.rx, keys.tx, secrets)
+            .ok_or_else(|| invalid("TLS 1.3 secrets do not match the connection's keys"))?;
+        self.engine = Engine::Tls13(records);
+        Ok(())
     }
 
-    /// Runs rustls until it needs bytes from the peer: decrypted application data goes
-    /// to `plain`, records to send to `outgoing`. With `write`, encrypts it as soon as
-    /// application data may be sent and returns `true`. After an error, any alert rustls
-    /// queued is in `outgoing`.
+    /// Decrypts what has arrived into `plain` and, with `write`, encrypts it into
+    /// `outgoing` and returns `true` (`false`: the connection can no longer send).
+    /// Replies owed to the peer, and after an error its alert, are in `outgoing`.
     fn process(&mut self, write: Option<&[u8]>) -> io::Result<bool> {
+        if self.plain_pos == self.plain.len() {
+            self.plain.clear();
+            self.plain_pos = 0;
+        }
+        let records = match &mut self.engine {
+            Engine::Rustls(_) => return self.process_rustls(write),
+            Engine::Tls13(records) => records,
+            Engine::Moving => return Err(invalid("TLS connection in an unusable state")),
+        };
+        let read = records.read(&mut self.incoming, &mut self.plain, &mut self.outgoing)?;
+        self.incoming.drain(..read.consumed);
+        if read.closed {
+            self.read_eof = true;
+        }
+        match write {
+            Some(data) => records.write(data, &mut self.outgoing).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// [`Self::process`] through rustls: runs it until it needs bytes from the peer,
+    /// and with `write`, encrypts it as soon as application data may be sent.
+    fn process_rustls(&mut self, write: Option<&[u8]>) -> io::Result<bool> {
+        let Engine::Rustls(conn) = &mut self.engine else {
+            return Err(invalid("TLS connection in an unusable state"));
+        };
         let mut write = write;
         let mut written = false;
         loop {
-            let UnbufferedStatus { discard, state } =
-                self.conn.process_tls_records(&mut self.incoming);
+            let UnbufferedStatus { discard, state } = conn.process_tls_records(&mut self.incoming);
             let mut discard = discard;
             let mut done = false;
             let mut error = None;
@@ -121,10 +213,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                         match record {
                             Ok(record) => {
                                 discard += record.discard;
-                                if self.plain_pos == self.plain.len() {
-                                    self.plain.clear();
-                                    self.plain_pos = 0;
-                                }
                                 self.plain.extend_from_slice(record.payload);
                             }
                             Err(e) => {
@@ -169,28 +257,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             }
             self.incoming.drain(..discard.min(self.incoming.len()));
             if let Some(e) = error {
-                self.queue_alerts();
+                queue_alerts(conn, &mut self.outgoing);
                 return Err(e);
             }
             if done {
                 return Ok(written);
-            }
-        }
-    }
-
-    /// After an error rustls has queued its alert: encode it into `outgoing` (bounded;
-    /// best effort, the connection is ending).
-    fn queue_alerts(&mut self) {
-        for _ in 0..4 {
-            let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut []);
-            match state {
-                Ok(ConnectionState::EncodeTlsData(mut e)) => {
-                    if encode_into(&mut self.outgoing, |out| e.encode(out)).is_err() {
-                        return;
-                    }
-                }
-                Ok(ConnectionState::TransmitTlsData(t)) => t.done(),
-                _ => return,
             }
         }
     }
@@ -222,8 +293,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         Poll::Ready(Ok(()))
     }
 
-    /// The connection waits for the peer: frees every buffer that holds nothing.
+    /// The connection waits for the peer: frees every buffer that holds nothing, and
+    /// the expanded keys.
     fn release_idle(&mut self) {
+        if let Engine::Tls13(records) = &mut self.engine {
+            records.release();
+        }
         if self.incoming.is_empty() {
             self.incoming = Vec::new();
         }
@@ -239,6 +314,23 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
 
     fn pending_out(&self) -> usize {
         self.outgoing.len() - self.out_pos
+    }
+}
+
+/// After an error rustls has queued its alert: encode it into `outgoing` (bounded;
+/// best effort, the connection is ending).
+fn queue_alerts(conn: &mut UnbufferedServerConnection, outgoing: &mut Vec<u8>) {
+    for _ in 0..4 {
+        let UnbufferedStatus { state, .. } = conn.process_tls_records(&mut []);
+        match state {
+            Ok(ConnectionState::EncodeTlsData(mut e)) => {
+                if encode_into(outgoing, |out| e.encode(out)).is_err() {
+                    return;
+                }
+            }
+            Ok(ConnectionState::TransmitTlsData(t)) => t.done(),
+            _ => return,
+        }
     }
 }
 
@@ -360,11 +452,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
         let this = self.get_mut();
         if !this.close_queued {
             this.close_queued = true;
-            // Flush whatever rustls still owes first, then close_notify.
+            // Flush whatever is still owed first, then close_notify.
             if this.process(None).is_ok() {
-                let UnbufferedStatus { state, .. } = this.conn.process_tls_records(&mut []);
-                if let Ok(ConnectionState::WriteTraffic(mut w)) = state {
-                    let _ = encrypt_into(&mut this.outgoing, |out| w.queue_close_notify(out));
+                match &mut this.engine {
+                    Engine::Rustls(conn) => {
+                        let UnbufferedStatus { state, .. } = conn.process_tls_records(&mut []);
+                        if let Ok(ConnectionState::WriteTraffic(mut w)) = state {
+                            let _ =
+                                encrypt_into(&mut this.outgoing, |out| w.queue_close_notify(out));
+                        }
+                    }
+                    Engine::Tls13(records) => {
+                        let _ = records.close_notify(&mut this.outgoing);
+                    }
+                    Engine::Moving => {}
                 }
             }
         }
@@ -381,6 +482,7 @@ mod tests {
 
     fn configs(
         versions: &[&'static rustls::SupportedProtocolVersion],
+        prepared: bool,
     ) -> (Arc<ServerConfig>, Arc<rustls::ClientConfig>) {
         let key = rcgen::KeyPair::generate().expect("key");
         let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
@@ -388,7 +490,7 @@ mod tests {
             .self_signed(&key)
             .expect("cert");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let server = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        let mut server = ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_protocol_versions(versions)
             .expect("versions")
             .with_no_client_auth()
@@ -397,6 +499,9 @@ mod tests {
                 rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
             )
             .expect("server config");
+        if prepared {
+            prepare(&mut server);
+        }
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert.der().clone()).expect("root");
         let client = rustls::ClientConfig::builder_with_provider(provider)
@@ -409,26 +514,29 @@ mod tests {
 
     async fn pair(
         versions: &[&'static rustls::SupportedProtocolVersion],
+        prepared: bool,
     ) -> (
         TlsStream<tokio::io::DuplexStream>,
         tokio_rustls::client::TlsStream<tokio::io::DuplexStream>,
     ) {
-        let (server, client) = configs(versions);
+        let (server, client) = configs(versions, prepared);
         // Small pipe: records cross it in pieces, writes wait for the reader.
         let (a, b) = tokio::io::duplex(1000);
         let connector = tokio_rustls::TlsConnector::from(client);
         let name = ServerName::try_from("localhost").expect("name");
         let (s, c) = tokio::join!(TlsStream::accept(a, server), connector.connect(name, b));
-        (s.expect("server handshake"), c.expect("client handshake"))
+        (s.expect("server handshake").0, c.expect("client handshake"))
     }
 
     #[tokio::test]
     async fn carries_data_both_ways_and_frees_its_buffers() {
-        for versions in [
-            &[&rustls::version::TLS13][..],
-            &[&rustls::version::TLS12][..],
+        for (versions, prepared, own_records) in [
+            (&[&rustls::version::TLS13][..], true, true),
+            (&[&rustls::version::TLS13][..], false, false),
+            (&[&rustls::version::TLS12][..], true, false),
         ] {
-            let (mut s, mut c) = pair(versions).await;
+            let (mut s, mut c) = pair(versions, prepared).await;
+            assert_eq!(matches!(s.engine, Engine::Tls13(_)), own_records);
             let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
             let (w, r) = tokio::join!(
                 async {
@@ -467,6 +575,12 @@ mod tests {
             assert_eq!(s.incoming.capacity(), 0);
             assert_eq!(s.plain.capacity(), 0);
             assert_eq!(s.outgoing.capacity(), 0);
+            if let Engine::Tls13(records) = &s.engine {
+                assert!(
+                    !records.keys_expanded(),
+                    "idle: the expanded keys are dropped"
+                );
+            }
             // close_notify both ways: the client sees EOF, and the server too.
             s.shutdown().await.expect("shutdown");
             let mut rest = Vec::new();
@@ -481,7 +595,7 @@ mod tests {
 
     #[tokio::test]
     async fn writes_after_the_peer_closed_its_side() {
-        let (mut s, mut c) = pair(&[&rustls::version::TLS13]).await;
+        let (mut s, mut c) = pair(&[&rustls::version::TLS13], true).await;
         c.write_all(b"last words").await.expect("client write");
         c.shutdown().await.expect("client close_notify");
         let mut got = Vec::new();
@@ -494,5 +608,72 @@ mod tests {
         let mut got = Vec::new();
         c.read_to_end(&mut got).await.expect("client reads");
         assert_eq!(got, b"bye");
+    }
+
+    /// A client that updates its keys (and asks us to update ours) keeps talking: the
+    /// KeyUpdate handling after rustls is gone, checked against rustls' client.
+    #[tokio::test]
+    async fn key_updates_from_the_client() {
+        let (mut s, mut c) = pair(&[&rustls::version::TLS13], true).await;
+        assert!(matches!(s.engine, Engine::Tls13(_)));
+        for round in 0..3u8 {
+            c.get_mut().1.refresh_traffic_keys().expect("key update");
+            let msg = [round; 3000];
+            // Both ends at once: the pipe holds 1,000 bytes.
+            let (w, got) = tokio::join!(
+                async {
+                    c.write_all(&msg).await.expect("client write");
+                    c.flush().await.expect("flush");
+                },
+                async {
+                    let mut got = [0u8; 3000];
+                    s.read_exact(&mut got).await.expect("server read");
+                    got
+                }
+            );
+            let ((), got) = (w, got);
+            assert_eq!(got, msg);
+            // Our reply goes under our new key, after our KeyUpdate.
+            let (w, got) = tokio::join!(
+                async {
+                    s.write_all(&msg).await.expect("server write");
+                    s.flush().await.expect("flush");
+                },
+                async {
+                    let mut got = [0u8; 3000];
+                    c.read_exact(&mut got).await.expect("client read");
+                    got
+                }
+            );
+            let ((), got) = (w, got);
+            assert_eq!(got, msg);
+        }
+    }
+
+    /// Resumed handshakes (a ticket from the first connection) leave rustls the same way.
+    #[tokio::test]
+    async fn resumed_connections_leave_rustls_too() {
+        let (server, client) = configs(&[&rustls::version::TLS13], true);
+        let connector = tokio_rustls::TlsConnector::from(client);
+        for n in 0..2 {
+            let (a, b) = tokio::io::duplex(1000);
+            let name = ServerName::try_from("localhost").expect("name");
+            let (s, c) = tokio::join!(
+                TlsStream::accept(a, Arc::clone(&server)),
+                connector.connect(name, b)
+            );
+            let (mut s, mut c) = (s.expect("server").0, c.expect("client"));
+            assert!(matches!(s.engine, Engine::Tls13(_)));
+            c.write_all(b"ping").await.expect("write");
+            let mut got = [0u8; 4];
+            s.read_exact(&mut got).await.expect("read");
+            // The client takes its tickets while it reads the answer.
+            s.write_all(b"pong").await.expect("write");
+            s.flush().await.expect("flush");
+            c.read_exact(&mut got).await.expect("read");
+            assert_eq!(&got, b"pong");
+            let resumed = c.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+            assert_eq!(resumed, n == 1, "connection {n}");
+        }
     }
 }
