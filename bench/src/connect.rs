@@ -452,3 +452,220 @@ async fn run_async(a: ConnectArgs) -> Result<Value, String> {
         "errors": errors,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{parse, Command};
+    use std::collections::HashSet;
+    use tokio::net::TcpListener;
+
+    fn args(s: &str) -> ConnectArgs {
+        let argv: Vec<String> = s.split_whitespace().map(String::from).collect();
+        match parse(&argv) {
+            Ok(Command::Connect(a)) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Reads one MQTT packet; None at EOF.
+    async fn packet<S: tokio::io::AsyncRead + Unpin>(
+        s: &mut S,
+        buf: &mut Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        loop {
+            if let Ok(Some((_, off, len))) = crate::mqtt::packet_at(buf) {
+                let p = buf[..off + len].to_vec();
+                buf.drain(..off + len);
+                return Some(p);
+            }
+            let mut chunk = [0u8; 1024];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// A minimal MQTT 3.1.1 broker for the client's sake: CONNACK with session-present
+    /// set when a persistent session of that client id exists, then waits for
+    /// DISCONNECT and closes. Counts the connections it served.
+    async fn serve<S>(mut s: S, sessions: Arc<Mutex<HashSet<Vec<u8>>>>, served: Arc<AtomicU64>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let mut buf = Vec::new();
+        let Some(connect) = packet(&mut s, &mut buf).await else {
+            return;
+        };
+        assert_eq!(connect[0] >> 4, 1, "CONNECT first");
+        // fixed header (2 bytes here), "MQTT" (6), level (1), flags (1), keep-alive (2)
+        let flags = connect[2 + 7];
+        let clean = flags & 0x02 != 0;
+        let id_len = usize::from(u16::from_be_bytes([connect[12], connect[13]]));
+        let id = connect[14..14 + id_len].to_vec();
+        let present = {
+            let mut known = sessions.lock().unwrap();
+            if clean {
+                known.remove(&id);
+                false
+            } else {
+                !known.insert(id)
+            }
+        };
+        s.write_all(&[0x20, 2, u8::from(present), 0]).await.unwrap();
+        let disconnect = packet(&mut s, &mut buf).await;
+        assert_eq!(disconnect.as_deref(), Some(&[0xE0, 0][..]));
+        served.fetch_add(1, Ordering::Relaxed);
+        let _ = s.shutdown().await;
+    }
+
+    fn test_cert() -> (
+        Vec<rustls_pki_types::CertificateDer<'static>>,
+        rustls_pki_types::PrivateKeyDer<'static>,
+    ) {
+        let c = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let key = rustls_pki_types::PrivatePkcs8KeyDer::from(c.signing_key.serialize_der());
+        (vec![c.cert.der().clone()], key.into())
+    }
+
+    /// Starts the fake broker (TLS when `tls`), returns its port and served counter.
+    async fn broker(tls: bool, mqtt: bool) -> (u16, Arc<AtomicU64>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let served = Arc::new(AtomicU64::new(0));
+        let sessions = Arc::new(Mutex::new(HashSet::new()));
+        let acceptor = tls.then(|| {
+            let (chain, key) = test_cert();
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .unwrap();
+            tokio_rustls::TlsAcceptor::from(Arc::new(config))
+        });
+        let s2 = served.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((sock, _)) = l.accept().await else {
+                    return;
+                };
+                let (sessions, served, acceptor) = (sessions.clone(), s2.clone(), acceptor.clone());
+                tokio::spawn(async move {
+                    match acceptor {
+                        None => serve(sock, sessions, served).await,
+                        Some(a) => {
+                            let Ok(mut t) = a.accept(sock).await else {
+                                return;
+                            };
+                            if mqtt {
+                                serve(t, sessions, served).await
+                            } else {
+                                // handshake only: wait for the client's close_notify
+                                let mut b = [0u8; 64];
+                                while matches!(t.read(&mut b).await, Ok(n) if n > 0) {}
+                                served.fetch_add(1, Ordering::Relaxed);
+                                let _ = t.shutdown().await;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (port, served)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plain_clean_counts_every_connect() {
+        let (port, served) = broker(false, true).await;
+        let a = args(&format!(
+            "connect --port {port} --count 40 --parallel 4 --sources 2 --quiet"
+        ));
+        let v = run_async(a).await.unwrap();
+        assert_eq!(v["connects"], 40);
+        assert_eq!(v["failed"], 0);
+        assert_eq!(v["session_present"], 0);
+        assert_eq!(v["tls"], false);
+        assert!(v["connects_per_s"].as_f64().unwrap() > 0.0);
+        // every connect waited for the broker's close, so the broker served them all
+        assert_eq!(served.load(Ordering::Relaxed), 40);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn persistent_sessions_reattach_after_the_warmup() {
+        let (port, served) = broker(false, true).await;
+        let a = args(&format!(
+            "connect --port {port} --count 30 --parallel 3 --session persistent --quiet"
+        ));
+        let v = run_async(a).await.unwrap();
+        assert_eq!(
+            (v["connects"].as_u64(), v["warmup"].as_u64()),
+            (Some(30), Some(3))
+        );
+        // the warm-up created the 3 sessions: every measured connect found its session
+        assert_eq!(v["session_present"], 30);
+        // 3 warm-up + 30 measured + 3 clean connects that discard the sessions
+        assert_eq!(served.load(Ordering::Relaxed), 36);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_full_and_resumed_handshakes() {
+        let (port, _) = broker(true, false).await;
+        for v in ["1.3", "1.2"] {
+            let full = run_async(args(&format!(
+                "connect --proto tls --tls --tls-version {v} --port {port} --count 10 --quiet"
+            )))
+            .await
+            .unwrap();
+            assert_eq!(
+                (full["connects"].as_u64(), full["resumed"].as_u64()),
+                (Some(10), Some(0))
+            );
+            assert_eq!(full["tls_version"], v);
+            let resumed = run_async(args(&format!(
+                "connect --proto tls --tls --tls-version {v} --resume --port {port} --count 10 \
+                 --parallel 2 --quiet"
+            )))
+            .await
+            .unwrap();
+            assert_eq!(resumed["connects"], 10, "{v}");
+            assert_eq!(
+                resumed["resumed"], 10,
+                "TLS {v}: every measured handshake resumed"
+            );
+        }
+        // MQTT over TLS
+        let (port, served) = broker(true, true).await;
+        let m = run_async(args(&format!(
+            "connect --tls --port {port} --count 5 --quiet"
+        )))
+        .await
+        .unwrap();
+        assert_eq!(
+            (m["connects"].as_u64(), m["failed"].as_u64()),
+            (Some(5), Some(0))
+        );
+        assert_eq!(served.load(Ordering::Relaxed), 5);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refusing_broker_is_an_error_not_a_result() {
+        // a port nobody listens on: bind and drop
+        let port = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let v = run_async(args(&format!(
+            "connect --port {port} --count 3 --sources 1 --quiet"
+        )))
+        .await
+        .unwrap();
+        assert_eq!(v["connects"], 0);
+        assert_eq!(v["failed"], 3);
+        assert_eq!(v["errors"].as_array().map(Vec::len), Some(1));
+    }
+}
