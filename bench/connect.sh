@@ -12,9 +12,10 @@
 #   loopback ports (read from its `listening proto=... addr=...` lines), default
 #   configuration (INFO log to a file), TLS with that certificate.
 # - Mosquitto: MOSQUITTO_BIN started here, its own instance per certificate with a plain
-#   and a TLS listener on the same certificate (`persistence false`, anonymous,
-#   `set_tcp_nodelay true`: with Nagle on, its CONNACK after the TLS 1.3 tickets waits for
-#   the client's delayed ACK, ~22 connects/s for one client; Triad sets TCP_NODELAY).
+#   and a TLS listener (MOSQ_PORT, MOSQ_PORT+1) on the same certificate (`persistence
+#   false`, anonymous, `set_tcp_nodelay true`: with Nagle on, its CONNACK after the TLS 1.3
+#   tickets waits for the client's delayed ACK, ~22 connects/s for one client; Triad sets
+#   TCP_NODELAY).
 # - RabbitMQ: its MQTT plugin on RABBIT_MQTT_PORT (1890) from the shared peers tool, plain
 #   only (no TLS listener is set up there); skipped when nothing listens on that port.
 #
@@ -24,7 +25,8 @@
 #
 # Environment: ROUNDS (2) COUNT (3000) TIME_LIMIT (20) PARALLEL ("1 8") CERTS ("rsa p256")
 #   OUT (connect-results.jsonl) TRIAD_BIN (target/release/triad) MOSQUITTO_BIN (mosquitto)
-#   RABBIT_MQTT_PORT (1890) SKIP_BUILD=1 RUST_LOG (Triad's, default info)
+#   RABBIT_MQTT_PORT (1890) MOSQ_PORT (18891; TLS on MOSQ_PORT+1) SKIP_BUILD=1
+#   RUST_LOG (passed to Triad; unset: info)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +39,9 @@ OUT=${OUT:-connect-results.jsonl}
 TRIAD_BIN=${TRIAD_BIN:-target/release/triad}
 MOSQUITTO_BIN=${MOSQUITTO_BIN:-$(command -v mosquitto || echo /usr/sbin/mosquitto)}
 RABBIT_MQTT_PORT=${RABBIT_MQTT_PORT:-1890}
+# Mosquitto's plain and TLS ports (below the ephemeral range, where client sockets and
+# their TIME_WAITs could hold them)
+MOSQ_PORT=${MOSQ_PORT:-18891}
 B=target/release/triad-bench
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -77,10 +82,6 @@ make_cert() { # kind -> $WORK/<kind>-cert.pem, $WORK/<kind>-key.pem
         -days 3 2>/dev/null || { echo "openssl req failed" >&2; exit 1; }
 }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
 start_triad() { # kind
     local kind=$1
     rm -rf "$WORK/data"
@@ -110,7 +111,11 @@ triad_port() {
 
 start_mosquitto() { # kind
     local kind=$1
-    M_MQTT=$(free_port); M_MQTTS=$(free_port)
+    M_MQTT=$MOSQ_PORT; M_MQTTS=$((MOSQ_PORT + 1))
+    if ss -ltn | grep -qE "127.0.0.1:($M_MQTT|$M_MQTTS) "; then
+        echo "port $M_MQTT or $M_MQTTS is in use: set MOSQ_PORT" >&2
+        exit 1
+    fi
     cat >"$WORK/mosquitto.conf" <<CONF
 per_listener_settings false
 user $(id -un)

@@ -20,7 +20,7 @@
 //! - Warm-up connects (`--warmup`, at least one per client when resuming or with persistent
 //!   sessions) run before the measurement and are not counted.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -157,8 +157,7 @@ async fn connect_once(c: &Client, i: usize, clean_override: bool) -> Result<Seen
     let src = Ipv4Addr::new(127, 0, 0, 1 + (k % u64::from(c.sources)) as u8);
     let sock = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
     if c.sources > 1 {
-        sock.bind(SocketAddr::new(IpAddr::V4(src), 0))
-            .map_err(|e| format!("bind {src}: {e}"))?;
+        idle::bind_source(&sock, src)?;
     }
     let tcp = sock
         .connect(c.addr)
@@ -394,10 +393,13 @@ async fn run_async(a: ConnectArgs) -> Result<Value, String> {
     let broker = match (a.broker_pid, before, after) {
         (Some(pid), Some(b), Some(af)) => {
             let cpu = af.cpu.saturating_sub(b.cpu).as_secs_f64();
+            let sys = af.sys.saturating_sub(b.sys).as_secs_f64();
             json!({
                 "pid": pid,
                 "cpu_s": round(cpu, 3),
                 "cpu_ms_per_connect": per(cpu),
+                "user_ms_per_connect": per(cpu - sys),
+                "sys_ms_per_connect": per(sys),
                 "rss_kib_before": b.rss_kib,
                 "rss_kib_after": af.rss_kib,
             })

@@ -273,7 +273,7 @@ fn human_connect(v: &Value) -> String {
     format!(
         "connect {} {} {}{}{} parallel={}\n  {} connects in {} s: {}/s ({} failed, {} with \
          session present); connect to close µs p50 {} p99 {} max {}\n  broker CPU {} ms per \
-         connect; client CPU {} ms per connect",
+         connect (user {}, system {}); client CPU {} ms per connect",
         get_s(v, "name"),
         get_s(v, "target"),
         get_s(v, "proto"),
@@ -292,6 +292,8 @@ fn human_connect(v: &Value) -> String {
         f(&["lat_us", "p99"]),
         f(&["lat_us", "max"]),
         f(&["cpu_ms_per_connect"]),
+        f(&["broker", "user_ms_per_connect"]),
+        f(&["broker", "sys_ms_per_connect"]),
         f(&["client_cpu_ms_per_connect"]),
     )
 }
