@@ -4,6 +4,8 @@
 #   bench/profile.sh amqp --size 1k --count 50000
 #   bench/profile.sh stomp --size 1k --count 50000
 #   bench/profile.sh mqtt --qos 1 --size 64 --publishers 4 --subscribers 4 --topics 4 --count 50000
+#   bench/profile.sh connect --count 5000 --parallel 4      # connection setup (MQTT by
+#                                  default; --proto stomp|amqp for theirs), per connect
 #
 # Runs the release broker under `valgrind --tool=callgrind` (instruction counts: repeatable
 # on a shared, noisy machine, unlike wall-clock profiles; this machine's perf has no
@@ -18,7 +20,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n 2,16p "$0"; exit 2; }
 proto=$1
-case $proto in amqp|stomp|mqtt) ;; *) echo "first argument: amqp, stomp or mqtt" >&2; exit 2 ;; esac
+case $proto in amqp|stomp|mqtt|connect) ;; *) echo "first argument: amqp, stomp, mqtt or connect" >&2; exit 2 ;; esac
+# connect: the listener is that of its --proto (default mqtt); no drain phase
+mode=$proto
+extra=(--drain-timeout 30)
+if [ "$mode" = connect ]; then
+    proto=mqtt
+    extra=()
+    prev=
+    for a in "${@:2}"; do
+        [ "$prev" = --proto ] && proto=$a
+        prev=$a
+    done
+    case $proto in amqp|stomp|mqtt) ;; *) echo "connect: --proto amqp, stomp or mqtt (plain listeners)" >&2; exit 2 ;; esac
+fi
 TOP=${TOP:-25}
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
 if [ -z "${SKIP_BUILD:-}" ]; then
@@ -47,19 +62,25 @@ port=$(grep -o "listening proto=$proto addr=[^ ]*" "$WORK/triad.log" | head -1 |
 [ -n "$port" ] || { echo "no $proto listener in the log" >&2; cat "$WORK/triad.log" >&2; exit 1; }
 echo "broker under callgrind: pid $PID, $proto port $port (work dir $WORK)" >&2
 
-target/release/triad-bench "$@" --port "$port" --drain-timeout 30 --json --quiet \
+target/release/triad-bench "$@" --port "$port" "${extra[@]}" --json --quiet \
     | tee "$WORK/result.json"
 kill -TERM "$PID"
 wait "$PID" 2>/dev/null || true
 PID=
 
-received=$(grep -o '"received":[0-9]*' "$WORK/result.json" | head -1 | cut -d: -f2)
+if [ "$mode" = connect ]; then
+    # warm-up connects (persistent sessions) and the final clean ones count as well
+    received=$(grep -o '"connects":[0-9]*' "$WORK/result.json" | head -1 | cut -d: -f2)
+else
+    received=$(grep -o '"received":[0-9]*' "$WORK/result.json" | head -1 | cut -d: -f2)
+fi
 callgrind_annotate "$WORK/callgrind.out" >"$WORK/exclusive.txt" 2>/dev/null
 callgrind_annotate --inclusive=yes "$WORK/callgrind.out" >"$WORK/inclusive.txt" 2>/dev/null
 total=$(awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}' "$WORK/exclusive.txt")
-echo "total instructions: $total; delivered: ${received:-?}"
+unit=$([ "$mode" = connect ] && echo connect || echo "delivered message")
+echo "total instructions: $total; ${unit}s: ${received:-?}"
 if [ -n "${received:-}" ] && [ "${received:-0}" -gt 0 ]; then
-    echo "instructions per delivered message (whole process, incl. startup): $((total / received))"
+    echo "instructions per $unit (whole process, incl. startup): $((total / received))"
 fi
 echo "== top $TOP exclusive"
 awk '/file:function/ {on=1; getline; next} on' "$WORK/exclusive.txt" | head -n "$TOP" | cut -c1-200

@@ -37,10 +37,10 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest handshake reply a client buffers (AMQP's connection.start is the largest).
 const MAX_REPLY: usize = 64 << 10;
 
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-type Stream = Box<dyn Io>;
+pub(crate) type Stream = Box<dyn Io>;
 
 /// Raises RLIMIT_NOFILE so that `need` descriptors fit; returns the soft limit in force.
 pub(crate) fn raise_nofile(need: u64) -> u64 {
@@ -101,7 +101,7 @@ fn rss_sample(pid: u32) -> Option<Rss> {
 // ---- TLS client: no certificate verification (loopback benchmarks only) ----
 
 #[derive(Debug)]
-struct AcceptAnyCert(Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct AcceptAnyCert(pub(crate) Arc<rustls::crypto::CryptoProvider>);
 
 impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
     fn verify_server_cert(
@@ -161,21 +161,47 @@ fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
 
 // ---- connecting ----
 
-struct Target {
-    addr: SocketAddr,
-    sources: u8,
-    tls: Option<tokio_rustls::TlsConnector>,
-    proto: IdleProto,
-    user: String,
-    pass: String,
+/// Binds `sock` to `src` with port 0, leaving the port to `connect` (Linux
+/// `IP_BIND_ADDRESS_NO_PORT`): a plain `bind` must find a port free for every destination,
+/// and with ~100,000 sockets in TIME_WAIT from earlier runs its search cost the client
+/// milliseconds per connect; `connect` picks a port free for this 4-tuple.
+pub(crate) fn bind_source(sock: &TcpSocket, src: Ipv4Addr) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads `one` (an int of the size given) for the call's duration.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "IP_BIND_ADDRESS_NO_PORT: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    sock.bind(SocketAddr::new(IpAddr::V4(src), 0))
+        .map_err(|e| format!("bind {src}: {e}"))
+}
+
+pub(crate) struct Target {
+    pub(crate) addr: SocketAddr,
+    pub(crate) sources: u8,
+    pub(crate) tls: Option<tokio_rustls::TlsConnector>,
+    pub(crate) proto: IdleProto,
+    pub(crate) user: String,
+    pub(crate) pass: String,
 }
 
 async fn open(t: &Target, i: usize) -> Result<Stream, String> {
     let src = Ipv4Addr::new(127, 0, 0, 1 + (i % usize::from(t.sources)) as u8);
     let sock = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
     if t.sources > 1 {
-        sock.bind(SocketAddr::new(IpAddr::V4(src), 0))
-            .map_err(|e| format!("bind {src}: {e}"))?;
+        bind_source(&sock, src)?;
     }
     let s = sock
         .connect(t.addr)
@@ -198,7 +224,7 @@ async fn open(t: &Target, i: usize) -> Result<Stream, String> {
 
 /// Reads until `done` finds what it waits for in the bytes so far (`Some(used)`), or
 /// fails; `done` may fail too (an ERROR frame, a refusal).
-async fn read_until(
+pub(crate) async fn read_until(
     s: &mut Stream,
     buf: &mut Vec<u8>,
     mut done: impl FnMut(&[u8]) -> Result<Option<usize>, String>,
@@ -220,12 +246,12 @@ async fn read_until(
     }
 }
 
-async fn send(s: &mut Stream, b: &[u8]) -> Result<(), String> {
+pub(crate) async fn send(s: &mut Stream, b: &[u8]) -> Result<(), String> {
     s.write_all(b).await.map_err(|e| format!("write: {e}"))?;
     s.flush().await.map_err(|e| format!("flush: {e}"))
 }
 
-async fn handshake(t: &Target, s: &mut Stream, i: usize) -> Result<(), String> {
+pub(crate) async fn handshake(t: &Target, s: &mut Stream, i: usize) -> Result<(), String> {
     let mut buf = Vec::new();
     match t.proto {
         IdleProto::Mqtt => {

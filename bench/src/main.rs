@@ -3,13 +3,14 @@
 //! Modes: `store` (appends straight through `triad-store`), `disk` (dd and
 //! write+fdatasync baselines), `table` (Markdown from result lines), and the end-to-end
 //! broker benchmarks `amqp`, `stomp`, `mqtt`, `mqtt-idle`, `stomp-idle`, `amqp-idle` and
-//! `fleet`, `bindings` (hand-written minimal clients on tokio). Every run prints its result as one JSON
-//! line on stdout; progress
-//! goes to stderr.
+//! `fleet`, `bindings`, and `connect` (connection setup and TLS handshakes), with
+//! hand-written minimal clients on tokio. Every run prints its result as one JSON line on
+//! stdout; progress goes to stderr. Arguments: `args.rs` (clap).
 
 mod amqp;
 mod args;
 mod bindings;
+mod connect;
 mod disk;
 mod e2e;
 mod fleet;
@@ -49,18 +50,13 @@ fn emit_checked(v: &serde_json::Value, json_only: bool) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    let cmd = match args::parse(&argv) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("triad-bench: {e}\n\n{}", args::USAGE);
-            return ExitCode::from(2);
-        }
+    let cmd = match args::parse_clap(&argv) {
+        args::Parsed::Run(c) => *c,
+        // help and --version on stdout with status 0, errors on stderr with status 2
+        args::Parsed::Exit(e) => e.exit(),
     };
     let res = match cmd {
-        Command::Help => {
-            print!("{}", args::USAGE);
-            Ok(())
-        }
+        Command::Connect(a) => connect::run(&a).and_then(|v| emit_checked(&v, a.json)),
         Command::Store(a) => store_bench::run(&a).map(|v| emit(&v, a.json)),
         Command::Disk(a) => disk::run(&a).map(|vs| {
             for v in &vs {

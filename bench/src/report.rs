@@ -253,10 +253,58 @@ fn human_bindings(v: &Value) -> String {
     )
 }
 
+fn human_connect(v: &Value) -> String {
+    let f = |p: &[&str]| fmt_num(get_f(v, p));
+    let int = |p: &[&str]| fmt_int(get_f(v, p));
+    let tls = if v.get("tls").and_then(Value::as_bool) == Some(true) {
+        format!(
+            " TLS {}{} ({} resumed)",
+            get_s(v, "tls_version"),
+            if v.get("resume").and_then(Value::as_bool) == Some(true) {
+                " with resumption"
+            } else {
+                " full handshakes"
+            },
+            int(&["resumed"]),
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "connect {} {} {}{}{} parallel={}\n  {} connects in {} s: {}/s ({} failed, {} with \
+         session present); connect to close µs p50 {} p99 {} max {}\n  broker CPU {} ms per \
+         connect (user {}, system {}); client CPU {} ms per connect",
+        get_s(v, "name"),
+        get_s(v, "target"),
+        get_s(v, "proto"),
+        match v.get("session").and_then(Value::as_str) {
+            Some(k) => format!(" {k}"),
+            None => String::new(),
+        },
+        tls,
+        int(&["parallel"]),
+        int(&["connects"]),
+        f(&["seconds"]),
+        f(&["connects_per_s"]),
+        int(&["failed"]),
+        int(&["session_present"]),
+        f(&["lat_us", "p50"]),
+        f(&["lat_us", "p99"]),
+        f(&["lat_us", "max"]),
+        f(&["cpu_ms_per_connect"]),
+        f(&["broker", "user_ms_per_connect"]),
+        f(&["broker", "sys_ms_per_connect"]),
+        f(&["client_cpu_ms_per_connect"]),
+    )
+}
+
 /// Human-readable summary of one result (stdout without `--json`).
 pub fn human(v: &Value) -> String {
     let mut s = String::new();
     let bench = get_s(v, "bench");
+    if bench == "connect" {
+        return human_connect(v);
+    }
     if bench == "fleet" {
         return human_fleet(v);
     }

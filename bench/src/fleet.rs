@@ -294,8 +294,7 @@ impl Target {
             self.sources.get(i % self.sources.len().max(1)),
             self.addr.ip(),
         ) {
-            sock.bind(SocketAddr::from((*src, 0)))
-                .map_err(|e| format!("bind {src}: {e}"))?;
+            crate::idle::bind_source(&sock, *src)?;
         }
         let s = tokio::time::timeout(STEP, sock.connect(self.addr))
             .await

@@ -338,7 +338,10 @@ pub fn quotas(count: Option<u64>, producers: usize) -> Vec<Option<u64>> {
 /// CPU time (all threads) and resident memory of the broker process.
 #[derive(Clone, Copy, Debug)]
 pub struct ProcSample {
+    /// utime + stime.
     pub cpu: Duration,
+    /// stime alone (the kernel's share: syscalls, TCP, page faults).
+    pub sys: Duration,
     pub rss_kib: u64,
 }
 
@@ -348,12 +351,14 @@ pub fn proc_sample(pid: u32) -> Option<ProcSample> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // fields 14 and 15 of stat(5) are utime and stime; rest starts at field 3
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let sys_ticks: u64 = f.get(12)?.parse().ok()?;
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + sys_ticks;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     let cpu = Duration::from_nanos(ticks * 1_000_000_000 / hz);
     Some(ProcSample {
         cpu,
+        sys: Duration::from_nanos(sys_ticks * 1_000_000_000 / hz),
         rss_kib: rss_kib(pid)?,
     })
 }
