@@ -362,3 +362,109 @@ for version in (ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2):
         );
     }
 }
+
+/// A client-certificate CA and a client certificate it signed.
+struct Ca {
+    pem: String,
+    client_chain: Vec<CertificateDer<'static>>,
+    client_key_der: Vec<u8>,
+}
+
+fn ca_with_client(name: &str) -> Ca {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    let mut p = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().expect("CA key")).expect("CA");
+    let mut leaf = CertificateParams::new(Vec::<String>::new()).expect("leaf params");
+    leaf.distinguished_name
+        .push(DnType::CommonName, format!("client of {name}"));
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate().expect("leaf key");
+    let cert = leaf.signed_by(&key, &ca).expect("sign");
+    Ca {
+        pem: ca.pem(),
+        client_chain: vec![cert.der().clone()],
+        client_key_der: key.serialize_der(),
+    }
+}
+
+/// A client trusting `server` and presenting `ca`'s client certificate; no resumption.
+fn client_with_cert(server: &Cert, ca: &Ca) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(server.der.clone()).expect("root");
+    let key = rustls::pki_types::PrivateKeyDer::try_from(ca.client_key_der.clone()).expect("key");
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_client_auth_cert(ca.client_chain.clone(), key)
+    .expect("client cert");
+    config.resumption = rustls::client::Resumption::disabled();
+    Arc::new(config)
+}
+
+/// Whether an MQTT-over-TLS CONNECT gets its CONNACK (a refused client certificate
+/// shows as a TLS error once the handshake's last flight reaches the broker).
+fn mqtt_accepted(addr: SocketAddr, config: &Arc<rustls::ClientConfig>, id: &str) -> Option<Tls> {
+    let tcp = TcpStream::connect(addr).expect("connect");
+    tcp.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    let name = ServerName::try_from("localhost").expect("name");
+    let conn = rustls::ClientConnection::new(Arc::clone(config), name).expect("client");
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(&common::raw::mqtt_connect_packet(id, true))
+        .ok()?;
+    let mut connack = [0u8; 4];
+    tls.read_exact(&mut connack).ok()?;
+    (connack == [0x20, 2, 0, 0]).then_some(tls)
+}
+
+#[test]
+fn sighup_reloads_the_client_ca() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = |n: &str| dir.path().join(n);
+    let server = cert(1);
+    install(&server, &path("cert.pem"), &path("key.pem"));
+    let (one, two) = (ca_with_client("CA one"), ca_with_client("CA two"));
+    replace(&path("ca.pem"), &one.pem);
+    let broker = TestBroker::start_with_tls(
+        "[tls]\nwatch_interval = \"0s\"\nverify_peer = true\nfail_if_no_peer_cert = true\n",
+        &path("cert.pem"),
+        &path("key.pem"),
+        Some(&path("ca.pem")),
+    );
+    let (by_one, by_two) = (
+        client_with_cert(&server, &one),
+        client_with_cert(&server, &two),
+    );
+    let addr = broker.mqtts_addr();
+    let mut old = mqtt_accepted(addr, &by_one, "old").expect("CA one's client is accepted");
+    assert!(
+        mqtt_accepted(addr, &by_two, "two").is_none(),
+        "CA two is not trusted yet"
+    );
+
+    replace(&path("ca.pem"), &two.pem);
+    sighup(&broker);
+    wait_for_count(&broker, "TLS certificate reloaded", 1);
+    assert!(
+        mqtt_accepted(addr, &by_two, "two").is_some(),
+        "the new CA is trusted"
+    );
+    assert!(
+        mqtt_accepted(addr, &by_one, "one").is_none(),
+        "the old CA no longer is"
+    );
+    ping(&mut old);
+    // A refused client certificate ends that connection only (it once panicked a worker).
+    assert!(!broker.log().contains("panicked"), "{}", broker.log());
+}

@@ -257,7 +257,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             }
             self.incoming.drain(..discard.min(self.incoming.len()));
             if let Some(e) = error {
-                queue_alerts(conn, &mut self.outgoing);
+                queue_alerts(conn, &mut self.incoming, &mut self.outgoing);
                 return Err(e);
             }
             if done {
@@ -318,18 +318,30 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
 }
 
 /// After an error rustls has queued its alert: encode it into `outgoing` (bounded;
-/// best effort, the connection is ending).
-fn queue_alerts(conn: &mut UnbufferedServerConnection, outgoing: &mut Vec<u8>) {
+/// best effort, the connection is ending). rustls is given the same `incoming` buffer
+/// as before: it may still hold ranges into it (handshake messages after the one that
+/// failed), and an empty buffer in its place made it panic (a client certificate
+/// refused with the client's Finished in the same read).
+fn queue_alerts(
+    conn: &mut UnbufferedServerConnection,
+    incoming: &mut Vec<u8>,
+    outgoing: &mut Vec<u8>,
+) {
     for _ in 0..4 {
-        let UnbufferedStatus { state, .. } = conn.process_tls_records(&mut []);
-        match state {
+        let UnbufferedStatus { discard, state } = conn.process_tls_records(incoming);
+        let go_on = match state {
             Ok(ConnectionState::EncodeTlsData(mut e)) => {
-                if encode_into(outgoing, |out| e.encode(out)).is_err() {
-                    return;
-                }
+                encode_into(outgoing, |out| e.encode(out)).is_ok()
             }
-            Ok(ConnectionState::TransmitTlsData(t)) => t.done(),
-            _ => return,
+            Ok(ConnectionState::TransmitTlsData(t)) => {
+                t.done();
+                true
+            }
+            _ => false,
+        };
+        incoming.drain(..discard.min(incoming.len()));
+        if !go_on {
+            return;
         }
     }
 }
@@ -456,11 +468,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
             if this.process(None).is_ok() {
                 match &mut this.engine {
                     Engine::Rustls(conn) => {
-                        let UnbufferedStatus { state, .. } = conn.process_tls_records(&mut []);
+                        let UnbufferedStatus { discard, state } =
+                            conn.process_tls_records(&mut this.incoming);
                         if let Ok(ConnectionState::WriteTraffic(mut w)) = state {
                             let _ =
                                 encrypt_into(&mut this.outgoing, |out| w.queue_close_notify(out));
                         }
+                        this.incoming.drain(..discard.min(this.incoming.len()));
                     }
                     Engine::Tls13(records) => {
                         let _ = records.close_notify(&mut this.outgoing);
