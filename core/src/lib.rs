@@ -16,6 +16,9 @@
 //!   regexes per user and vhost, checked per operation by every adapter.
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
 //! - [`throttle`]: failed-login throttling per source address and per user name.
+//! - [`link`]: a connection's [`Link`], which login creates: user, vhost, permissions,
+//!   connection slot; check-and-act methods; teardown on drop.
+//! - [`durability`]: [`Durability`], what a reply promising durability waits for.
 //! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
 //!   requeue, TTL, length limits, dead-lettering.
@@ -37,10 +40,12 @@
 pub mod access;
 pub mod alarm;
 pub mod broker;
+pub mod durability;
 mod encoding;
 pub mod envelope;
 pub mod error;
 pub mod io;
+pub mod link;
 pub mod message;
 pub mod outbox;
 pub mod password;
@@ -54,7 +59,9 @@ pub mod vhost;
 pub use access::{Access, Pattern, PatternError, Permission, TopicPermission, VhostAccess};
 pub use alarm::Alarms;
 pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig};
+pub use durability::Durability;
 pub use error::{CoreError, ResourceKind};
+pub use link::{Authenticated, Credentials, Link, LoginRefused, LoginStage, Peer, Protocol};
 pub use message::{Message, Properties};
 pub use outbox::{Backpressure, CreditGate, Delivery, OutEvent, Outbox};
 pub use password::{HashError, PasswordHash};

@@ -211,12 +211,9 @@ where
                 }
             }
         }
-        if let Some(user) = session.take_login_failed() {
+        if let Some(hold) = session.take_login_hold() {
             // Slows password guessing down: one refusal per delay per source address
             // and per user name, however many connections ask at once.
-            let hold = ctx
-                .broker
-                .login_failed(session.peer(), &user, cfg.failed_login_delay);
             if !hold.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(hold) => {}

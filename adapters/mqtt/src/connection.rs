@@ -3,7 +3,7 @@
 //! PUBLISH packets, and writes each batch with one `write_all`.
 //!
 //! Acks that promise durability (PUBACK, PUBREC for a persistent message; SUBACK and
-//! UNSUBACK of a persistent session) wait for the store's [`Durable`]; every response
+//! UNSUBACK of a persistent session) wait for the store's [`Durability`]; every response
 //! goes through one ordered queue, so they leave in the order the requests came
 //! [MQTT-4.6.0-2].
 //!
@@ -25,11 +25,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use triad_core::queue::Queue;
 use triad_core::{
-    Backpressure, ConnectionId, ConnectionSlot, ConsumeRequest, ConsumerHandle, CoreError,
-    FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish, QueueDeclare, User, Vhost,
-    VhostAccess,
+    Backpressure, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials, Durability,
+    FieldTable, FieldValue, Link, LoginRefused, OutEvent, Outbox, Peer, Properties, Protocol,
+    Publish, QueueDeclare,
 };
-use triad_store::flush::Durable;
 
 use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
 use crate::retained::RetainedFeed;
@@ -160,8 +159,6 @@ struct Connected {
     will: Option<Will>,
     kick: CancellationToken,
     vhost_name: String,
-    /// Counted against the user's connection limit while it lives.
-    _slot: ConnectionSlot,
     /// Dropped last: unregisters the client id.
     _registration: Registration,
 }
@@ -208,7 +205,6 @@ where
         // before the registration is dropped, so a takeover's connect comes after it
         ctx.state.session_disconnected(&c.vs, &c.client_id);
     }
-    ctx.broker.connection_closed(c.conn);
     ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
     // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
     let abnormal = matches!(end, End::PeerClosed | End::Takeover | End::Error(_));
@@ -262,14 +258,15 @@ where
     // authentication, then the vhost (always the default one)
     let broker = ctx.broker.clone();
     let vhost_name = broker.default_vhost().to_string();
-    let (user, access, _slot) = match login(ctx, peer, &connect, &vhost_name) {
+    let conn = broker.next_connection_id();
+    let link = match login(ctx, peer, conn, &connect, &vhost_name) {
         Ok(l) => l,
         Err((code, why)) => {
             let user = connect.username.as_deref().unwrap_or("");
-            tracing::info!(%peer, user, code, reason = %why, "MQTT login refused");
+            tracing::info!(%peer, user, code, reason = %why.reason, "MQTT login refused");
             // Slows password guessing down: one refusal per delay per source address
             // and per user name, however many connections ask at once.
-            let hold = broker.login_failed(peer.ip(), user, ctx.login.failed_login_delay);
+            let hold = why.hold;
             if !hold.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(hold) => {}
@@ -280,10 +277,9 @@ where
             return Ok(None);
         }
     };
-    tracing::Span::current().record("user", user.name.as_str());
+    tracing::Span::current().record("user", link.user());
 
     // client id [MQTT-3.1.3-6], [MQTT-3.1.3-8]
-    let conn = broker.next_connection_id();
     let mut client_id = connect.client_id.clone();
     if client_id.is_empty() {
         if !connect.clean_session {
@@ -313,9 +309,9 @@ where
 
     // A session belongs to the user who created it: another user's CONNECT with its
     // client id, persistent or clean, neither resumes, discards nor takes it over.
-    let owner: Arc<str> = Arc::from(user.name.as_str());
-    if !vs.sessions.may_use(&client_id, &user.name) {
-        tracing::info!(%peer, user = %user.name, "MQTT session of another user refused");
+    let owner: Arc<str> = Arc::from(link.user());
+    if !vs.sessions.may_use(&client_id, link.user()) {
+        tracing::info!(%peer, user = %link.user(), "MQTT session of another user refused");
         refuse(stream, NOT_AUTHORIZED).await?;
         return Ok(None);
     }
@@ -334,7 +330,7 @@ where
         },
     );
     let Ok(prev) = registered else {
-        tracing::info!(%peer, user = %user.name, "MQTT client id connected as another user");
+        tracing::info!(%peer, user = %link.user(), "MQTT client id connected as another user");
         refuse(stream, NOT_AUTHORIZED).await?;
         return Ok(None);
     };
@@ -364,7 +360,7 @@ where
         &client_id,
         &qname,
         &connect,
-        &user.name,
+        link.user(),
         conn,
     );
     let (session_present, session) = match setup {
@@ -393,11 +389,9 @@ where
     // 0 would be the core's "no limit", and there are only 65,535 identifiers.
     let window = ctx.limits.max_inflight.clamp(1, u32::from(u16::MAX));
     let mut c = Conn {
-        access,
+        link,
         state: ctx.state.clone(),
         vs: vs.clone(),
-        vhost: vs.vhost.clone(),
-        conn,
         client_id: client_id.clone(),
         qname,
         clean: connect.clean_session,
@@ -433,13 +427,11 @@ where
         if let Err(e) = c.revoke_unpermitted() {
             tracing::warn!(error = %e, "cannot check the MQTT session's subscriptions");
             refuse(stream, UNAVAILABLE).await?;
-            broker.connection_closed(conn);
             return Ok(None);
         }
         if let Err(e) = c.subscription_queue(false) {
             tracing::warn!(error = %e, "cannot consume the MQTT subscription queue");
             refuse(stream, UNAVAILABLE).await?;
-            broker.connection_closed(conn);
             return Ok(None);
         }
     }
@@ -457,7 +449,6 @@ where
         will: connect.will,
         kick,
         vhost_name,
-        _slot,
         _registration,
     }))
 }
@@ -472,11 +463,10 @@ where
 fn login(
     ctx: &MqttContext,
     peer: SocketAddr,
+    conn: ConnectionId,
     connect: &Connect,
     vhost: &str,
-) -> Result<(User, Arc<VhostAccess>, ConnectionSlot), (u8, CoreError)> {
-    let ip = peer.ip();
-    let broker = &ctx.broker;
+) -> Result<Link, (u8, LoginRefused)> {
     let refusal = if connect.username.is_some() {
         BAD_LOGIN
     } else {
@@ -487,37 +477,29 @@ fn login(
         .peer_cert_cn
         .as_deref()
         .filter(|_| ctx.login.ssl_cert_login);
-    let user = match (&connect.username, cert_cn) {
-        (Some(u), _) => {
-            let pass = connect
-                .password
-                .as_ref()
-                .map(|p| String::from_utf8_lossy(p).into_owned())
-                .unwrap_or_default();
-            broker
-                .authenticate(u, &pass, ip)
-                .map_err(|e| (refusal, e))?
-        }
-        (None, Some(cn)) => broker
-            .authenticate_external(cn, ip)
-            .map_err(|e| (NOT_AUTHORIZED, e))?,
-        (None, None) => match ctx.anonymous_user.as_deref() {
-            Some(anon) => broker
-                .authenticate_anonymous(anon, ip)
-                .map_err(|e| (NOT_AUTHORIZED, e))?,
-            None => {
-                return Err((
-                    NOT_AUTHORIZED,
-                    CoreError::NotAllowed("anonymous login not accepted from this peer".into()),
-                ))
-            }
+    let pass = connect
+        .password
+        .as_ref()
+        .map(|p| String::from_utf8_lossy(p))
+        .unwrap_or_default();
+    let credentials = match (&connect.username, cert_cn) {
+        (Some(user), _) => Credentials::Password {
+            user,
+            password: &pass,
+        },
+        (None, Some(cn)) => Credentials::Certificate { user: cn },
+        (None, None) => Credentials::Anonymous {
+            user: ctx.anonymous_user.as_deref(),
         },
     };
-    let access = broker
-        .vhost_access(&user, vhost)
-        .map_err(|e| (refusal, e))?;
-    let slot = broker.connection_slot(&user).map_err(|e| (refusal, e))?;
-    Ok((user, access, slot))
+    let peer = Peer {
+        addr: peer.ip(),
+        conn,
+        failed_login_delay: ctx.login.failed_login_delay,
+    };
+    ctx.broker
+        .login(credentials, peer, vhost, Protocol::Mqtt)
+        .map_err(|e| (refusal, e))
 }
 
 /// Declares the session's queue (a persistent one owned by `user`); returns (session
@@ -532,7 +514,7 @@ fn open_session(
     connect: &Connect,
     user: &str,
     conn: ConnectionId,
-) -> Result<(bool, Session<Target>, Vec<Durable>), MqttError> {
+) -> Result<(bool, Session<Target>, Vec<Durability>), MqttError> {
     let vhost = &vs.vhost;
     let existing = vhost.queue(qname);
     if connect.clean_session {
@@ -574,7 +556,7 @@ type TopicCache = (Arc<str>, String, Option<u8>);
 
 /// Responses waiting for the store or for publisher flow control.
 struct Pending {
-    durables: Vec<Durable>,
+    durables: Vec<Durability>,
     packets: Vec<Packet>,
     /// Filters (with their granted QoS) whose retained messages follow the packets.
     retained: Vec<(String, u8)>,
@@ -592,12 +574,11 @@ impl Pending {
 }
 
 struct Conn {
-    /// The user's rights in the vhost.
-    access: Arc<VhostAccess>,
+    /// The user, vhost, permissions and connection slot; dropped (the connection torn
+    /// down in the core) with the connection, after its deliveries were given back.
+    link: Link,
     state: Arc<MqttState>,
     vs: Arc<VhostState>,
-    vhost: Arc<Vhost>,
-    conn: ConnectionId,
     client_id: String,
     qname: String,
     clean: bool,
@@ -768,7 +749,7 @@ impl Conn {
     }
 
     /// Queues responses behind any that wait for the store.
-    fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durable>) {
+    fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durability>) {
         self.respond_after(packets, durables, None, Vec::new());
     }
 
@@ -777,11 +758,11 @@ impl Conn {
     fn respond_after(
         &mut self,
         packets: Vec<Packet>,
-        durables: Vec<Durable>,
+        durables: Vec<Durability>,
         throttle: Option<Backpressure>,
         retained: Vec<(String, u8)>,
     ) {
-        let durables: Vec<Durable> = durables.into_iter().filter(|d| !d.is_durable()).collect();
+        let durables: Vec<Durability> = durables.into_iter().filter(|d| !d.is_durable()).collect();
         let throttle = throttle
             .filter(|b| !b.is_clear())
             .map(|b| (b, tokio::time::Instant::now() + FLOW_MAX_WAIT));
@@ -916,12 +897,13 @@ impl Conn {
                             .keys()
                             .any(|k| topic_to_routing_key(k) == key);
                         if !shared {
-                            self.vhost.unbind_queue(
+                            // the session's own binding: no permission needed to drop it
+                            self.link.vhost().unbind_queue(
                                 &self.qname,
                                 "amq.topic",
                                 &key,
                                 &FieldTable::default(),
-                                self.conn,
+                                self.link.id(),
                             )?;
                         }
                     }
@@ -965,12 +947,13 @@ impl Conn {
                 .keys()
                 .any(|k| topic_to_routing_key(k) == key)
             {
-                if let Err(e) = self.vhost.unbind_queue(
+                // revoked: the check that would guard the unbind is the one that failed
+                if let Err(e) = self.link.vhost().unbind_queue(
                     &self.qname,
                     "amq.topic",
                     &key,
                     &FieldTable::default(),
-                    self.conn,
+                    self.link.id(),
                 ) {
                     tracing::debug!(key, error = %e, "unbinding a revoked subscription");
                 }
@@ -985,23 +968,21 @@ impl Conn {
     /// plugin): configure and read on the subscription queue, write on it and read on
     /// amq.topic (with its topic permission) for the binding.
     fn check_subscribe(&self, key: &str) -> Result<(), CoreError> {
-        self.access
+        let access = self.link.access();
+        access
             .queue_declare(&self.qname, &FieldTable::default())
-            .and_then(|()| self.access.consume(&self.qname))
-            .and_then(|()| {
-                self.access
-                    .queue_bind_key(&self.vhost, &self.qname, "amq.topic", key)
-            })
+            .and_then(|()| access.consume(&self.qname))
+            .and_then(|()| access.queue_bind_key(self.link.vhost(), &self.qname, "amq.topic", key))
     }
 
-    fn save_session(&mut self) -> Result<Vec<Durable>, MqttError> {
+    fn save_session(&mut self) -> Result<Vec<Durability>, MqttError> {
         if self.clean {
             return Ok(Vec::new());
         }
         Ok(self
             .vs
             .sessions
-            .save(&self.client_id, self.access.user(), &self.session.subs)?
+            .save(&self.client_id, self.link.user(), &self.session.subs)?
             .into_iter()
             .collect())
     }
@@ -1012,15 +993,19 @@ impl Conn {
         if self.consumer.is_some() {
             return Ok(());
         }
+        // The session's own queue: what a SUBSCRIBE needs on it is checked per filter
+        // (`check_subscribe`); a persistent session's queue is consumed at CONNECT
+        // whatever its user may subscribe to now (its revoked filters were dropped).
+        let vhost = self.link.vhost();
         if declare {
-            self.vhost.declare_queue(QueueDeclare {
+            vhost.declare_queue(QueueDeclare {
                 name: self.qname.clone(),
                 exclusive: true,
-                conn: self.conn,
+                conn: self.link.id(),
                 ..Default::default()
             })?;
         }
-        let consumer = self.vhost.consume(
+        let consumer = vhost.consume(
             &self.qname,
             ConsumeRequest {
                 tag: self.client_id.clone(),
@@ -1028,7 +1013,7 @@ impl Conn {
                 exclusive: true,
                 prefetch: self.prefetch,
                 priority: 0,
-                conn: self.conn,
+                conn: self.link.id(),
                 outbox: self.outbox.clone(),
                 gate: None,
             },
@@ -1090,12 +1075,11 @@ impl Conn {
                 codes.push(0x80);
                 continue;
             }
-            match self.vhost.bind_queue_deferred(
+            match self.link.bind_queue_deferred(
                 &self.qname,
                 "amq.topic",
                 &key,
                 &FieldTable::default(),
-                self.conn,
             ) {
                 // the journal is ordered: the last binding's record covers the others
                 Ok(durable) => bound = Some(durable),
@@ -1135,7 +1119,7 @@ impl Conn {
         payload: Bytes,
         qos: u8,
         retain: bool,
-    ) -> Result<(Vec<Durable>, Option<Backpressure>), MqttError> {
+    ) -> Result<(Vec<Durability>, Option<Backpressure>), MqttError> {
         // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
         // (MQTT 3.1.1 has no way to refuse one message).
         if topic.len() > MAX_TOPIC_LEN {
@@ -1147,8 +1131,8 @@ impl Conn {
             tracing::debug!(topic, "PUBLISH to a $SYS topic dropped");
             return Ok((Vec::new(), None));
         }
-        self.access
-            .publish_to(&self.vhost, "amq.topic", &routing_key)?;
+        // checked before the retained message is set (and again by the publish)
+        self.link.check_publish("amq.topic", &routing_key)?;
         let mut durables = Vec::new();
         if retain {
             // [MQTT-3.3.1-5], an empty payload clears [MQTT-3.3.1-10]
@@ -1158,7 +1142,7 @@ impl Conn {
         }
         let mut headers = FieldTable::default();
         headers.insert(QOS_HEADER, FieldValue::U8(qos));
-        let published = self.vhost.publish(Publish {
+        let published = self.link.publish(Publish {
             exchange: "amq.topic".into(),
             routing_key,
             mandatory: false,
@@ -1168,7 +1152,7 @@ impl Conn {
                 ..Default::default()
             },
             body: payload,
-            conn: self.conn,
+            conn: self.link.id(),
         })?;
         durables.extend(published.durable);
         self.state.stats.received.fetch_add(1, Ordering::Relaxed);

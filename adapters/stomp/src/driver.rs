@@ -84,6 +84,7 @@ impl StompContext {
             ssl_cert_login: self.ssl_cert_login,
             peer_cert_cn: self.peer_cert_cn.clone(),
             caps: self.caps,
+            failed_login_delay: self.failed_login_delay,
         }
     }
 }
@@ -214,12 +215,9 @@ where
                 }
             }
         }
-        if let Some(user) = session.take_login_failed() {
+        if let Some(hold) = session.take_login_hold() {
             // Slows password guessing down: one refusal per delay per source address
             // and per user name, however many connections ask at once.
-            let hold = ctx
-                .broker
-                .login_failed(session.peer().ip(), &user, ctx.failed_login_delay);
             if !hold.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(hold) => {}
