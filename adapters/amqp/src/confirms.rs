@@ -10,11 +10,41 @@
 //!
 //! A `tx.commit-ok` waits in the same FIFO ([`ConfirmQueue::push_commit`]) on every
 //! persistent message of its transaction, so it too is sent only once they are on disk.
+//!
+//! Publisher flow control: a publish that went to a queue whose consumers fall behind
+//! (the core's `Published::backpressure`) holds its confirm until the backlog drains or
+//! [`FLOW_MAX_WAIT`] passes ([`flow_wait`]); without confirms it leaves a silent entry
+//! ([`ConfirmQueue::push_hold`]) that holds the confirms behind it the same way. The
+//! driver stops reading the socket while [`MAX_HOLDS`] silent entries wait, so a
+//! publisher without confirms is held too (as MQTT's QoS 0 publishers are).
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
+
+use triad_core::Backpressure;
+
+/// Longest a publish is held back by a throttled queue. Bounded so that a consumer
+/// that never acks (or a cycle of clients that publish to each other) slows its
+/// publishers down instead of stopping them.
+pub const FLOW_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// Silent flow-control entries waiting before the socket is no longer read.
+pub const MAX_HOLDS: usize = 1024;
+
+/// Completes (`true`) once `b` is clear or [`FLOW_MAX_WAIT`] has passed. Boxed: made
+/// only for a publish that was throttled.
+pub fn flow_wait(b: Backpressure) -> Durable {
+    Box::pin(async move {
+        tokio::select! {
+            _ = b.wait() => {}
+            _ = tokio::time::sleep(FLOW_MAX_WAIT) => {}
+        }
+        true
+    })
+}
 
 /// The core's durability future, boxed so this crate need not name the store's type
 /// (adapters do not depend on the store). `true` = flushed.
@@ -36,12 +66,16 @@ pub struct Settled {
 struct Entry {
     settled: Settled,
     durable: Option<Durable>,
+    /// A flow-control hold: nothing to send when it completes.
+    silent: bool,
 }
 
 /// The FIFO.
 #[derive(Default)]
 pub struct ConfirmQueue {
     entries: VecDeque<Entry>,
+    /// Silent entries in `entries`.
+    holds: usize,
 }
 
 impl std::fmt::Debug for ConfirmQueue {
@@ -63,7 +97,29 @@ impl ConfirmQueue {
                 commit: false,
             },
             durable,
+            silent: false,
         });
+    }
+
+    /// Holds the confirms behind it until `wait` completes ([`flow_wait`]), sending
+    /// nothing itself: a throttled publish on a channel without confirms.
+    pub fn push_hold(&mut self, channel: u16, wait: Durable) {
+        self.holds += 1;
+        self.entries.push_back(Entry {
+            settled: Settled {
+                channel,
+                seq: 0,
+                ack: true,
+                commit: false,
+            },
+            durable: Some(wait),
+            silent: true,
+        });
+    }
+
+    /// Flow-control holds waiting (the driver stops reading at [`MAX_HOLDS`]).
+    pub fn holds(&self) -> usize {
+        self.holds
     }
 
     /// Adds a `tx.commit-ok` that waits for every one of `durable` (the transaction's
@@ -86,6 +142,7 @@ impl ConfirmQueue {
                 commit: true,
             },
             durable,
+            silent: false,
         });
     }
 
@@ -97,6 +154,7 @@ impl ConfirmQueue {
     /// Drops every pending confirm of `channel` (it closed).
     pub fn forget_channel(&mut self, channel: u16) {
         self.entries.retain(|e| e.settled.channel != channel);
+        self.holds = self.entries.iter().filter(|e| e.silent).count();
     }
 
     /// Moves every settled entry at the front into `out`, without waiting.
@@ -118,7 +176,11 @@ impl ConfirmQueue {
             let mut s = front.settled;
             // A store failure turns the ack into a nack (the message may be lost).
             s.ack &= ok;
-            out.push(s);
+            if front.silent {
+                self.holds -= 1;
+            } else {
+                out.push(s);
+            }
             self.entries.pop_front();
         }
     }
@@ -128,8 +190,11 @@ impl ConfirmQueue {
     pub async fn ready(&mut self) -> Vec<Settled> {
         std::future::poll_fn(|cx| {
             let mut out = Vec::new();
+            let before = self.entries.len();
             self.take_ready(&mut out, Some(cx));
-            if out.is_empty() {
+            // silent entries leave nothing in `out`, but the driver must look again
+            // (it may read the socket again)
+            if self.entries.len() == before {
                 Poll::Pending
             } else {
                 Poll::Ready(out)

@@ -277,7 +277,9 @@ where
         // silent meets the heartbeat timeout like any other; once the held bytes fill
         // the buffer the stall is ours, and the peer is not blamed for it.
         let holding = blocked && session.has_published();
-        let reading = !holding || rbuf.len() < HELD_READ_MAX;
+        // Publisher flow control (`confirms`): throttled publishes past MAX_HOLDS.
+        let flow_held = session.confirms().holds() >= crate::confirms::MAX_HOLDS;
+        let reading = (!holding || rbuf.len() < HELD_READ_MAX) && !flow_held;
         if !reading {
             last_read = Instant::now();
         }

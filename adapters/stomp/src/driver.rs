@@ -16,7 +16,7 @@ use triad_core::Broker;
 
 use crate::codec::{self, Limits, HEARTBEAT};
 use crate::frame::Frame;
-use crate::session::{Action, Caps, DurableWait, Session, SessionConfig};
+use crate::session::{Action, Caps, DurableWait, Session, SessionConfig, MAX_HOLDS};
 use triad_core::io::read_some;
 
 /// Everything a STOMP connection needs from the process.
@@ -135,7 +135,8 @@ where
 
 struct Pending {
     durable: Option<DurableWait>,
-    frame: Frame,
+    /// `None`: a flow-control hold ([`Action::Hold`]), nothing to write.
+    frame: Option<Frame>,
 }
 
 /// Waits for the durability of the oldest pending receipt (forever if it has none:
@@ -161,6 +162,8 @@ where
     let mut actions: Vec<Action> = Vec::new();
     let mut events = Vec::new();
     let mut receipts: VecDeque<Pending> = VecDeque::new();
+    // flow-control holds among `receipts`
+    let mut holds = 0usize;
     let mut disconnecting = false;
     let mut closing = false;
     let handshake_deadline = Instant::now() + ctx.handshake_timeout;
@@ -201,8 +204,16 @@ where
                     durable: None,
                     frame,
                 } if receipts.is_empty() => codec::encode_with(&frame, &mut wbuf, dialect),
-                Action::Receipt { durable, frame } => {
-                    receipts.push_back(Pending { durable, frame })
+                Action::Receipt { durable, frame } => receipts.push_back(Pending {
+                    durable,
+                    frame: Some(frame),
+                }),
+                Action::Hold(wait) => {
+                    holds += 1;
+                    receipts.push_back(Pending {
+                        durable: Some(wait),
+                        frame: None,
+                    })
                 }
                 Action::Disconnect => disconnecting = true,
                 Action::Close => closing = true,
@@ -210,8 +221,9 @@ where
         }
         if !closing {
             while receipts.front().is_some_and(|p| p.durable.is_none()) {
-                if let Some(p) = receipts.pop_front() {
-                    codec::encode_with(&p.frame, &mut wbuf, dialect);
+                match receipts.pop_front().and_then(|p| p.frame) {
+                    Some(frame) => codec::encode_with(&frame, &mut wbuf, dialect),
+                    None => holds = holds.saturating_sub(1),
                 }
             }
         }
@@ -259,7 +271,10 @@ where
         if alarm_blocked {
             last_read = Instant::now();
         }
-        let reading = !disconnecting && receipts.len() < MAX_PENDING_RECEIPTS && !alarm_blocked;
+        let reading = !disconnecting
+            && receipts.len() < MAX_PENDING_RECEIPTS
+            && holds < MAX_HOLDS
+            && !alarm_blocked;
         let connected = session.is_connected();
         // One timer for the three deadlines (each `Sleep` in the `select!` below is
         // 112 bytes of every connection's task, waiting or not).

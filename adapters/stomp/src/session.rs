@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use triad_core::{
-    Broker, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials, Delivery,
-    FieldTable, FieldValue, Link, OutEvent, Outbox, Peer, Protocol, Publish, Queue, QueueDeclare,
+    Backpressure, Broker, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials,
+    Delivery, FieldTable, FieldValue, Link, OutEvent, Outbox, Peer, Protocol, Publish, Queue,
+    QueueDeclare,
 };
 
 use crate::codec::{DecodeError, Dialect, Limits};
@@ -25,6 +26,25 @@ use crate::mapping::{self, MessageMeta};
 
 /// Completes once a published message is durable (`Err`: the store failed).
 pub type DurableWait = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// Longest a publish is held back by a throttled queue (as MQTT's and AMQP's): a
+/// consumer that never acks slows its publishers down instead of stopping them.
+pub const FLOW_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// Flow-control holds ([`Action::Hold`]) waiting before the socket is no longer read.
+pub const MAX_HOLDS: usize = 1024;
+
+/// Completes once `b` is clear or [`FLOW_MAX_WAIT`] has passed (made only for a
+/// throttled publish).
+pub fn flow_wait(b: Backpressure) -> DurableWait {
+    Box::pin(async move {
+        tokio::select! {
+            _ = b.wait() => {}
+            _ = tokio::time::sleep(FLOW_MAX_WAIT) => {}
+        }
+        Ok(())
+    })
+}
 
 /// What the driver must do.
 pub enum Action {
@@ -38,6 +58,10 @@ pub enum Action {
         /// The RECEIPT frame.
         frame: Frame,
     },
+    /// Publisher flow control: a SEND without a receipt went to a queue whose
+    /// consumers fall behind. Later receipts wait behind this until it completes
+    /// ([`flow_wait`]); while [`MAX_HOLDS`] of these wait, the socket is not read.
+    Hold(DurableWait),
     /// DISCONNECT: close once the pending receipts are written.
     Disconnect,
     /// Close now, after writing what is already queued (follows an ERROR).
@@ -54,6 +78,7 @@ impl std::fmt::Debug for Action {
                 frame.header("receipt-id"),
                 durable.is_some()
             ),
+            Action::Hold(_) => f.write_str("Hold"),
             Action::Disconnect => f.write_str("Disconnect"),
             Action::Close => f.write_str("Close"),
         }
@@ -587,23 +612,37 @@ impl Session {
             }
             return Ok(());
         }
-        let durable = self.publish(&f, dest, props)?;
-        if let Some(r) = receipt {
-            out.push(Action::Receipt {
+        let (durable, flow) = self.publish(&f, dest, props)?;
+        // a throttled queue holds the receipt (or, without one, what follows)
+        let flow = flow.map(flow_wait);
+        match (receipt, flow) {
+            (Some(r), None) => out.push(Action::Receipt {
                 durable,
                 frame: receipt_frame(&r),
-            });
+            }),
+            (Some(r), Some(flow)) => out.push(Action::Receipt {
+                durable: Some(Box::pin(async move {
+                    if let Some(d) = durable {
+                        d.await?;
+                    }
+                    flow.await
+                })),
+                frame: receipt_frame(&r),
+            }),
+            (None, Some(flow)) => out.push(Action::Hold(flow)),
+            (None, None) => {}
         }
         Ok(())
     }
 
-    /// Publishes a SEND; `Some` = wait on it before confirming.
+    /// Publishes a SEND: what its receipt waits for (`Some`: the disk), and the
+    /// queues that throttle its publisher.
     fn publish(
         &mut self,
         f: &Frame,
         dest: Destination,
         mut props: triad_core::Properties,
-    ) -> Res<Option<DurableWait>> {
+    ) -> Res<(Option<DurableWait>, Option<Backpressure>)> {
         if let Some(rt) = props.reply_to.as_deref() {
             if let Some(t) = rt.strip_prefix("/temp-queue/") {
                 let t = t.to_string();
@@ -629,9 +668,10 @@ impl Session {
             body: f.body.clone(),
             conn: self.conn,
         })?;
-        Ok(published.durable.map(|d| -> DurableWait {
+        let durable = published.durable.map(|d| -> DurableWait {
             Box::pin(async move { d.await.map_err(|e| e.to_string()) })
-        }))
+        });
+        Ok((durable, published.backpressure))
     }
 
     /// Declares durable queue `q` unless it exists already. Configure permission on
@@ -972,21 +1012,28 @@ impl Session {
         let tx = required(f, "transaction")?;
         let ops = self.take_tx(tx)?;
         let mut waits = Vec::new();
+        // the first throttled publish of the transaction holds its receipt (or what
+        // follows): one timer per COMMIT, not one per message
+        let mut hold = None;
         for op in ops {
             match op {
                 TxOp::Send(s) => {
                     let dest = Destination::parse(s.header("destination").unwrap_or(""))
                         .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
                     let props = mapping::properties_from_send(&s, self.user())?;
-                    if let Some(w) = self.publish(&s, dest, props)? {
-                        waits.push(w);
+                    let (durable, flow) = self.publish(&s, dest, props)?;
+                    waits.extend(durable);
+                    if hold.is_none() {
+                        hold = flow;
                     }
                 }
                 TxOp::Ack(a) => self.settle(&a, true),
                 TxOp::Nack(n) => self.settle(&n, false),
             }
         }
+        let hold = hold.map(flow_wait);
         if let Some(r) = f.header("receipt") {
+            waits.extend(hold);
             let durable: Option<DurableWait> = if waits.is_empty() {
                 None
             } else {
@@ -1001,6 +1048,8 @@ impl Session {
                 durable,
                 frame: receipt_frame(r),
             });
+        } else if let Some(hold) = hold {
+            out.push(Action::Hold(hold));
         }
         Ok(())
     }
