@@ -16,41 +16,70 @@ use triad_store::flush::Durable;
 
 use crate::error::CoreError;
 
-/// See the module's documentation. Two words; cheap to hold per pending reply.
-pub struct Durability(Durable);
+/// See the module's documentation. Three words; cheap to hold per pending reply.
+pub struct Durability(Inner);
+
+enum Inner {
+    /// The store's group commit (no allocation).
+    Store(Durable),
+    /// Any other wait: several durabilities joined, a test's.
+    Other(Pin<Box<dyn Future<Output = Result<(), CoreError>> + Send>>),
+}
 
 impl Durability {
     /// Already durable: nothing to wait for.
     pub fn ready() -> Durability {
-        Durability(Durable::ready())
+        Durability(Inner::Store(Durable::ready()))
     }
 
-    /// Whether it is durable already (never blocks).
+    /// A wait the core does not make: durable once `f` completes (boxed).
+    pub fn from_future(f: impl Future<Output = Result<(), CoreError>> + Send + 'static) -> Self {
+        Durability(Inner::Other(Box::pin(f)))
+    }
+
+    /// Whether it is durable already (never blocks; a joined wait says no until polled
+    /// to completion).
     pub fn is_durable(&self) -> bool {
-        self.0.is_durable()
+        match &self.0 {
+            Inner::Store(d) => d.is_durable(),
+            Inner::Other(_) => false,
+        }
     }
 
-    /// Blocks the calling thread until durable (not from an async task).
+    /// Blocks the calling thread until durable (not from an async task). Only the
+    /// store's own waits block; another ([`Durability::from_future`]) needs an async
+    /// caller and is refused here.
     pub fn wait(self) -> Result<(), CoreError> {
-        self.0.wait().map_err(CoreError::from)
+        match self.0 {
+            Inner::Store(d) => d.wait().map_err(CoreError::from),
+            Inner::Other(_) => Err(CoreError::Internal(
+                "a joined durability wait cannot block a thread; await it".into(),
+            )),
+        }
     }
 }
 
 impl From<Durable> for Durability {
     fn from(d: Durable) -> Durability {
-        Durability(d)
+        Durability(Inner::Store(d))
     }
 }
 
 impl Future for Durability {
     type Output = Result<(), CoreError>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map_err(CoreError::from)
+        match &mut self.0 {
+            Inner::Store(d) => Pin::new(d).poll(cx).map_err(CoreError::from),
+            Inner::Other(f) => f.as_mut().poll(cx),
+        }
     }
 }
 
 impl std::fmt::Debug for Durability {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Durability").field(&self.0).finish()
+        match &self.0 {
+            Inner::Store(d) => f.debug_tuple("Durability").field(d).finish(),
+            Inner::Other(_) => f.write_str("Durability(..)"),
+        }
     }
 }

@@ -19,6 +19,8 @@
 //! - [`link`]: a connection's [`Link`], which login creates: user, vhost, permissions,
 //!   connection slot; check-and-act methods; teardown on drop.
 //! - [`durability`]: [`Durability`], what a reply promising durability waits for.
+//! - [`replies`]: [`ReplyQueue`], a connection's ordered queue of replies waiting for
+//!   durability and publisher flow control.
 //! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
 //!   requeue, TTL, length limits, dead-lettering.
@@ -50,6 +52,7 @@ pub mod message;
 pub mod outbox;
 pub mod password;
 pub mod queue;
+pub mod replies;
 pub mod reserved;
 pub mod routing;
 pub mod throttle;
@@ -66,6 +69,7 @@ pub use message::{Message, Properties};
 pub use outbox::{Backpressure, CreditGate, Delivery, OutEvent, Outbox};
 pub use password::{HashError, PasswordHash};
 pub use queue::{ConsumeRequest, ConsumerHandle, Queue, QueueArgs};
+pub use replies::ReplyQueue;
 pub use routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 pub use value::{FieldTable, FieldValue};
 pub use vhost::{Publish, Published, QueueDeclare, QueueDeclareOk, Vhost};

@@ -955,30 +955,12 @@ impl Session {
             self.send_return(id, &ex, &rk, &props, &body);
         }
         // a throttled queue holds the confirm (or, without confirms, what follows)
-        let flow = res.backpressure.map(crate::confirms::flow_wait);
-        match (seq, res.durable, flow) {
-            (Some(seq), None, None) => self.confirms.push(id, seq, !res.rejected, None),
-            (Some(seq), Some(d), None) => self.confirms.push(
-                id,
-                seq,
-                !res.rejected,
-                Some(Box::pin(async move { d.await.is_ok() })),
-            ),
-            (Some(seq), d, Some(flow)) => self.confirms.push(
-                id,
-                seq,
-                !res.rejected,
-                Some(Box::pin(async move {
-                    let ok = match d {
-                        Some(d) => d.await.is_ok(),
-                        None => true,
-                    };
-                    flow.await;
-                    ok
-                })),
-            ),
-            (None, _, Some(flow)) => self.confirms.push_hold(id, flow),
-            (None, _, None) => {}
+        match (seq, res.backpressure) {
+            (Some(seq), flow) => self
+                .confirms
+                .push(id, seq, !res.rejected, res.durable, flow),
+            (None, Some(flow)) => self.confirms.push_hold(flow),
+            (None, None) => {}
         }
         Ok(())
     }

@@ -278,7 +278,7 @@ where
         // the buffer the stall is ours, and the peer is not blamed for it.
         let holding = blocked && session.has_published();
         // Publisher flow control (`confirms`): throttled publishes past MAX_HOLDS.
-        let flow_held = session.confirms().holds() >= crate::confirms::MAX_HOLDS;
+        let flow_held = session.confirms().is_holding();
         let reading = (!holding || rbuf.len() < HELD_READ_MAX) && !flow_held;
         if !reading {
             last_read = Instant::now();

@@ -9,12 +9,11 @@
 //!
 //! Publisher flow control: a publish that went to a queue whose consumers fall behind
 //! comes back from the core with a [`Backpressure`]; its PUBACK / PUBREC (or, at QoS 0,
-//! an empty entry) waits in the same ordered queue until the backlog drains or
-//! [`FLOW_MAX_WAIT`] passes. The socket is still read meanwhile (acks of this client's
+//! a hold) waits in the same ordered queue until the backlog drains or
+//! [`triad_core::replies::FLOW_MAX_WAIT`] passes. The socket is still read meanwhile (acks of this client's
 //! own deliveries must get through, or two clients feeding each other would deadlock)
 //! until [`MAX_PENDING`] responses wait; a client's in-flight window stops it sooner.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -27,7 +26,7 @@ use triad_core::queue::Queue;
 use triad_core::{
     Backpressure, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials, Durability,
     FieldTable, FieldValue, Link, LoginRefused, OutEvent, Outbox, Peer, Properties, Protocol,
-    Publish, QueueDeclare,
+    Publish, QueueDeclare, ReplyQueue,
 };
 
 use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
@@ -56,11 +55,6 @@ const RETAINED_BATCH: usize = 64 << 10;
 /// routing key it maps to must fit in (as RabbitMQ's MQTT plugin and the STOMP adapter);
 /// also what one subscription's binding key may cost.
 pub const MAX_TOPIC_LEN: usize = 255;
-
-/// Longest a publish is held back by a throttled queue. Bounded so that a consumer that
-/// never acks (or a cycle of clients that publish to each other) slows its publishers
-/// down to their in-flight window per this period instead of stopping them.
-const FLOW_MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// CONNACK return codes.
 const ACCEPTED: u8 = 0;
@@ -397,7 +391,7 @@ where
         clean: connect.clean_session,
         session,
         topic_cache: None,
-        pending: VecDeque::new(),
+        pending: ReplyQueue::default(),
         outbox: Outbox::new((ctx.limits.max_inflight as usize).max(64)),
         consumer: None,
         prefetch: window,
@@ -554,23 +548,12 @@ fn open_session(
 /// A routing key, its MQTT topic and the QoS granted for it (`None`: no filter matches).
 type TopicCache = (Arc<str>, String, Option<u8>);
 
-/// Responses waiting for the store or for publisher flow control.
-struct Pending {
-    durables: Vec<Durability>,
+/// A response waiting in the connection's [`ReplyQueue`] for the store or for
+/// publisher flow control.
+struct Reply {
     packets: Vec<Packet>,
     /// Filters (with their granted QoS) whose retained messages follow the packets.
     retained: Vec<(String, u8)>,
-    /// Held until the queues are clear again or the deadline passes.
-    throttle: Option<(Backpressure, tokio::time::Instant)>,
-}
-
-impl Pending {
-    fn ready(&self) -> bool {
-        self.durables.iter().all(|d| d.is_durable())
-            && self.throttle.as_ref().is_none_or(|(b, deadline)| {
-                b.is_clear() || tokio::time::Instant::now() >= *deadline
-            })
-    }
 }
 
 struct Conn {
@@ -587,7 +570,8 @@ struct Conn {
     /// (cleared when the subscriptions change): fan-out delivers one key many times.
     /// Boxed: an idle connection keeps a pointer, not the entry.
     topic_cache: Option<Box<TopicCache>>,
-    pending: VecDeque<Pending>,
+    /// Responses in order (the core's one ordered reply queue).
+    pending: ReplyQueue<Reply>,
     /// Where the subscription queue delivers.
     outbox: Arc<Outbox>,
     /// Consuming the subscription queue: from CONNECT for a persistent session, from the
@@ -610,28 +594,6 @@ fn out(wbuf: &mut BytesMut) -> &mut BytesMut {
         wbuf.reserve(4096);
     }
     wbuf
-}
-
-/// Completes when the oldest pending response's messages are on disk and its queues
-/// are no longer throttled (or it waited long enough).
-async fn front_ready(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
-    if let Some(p) = pending.front_mut() {
-        for d in p.durables.iter_mut() {
-            d.await.map_err(|e| MqttError::Store(e.to_string()))?;
-        }
-        if let Some((b, deadline)) = &p.throttle {
-            // boxed: the timer and the queue waits would otherwise widen every
-            // connection task by their size, throttled or not (idle RSS per connection)
-            Box::pin(async move {
-                tokio::select! {
-                    _ = b.wait() => {}
-                    _ = tokio::time::sleep_until(*deadline) => {}
-                }
-            })
-            .await;
-        }
-    }
-    Ok(())
 }
 
 impl Conn {
@@ -657,6 +619,7 @@ impl Conn {
         let sleep = tokio::time::sleep(ka.unwrap_or(far));
         tokio::pin!(sleep);
         let mut evs = Vec::new();
+        let mut settled = Vec::new();
         'outer: loop {
             loop {
                 match codec::decode(rbuf, &self.limits) {
@@ -675,7 +638,9 @@ impl Conn {
                     Err(e) => break 'outer End::Error(e.into()),
                 }
             }
-            self.flush_pending();
+            if let Err(e) = self.flush_pending(&mut settled) {
+                break 'outer End::Error(e);
+            }
             self.feed_retained();
             // Each delivery takes at most one packet identifier: take no more than the
             // window has room for. The rest wait in the outbox (bounded; the core's
@@ -738,11 +703,7 @@ impl Conn {
                     Err(e) => break End::Error(e.into()),
                 },
                 _ = outbox.notified(), if self.window_room() > 0 => {}
-                r = front_ready(&mut self.pending), if !self.pending.is_empty() => {
-                    if let Err(e) = r {
-                        break End::Error(e);
-                    }
-                }
+                done = self.pending.ready(), if !self.pending.is_empty() => settled = done,
                 _ = &mut sleep, if ka.is_some() && !alarm_blocked => break End::Error(MqttError::Timeout("keep alive")),
             }
         }
@@ -762,27 +723,23 @@ impl Conn {
         throttle: Option<Backpressure>,
         retained: Vec<(String, u8)>,
     ) {
-        let durables: Vec<Durability> = durables.into_iter().filter(|d| !d.is_durable()).collect();
-        let throttle = throttle
-            .filter(|b| !b.is_clear())
-            .map(|b| (b, tokio::time::Instant::now() + FLOW_MAX_WAIT));
-        if packets.is_empty() && durables.is_empty() && throttle.is_none() {
-            return;
-        }
-        if self.pending.is_empty() && durables.is_empty() && throttle.is_none() {
-            for p in &packets {
-                codec::encode(p, out(&mut self.wbuf));
+        let throttle = throttle.filter(|b| !b.is_clear());
+        let on_disk = durables.iter().all(|d| d.is_durable());
+        match throttle {
+            None if on_disk && packets.is_empty() => {}
+            None if on_disk && self.pending.is_empty() => {
+                for p in &packets {
+                    codec::encode(p, out(&mut self.wbuf));
+                }
+                for (f, q) in &retained {
+                    self.retained.push(f, *q);
+                }
             }
-            for (f, q) in &retained {
-                self.retained.push(f, *q);
-            }
-        } else {
-            self.pending.push_back(Pending {
-                durables,
-                packets,
-                retained,
-                throttle,
-            });
+            // nothing to answer (QoS 0): the throttled queue holds what follows
+            Some(b) if packets.is_empty() && retained.is_empty() => self.pending.hold(b),
+            throttle => self
+                .pending
+                .push(Reply { packets, retained }, durables, throttle),
         }
     }
 
@@ -824,20 +781,22 @@ impl Conn {
 
     /// Encodes the responses whose messages are now on disk (and not held by flow
     /// control), in order.
-    fn flush_pending(&mut self) {
-        while let Some(front) = self.pending.front() {
-            if !front.ready() {
-                return;
+    /// `settled`: responses the driver's wait took out already; written first.
+    fn flush_pending(
+        &mut self,
+        settled: &mut Vec<(Reply, Result<(), CoreError>)>,
+    ) -> Result<(), MqttError> {
+        self.pending.take_ready(settled, None);
+        for (p, stored) in settled.drain(..) {
+            stored.map_err(|e| MqttError::Store(e.to_string()))?;
+            for pk in &p.packets {
+                codec::encode(pk, out(&mut self.wbuf));
             }
-            if let Some(p) = self.pending.pop_front() {
-                for pk in &p.packets {
-                    codec::encode(pk, out(&mut self.wbuf));
-                }
-                for (f, q) in &p.retained {
-                    self.retained.push(f, *q);
-                }
+            for (f, q) in &p.retained {
+                self.retained.push(f, *q);
             }
         }
+        Ok(())
     }
 
     /// Handles one packet; `true` on DISCONNECT.

@@ -2,7 +2,6 @@
 //! durability waits, heart-beat timers and shutdown. All protocol decisions are the
 //! [`Session`]'s; this file only moves bytes and keeps time.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,11 +11,11 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use triad_core::Broker;
+use triad_core::{Broker, CoreError, ReplyQueue};
 
 use crate::codec::{self, Limits, HEARTBEAT};
 use crate::frame::Frame;
-use crate::session::{Action, Caps, DurableWait, Session, SessionConfig, MAX_HOLDS};
+use crate::session::{Action, Caps, Session, SessionConfig};
 use triad_core::io::read_some;
 
 /// Everything a STOMP connection needs from the process.
@@ -133,21 +132,6 @@ where
     }
 }
 
-struct Pending {
-    durable: Option<DurableWait>,
-    /// `None`: a flow-control hold ([`Action::Hold`]), nothing to write.
-    frame: Option<Frame>,
-}
-
-/// Waits for the durability of the oldest pending receipt (forever if it has none:
-/// the loop pops those before waiting). Cancel-safe: the future is polled in place.
-async fn wait_head(q: &mut VecDeque<Pending>) -> Result<(), String> {
-    match q.front_mut().and_then(|p| p.durable.as_mut()) {
-        Some(f) => f.as_mut().await,
-        None => std::future::pending().await,
-    }
-}
-
 async fn run<S>(stream: &mut S, session: &mut Session, ctx: &StompContext) -> Result<(), ServeError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
@@ -161,9 +145,11 @@ where
     let mut wbuf = BytesMut::new();
     let mut actions: Vec<Action> = Vec::new();
     let mut events = Vec::new();
-    let mut receipts: VecDeque<Pending> = VecDeque::new();
-    // flow-control holds among `receipts`
-    let mut holds = 0usize;
+    // RECEIPTs waiting for the disk or for a throttled queue, in order, and flow-control
+    // holds (the core's one ordered reply queue)
+    let mut receipts: ReplyQueue<Frame> = ReplyQueue::default();
+    // receipts that left `receipts`, to write
+    let mut settled: Vec<(Frame, Result<(), CoreError>)> = Vec::new();
     let mut disconnecting = false;
     let mut closing = false;
     let handshake_deadline = Instant::now() + ctx.handshake_timeout;
@@ -202,29 +188,39 @@ where
                 // keep order with what is already written unless a durable wait is ahead
                 Action::Receipt {
                     durable: None,
+                    flow: None,
                     frame,
                 } if receipts.is_empty() => codec::encode_with(&frame, &mut wbuf, dialect),
-                Action::Receipt { durable, frame } => receipts.push_back(Pending {
+                Action::Receipt {
                     durable,
-                    frame: Some(frame),
-                }),
-                Action::Hold(wait) => {
-                    holds += 1;
-                    receipts.push_back(Pending {
-                        durable: Some(wait),
-                        frame: None,
-                    })
-                }
+                    flow,
+                    frame,
+                } => receipts.push(frame, durable, flow),
+                Action::Hold(flow) => receipts.hold(flow),
                 Action::Disconnect => disconnecting = true,
                 Action::Close => closing = true,
             }
         }
         if !closing {
-            while receipts.front().is_some_and(|p| p.durable.is_none()) {
-                match receipts.pop_front().and_then(|p| p.frame) {
-                    Some(frame) => codec::encode_with(&frame, &mut wbuf, dialect),
-                    None => holds = holds.saturating_sub(1),
+            receipts.take_ready(&mut settled, None);
+            let mut failed = None;
+            for (frame, r) in settled.drain(..) {
+                match r {
+                    Ok(()) => codec::encode_with(&frame, &mut wbuf, dialect),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
                 }
+            }
+            if let Some(e) = failed {
+                tracing::warn!(error = %e, "store failed to make a message durable");
+                session.error_and_close(
+                    "internal error",
+                    &format!("the message could not be stored: {e}"),
+                    &mut actions,
+                );
+                continue;
             }
         }
         if let Some(hold) = session.take_login_hold() {
@@ -273,7 +269,7 @@ where
         }
         let reading = !disconnecting
             && receipts.len() < MAX_PENDING_RECEIPTS
-            && holds < MAX_HOLDS
+            && !receipts.is_holding()
             && !alarm_blocked;
         let connected = session.is_connected();
         // One timer for the three deadlines (each `Sleep` in the `select!` below is
@@ -327,19 +323,7 @@ where
             }
             _ = outbox.notified(), if connected && !more_events => {}
             _ = std::future::ready(()), if connected && more_events => {}
-            r = wait_head(&mut receipts) => {
-                match r {
-                    Ok(()) => {
-                        if let Some(p) = receipts.front_mut() {
-                            p.durable = None;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "store failed to make a message durable");
-                        session.error_and_close("internal error", &format!("the message could not be stored: {e}"), &mut actions);
-                    }
-                }
-            }
+            done = receipts.ready(), if !receipts.is_empty() => settled = done,
             _ = sleep_until(timer.unwrap_or(far)), if timer.is_some() => {
                 let now = Instant::now();
                 if !connected && now >= handshake_deadline {

@@ -6,17 +6,15 @@
 //! timers and the waiting on durability.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use triad_core::{
     Backpressure, Broker, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials,
-    Delivery, FieldTable, FieldValue, Link, OutEvent, Outbox, Peer, Protocol, Publish, Queue,
-    QueueDeclare,
+    Delivery, Durability, FieldTable, FieldValue, Link, OutEvent, Outbox, Peer, Protocol, Publish,
+    Queue, QueueDeclare,
 };
 
 use crate::codec::{DecodeError, Dialect, Limits};
@@ -24,44 +22,26 @@ use crate::destination::Destination;
 use crate::frame::{Command, Frame};
 use crate::mapping::{self, MessageMeta};
 
-/// Completes once a published message is durable (`Err`: the store failed).
-pub type DurableWait = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-
-/// Longest a publish is held back by a throttled queue (as MQTT's and AMQP's): a
-/// consumer that never acks slows its publishers down instead of stopping them.
-pub const FLOW_MAX_WAIT: Duration = Duration::from_secs(1);
-
-/// Flow-control holds ([`Action::Hold`]) waiting before the socket is no longer read.
-pub const MAX_HOLDS: usize = 1024;
-
-/// Completes once `b` is clear or [`FLOW_MAX_WAIT`] has passed (made only for a
-/// throttled publish).
-pub fn flow_wait(b: Backpressure) -> DurableWait {
-    Box::pin(async move {
-        tokio::select! {
-            _ = b.wait() => {}
-            _ = tokio::time::sleep(FLOW_MAX_WAIT) => {}
-        }
-        Ok(())
-    })
-}
-
 /// What the driver must do.
 pub enum Action {
     /// Write this frame now.
     Send(Frame),
-    /// Write this RECEIPT once `durable` (if any) completes and every earlier receipt
-    /// has been written: receipts keep the order of the frames they answer.
+    /// Write this RECEIPT once `durable` (if any) completes, `flow` (a throttled
+    /// queue, if any) clears or `FLOW_MAX_WAIT` passes, and every earlier receipt has
+    /// been written: receipts keep the order of the frames they answer (the core's
+    /// [`triad_core::ReplyQueue`]).
     Receipt {
-        /// What to wait for first.
-        durable: Option<DurableWait>,
+        /// What to wait for first: the message (or the transaction) on disk.
+        durable: Option<Durability>,
+        /// Publisher flow control: the queues that throttle this SEND.
+        flow: Option<Backpressure>,
         /// The RECEIPT frame.
         frame: Frame,
     },
     /// Publisher flow control: a SEND without a receipt went to a queue whose
-    /// consumers fall behind. Later receipts wait behind this until it completes
-    /// ([`flow_wait`]); while [`MAX_HOLDS`] of these wait, the socket is not read.
-    Hold(DurableWait),
+    /// consumers fall behind. Later receipts wait behind this until it clears (or
+    /// `FLOW_MAX_WAIT` passes); while `MAX_HOLDS` of these wait, the socket is not read.
+    Hold(Backpressure),
     /// DISCONNECT: close once the pending receipts are written.
     Disconnect,
     /// Close now, after writing what is already queued (follows an ERROR).
@@ -72,11 +52,16 @@ impl std::fmt::Debug for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Action::Send(fr) => write!(f, "Send({})", fr.command),
-            Action::Receipt { durable, frame } => write!(
+            Action::Receipt {
+                durable,
+                flow,
+                frame,
+            } => write!(
                 f,
-                "Receipt({:?}, waits: {})",
+                "Receipt({:?}, waits: {}, held: {})",
                 frame.header("receipt-id"),
-                durable.is_some()
+                durable.is_some(),
+                flow.is_some()
             ),
             Action::Hold(_) => f.write_str("Hold"),
             Action::Disconnect => f.write_str("Disconnect"),
@@ -443,6 +428,7 @@ impl Session {
                 if let Some(r) = &receipt {
                     out.push(Action::Receipt {
                         durable: None,
+                        flow: None,
                         frame: receipt_frame(r),
                     });
                 }
@@ -468,6 +454,7 @@ impl Session {
                 ) {
                     out.push(Action::Receipt {
                         durable: None,
+                        flow: None,
                         frame: receipt_frame(&r),
                     });
                 }
@@ -568,6 +555,7 @@ impl Session {
         if let Some(r) = f.header("receipt") {
             out.push(Action::Receipt {
                 durable: None,
+                flow: None,
                 frame: receipt_frame(r),
             });
         }
@@ -607,6 +595,7 @@ impl Session {
             if let Some(r) = receipt {
                 out.push(Action::Receipt {
                     durable: None,
+                    flow: None,
                     frame: receipt_frame(&r),
                 });
             }
@@ -614,19 +603,10 @@ impl Session {
         }
         let (durable, flow) = self.publish(&f, dest, props)?;
         // a throttled queue holds the receipt (or, without one, what follows)
-        let flow = flow.map(flow_wait);
         match (receipt, flow) {
-            (Some(r), None) => out.push(Action::Receipt {
+            (Some(r), flow) => out.push(Action::Receipt {
                 durable,
-                frame: receipt_frame(&r),
-            }),
-            (Some(r), Some(flow)) => out.push(Action::Receipt {
-                durable: Some(Box::pin(async move {
-                    if let Some(d) = durable {
-                        d.await?;
-                    }
-                    flow.await
-                })),
+                flow,
                 frame: receipt_frame(&r),
             }),
             (None, Some(flow)) => out.push(Action::Hold(flow)),
@@ -642,7 +622,7 @@ impl Session {
         f: &Frame,
         dest: Destination,
         mut props: triad_core::Properties,
-    ) -> Res<(Option<DurableWait>, Option<Backpressure>)> {
+    ) -> Res<(Option<Durability>, Option<Backpressure>)> {
         if let Some(rt) = props.reply_to.as_deref() {
             if let Some(t) = rt.strip_prefix("/temp-queue/") {
                 let t = t.to_string();
@@ -668,10 +648,7 @@ impl Session {
             body: f.body.clone(),
             conn: self.conn,
         })?;
-        let durable = published.durable.map(|d| -> DurableWait {
-            Box::pin(async move { d.await.map_err(|e| e.to_string()) })
-        });
-        Ok((durable, published.backpressure))
+        Ok((published.durable, published.backpressure))
     }
 
     /// Declares durable queue `q` unless it exists already. Configure permission on
@@ -1031,21 +1008,20 @@ impl Session {
                 TxOp::Nack(n) => self.settle(&n, false),
             }
         }
-        let hold = hold.map(flow_wait);
         if let Some(r) = f.header("receipt") {
-            waits.extend(hold);
-            let durable: Option<DurableWait> = if waits.is_empty() {
-                None
-            } else {
-                Some(Box::pin(async move {
+            let durable = match waits.len() {
+                0 => None,
+                1 => waits.pop(),
+                _ => Some(Durability::from_future(async move {
                     for w in waits {
                         w.await?;
                     }
                     Ok(())
-                }))
+                })),
             };
             out.push(Action::Receipt {
                 durable,
+                flow: hold,
                 frame: receipt_frame(r),
             });
         } else if let Some(hold) = hold {
