@@ -5,8 +5,8 @@
 //! Modules:
 //! - [`value`]: [`FieldValue`] and the ordered [`FieldTable`], AMQP 0-9-1's header and
 //!   argument model as RabbitMQ uses it.
-//! - [`message`]: [`Message`] and its [`Properties`] (AMQP basic properties), with the
-//!   compact, versioned encoding the store keeps in each commitlog record.
+//! - [`message`]: a message's [`Properties`] (AMQP basic properties), with the compact,
+//!   versioned encoding the store keeps in each commitlog record.
 //! - [`routing`]: exchange kinds, binding tables, the topic trie, the headers match
 //!   rule, and a vhost's [`Topology`], which resolves a publish to its set of queues.
 //! - [`error`]: [`CoreError`], one variant per condition the adapters map.
@@ -65,7 +65,7 @@ pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserCon
 pub use durability::Durability;
 pub use error::{CoreError, ResourceKind};
 pub use link::{Authenticated, Credentials, Link, LoginRefused, LoginStage, Peer, Protocol};
-pub use message::{Message, Properties};
+pub use message::Properties;
 pub use outbox::{Backpressure, CreditGate, Delivery, OutEvent, Outbox};
 pub use password::{HashError, PasswordHash};
 pub use queue::{ConsumeRequest, ConsumerHandle, Queue, QueueArgs};

@@ -13,8 +13,8 @@ use triad_core::{
 };
 
 use crate::codec::{Frame, FRAME_OVERHEAD};
-use crate::convert::{properties_from_wire, properties_to_wire, short, table_from_wire};
 use crate::errors::{self, AmqpError, Scope};
+use crate::mapping::{properties_from_wire, properties_to_wire, short, table_from_wire};
 use crate::session::{Login, Session};
 
 /// A delivery awaiting ack.
@@ -751,7 +751,7 @@ impl Session {
                 return Err(e.into());
             }
         };
-        let mut durable: Vec<crate::confirms::Durable> = Vec::new();
+        let mut durable: Vec<crate::confirms::CommitWait> = Vec::new();
         for (res, ret) in results.into_iter().zip(returns) {
             if let (false, Some((ex, rk, props, body))) = (res.routed, ret) {
                 self.send_return(id, &ex, &rk, &props, &body);

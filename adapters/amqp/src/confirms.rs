@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 use triad_core::{Backpressure, CoreError, Durability, ReplyQueue};
 
 /// A wait given as a plain future (`true` = flushed), for `tx.commit-ok`.
-pub type Durable = Pin<Box<dyn Future<Output = bool> + Send>>;
+pub type CommitWait = Pin<Box<dyn Future<Output = bool> + Send>>;
 
 /// One confirm as it leaves the FIFO.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl ConfirmQueue {
 
     /// Adds a `tx.commit-ok` that waits for every one of `durable` (the transaction's
     /// persistent messages in durable queues).
-    pub fn push_commit(&mut self, channel: u16, durable: Vec<Durable>) {
+    pub fn push_commit(&mut self, channel: u16, durable: Vec<CommitWait>) {
         let s = Settled {
             channel,
             seq: 0,

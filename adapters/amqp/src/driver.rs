@@ -16,7 +16,6 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use triad_core::Broker;
 
 use crate::codec::{self, HeaderCheck, PROTOCOL_HEADER};
@@ -67,10 +66,12 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     // An async block using its captures in place: an async fn would keep its arguments
-    // twice (as captured and as locals) for as long as the connection lives.
-    let span = tracing::debug_span!("conn", %peer, proto = "amqp");
+    // twice (as captured and as locals) for as long as the connection lives. No span
+    // of its own: the user and vhost are recorded in the current one (the listener's
+    // `conn` span), as STOMP and MQTT do; a second span would cost each connection a
+    // registry slot.
     let mut stream = stream;
-    async move { run(&mut stream, peer, &ctx).await }.instrument(span)
+    async move { run(&mut stream, peer, &ctx).await }
 }
 
 async fn run<S>(stream: &mut S, peer: SocketAddr, ctx: &AmqpContext) -> Result<(), ServeError>

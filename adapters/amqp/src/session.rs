@@ -22,8 +22,8 @@ use triad_core::{
 use crate::channel::Channel;
 use crate::codec::{self, EncodeError, Frame, FrameError, Limits};
 use crate::confirms::{ConfirmQueue, Settled};
-use crate::convert::short;
 use crate::errors::{self, AmqpError, Scope};
+use crate::mapping::short;
 use crate::AmqpConfig;
 
 /// The hasher for the session's per-delivery lookups (channel ids, consumer tags): a
@@ -450,7 +450,11 @@ impl Session {
                     };
                     AmqpError::connection(errors::NOT_ALLOWED, detail).on(cid, mid)
                 })?;
-                tracing::debug!(conn = self.conn, vhost = name, "connection open");
+                // the connection's span (the listener's) gets who it is
+                let span = tracing::Span::current();
+                span.record("user", link.user());
+                span.record("vhost", name);
+                tracing::debug!(conn = self.conn, "connection open");
                 self.login = Login::Open(link);
                 self.state = State::Open;
                 self.send(

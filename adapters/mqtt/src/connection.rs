@@ -74,9 +74,9 @@ enum End {
 }
 
 /// Serves one MQTT connection until it closes. Errors are what the peer did wrong or
-/// I/O failures; log them at `debug`. The client id and user are recorded as `client`
-/// and `user` in the current span (the listener's `conn` span): a span of its own cost
-/// each idle connection a second registry slot.
+/// I/O failures; log them at `debug`. The client id, user and vhost are recorded as
+/// `client`, `user` and `vhost` in the current span (the listener's `conn` span): a
+/// span of its own cost each idle connection a second registry slot.
 // Not an `async fn` on purpose (see the comment inside).
 #[allow(clippy::manual_async_fn)]
 pub fn serve<S>(
@@ -271,7 +271,9 @@ where
             return Ok(None);
         }
     };
-    tracing::Span::current().record("user", link.user());
+    let span = tracing::Span::current();
+    span.record("user", link.user());
+    span.record("vhost", vhost_name.as_str());
 
     // client id [MQTT-3.1.3-6], [MQTT-3.1.3-8]
     let mut client_id = connect.client_id.clone();
@@ -619,7 +621,6 @@ impl Conn {
         let sleep = tokio::time::sleep(ka.unwrap_or(far));
         tokio::pin!(sleep);
         let mut evs = Vec::new();
-        let mut settled = Vec::new();
         'outer: loop {
             loop {
                 match codec::decode(rbuf, &self.limits) {
@@ -638,7 +639,7 @@ impl Conn {
                     Err(e) => break 'outer End::Error(e.into()),
                 }
             }
-            if let Err(e) = self.flush_pending(&mut settled) {
+            if let Err(e) = self.flush_pending() {
                 break 'outer End::Error(e);
             }
             self.feed_retained();
@@ -703,7 +704,11 @@ impl Conn {
                     Err(e) => break End::Error(e.into()),
                 },
                 _ = outbox.notified(), if self.window_room() > 0 => {}
-                done = self.pending.ready(), if !self.pending.is_empty() => settled = done,
+                done = self.pending.ready(), if !self.pending.is_empty() => {
+                    if let Err(e) = self.write_replies(done) {
+                        break End::Error(e);
+                    }
+                }
                 _ = &mut sleep, if ka.is_some() && !alarm_blocked => break End::Error(MqttError::Timeout("keep alive")),
             }
         }
@@ -781,13 +786,18 @@ impl Conn {
 
     /// Encodes the responses whose messages are now on disk (and not held by flow
     /// control), in order.
-    /// `settled`: responses the driver's wait took out already; written first.
-    fn flush_pending(
+    fn flush_pending(&mut self) -> Result<(), MqttError> {
+        let mut ready = Vec::new();
+        self.pending.take_ready(&mut ready, None);
+        self.write_replies(ready)
+    }
+
+    /// Encodes responses that left the reply queue, in order.
+    fn write_replies(
         &mut self,
-        settled: &mut Vec<(Reply, Result<(), CoreError>)>,
+        ready: Vec<(Reply, Result<(), CoreError>)>,
     ) -> Result<(), MqttError> {
-        self.pending.take_ready(settled, None);
-        for (p, stored) in settled.drain(..) {
+        for (p, stored) in ready {
             stored.map_err(|e| MqttError::Store(e.to_string()))?;
             for pk in &p.packets {
                 codec::encode(pk, out(&mut self.wbuf));

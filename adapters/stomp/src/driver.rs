@@ -132,6 +132,30 @@ where
     }
 }
 
+/// Encodes RECEIPTs that left the reply queue, in order; on a store failure, an ERROR
+/// and close instead (`true`: `actions` holds them).
+fn write_receipts(
+    ready: Vec<(Frame, Result<(), CoreError>)>,
+    session: &mut Session,
+    wbuf: &mut BytesMut,
+    actions: &mut Vec<Action>,
+) -> bool {
+    let dialect = session.dialect();
+    for (frame, stored) in ready {
+        if let Err(e) = stored {
+            tracing::warn!(error = %e, "store failed to make a message durable");
+            session.error_and_close(
+                "internal error",
+                &format!("the message could not be stored: {e}"),
+                actions,
+            );
+            return true;
+        }
+        codec::encode_with(&frame, wbuf, dialect);
+    }
+    false
+}
+
 async fn run<S>(stream: &mut S, session: &mut Session, ctx: &StompContext) -> Result<(), ServeError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
@@ -148,8 +172,7 @@ where
     // RECEIPTs waiting for the disk or for a throttled queue, in order, and flow-control
     // holds (the core's one ordered reply queue)
     let mut receipts: ReplyQueue<Frame> = ReplyQueue::default();
-    // receipts that left `receipts`, to write
-    let mut settled: Vec<(Frame, Result<(), CoreError>)> = Vec::new();
+
     let mut disconnecting = false;
     let mut closing = false;
     let handshake_deadline = Instant::now() + ctx.handshake_timeout;
@@ -201,25 +224,10 @@ where
                 Action::Close => closing = true,
             }
         }
-        if !closing {
-            receipts.take_ready(&mut settled, None);
-            let mut failed = None;
-            for (frame, r) in settled.drain(..) {
-                match r {
-                    Ok(()) => codec::encode_with(&frame, &mut wbuf, dialect),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            if let Some(e) = failed {
-                tracing::warn!(error = %e, "store failed to make a message durable");
-                session.error_and_close(
-                    "internal error",
-                    &format!("the message could not be stored: {e}"),
-                    &mut actions,
-                );
+        if !closing && !receipts.is_empty() {
+            let mut ready = Vec::new();
+            receipts.take_ready(&mut ready, None);
+            if write_receipts(ready, session, &mut wbuf, &mut actions) {
                 continue;
             }
         }
@@ -323,7 +331,9 @@ where
             }
             _ = outbox.notified(), if connected && !more_events => {}
             _ = std::future::ready(()), if connected && more_events => {}
-            done = receipts.ready(), if !receipts.is_empty() => settled = done,
+            done = receipts.ready(), if !receipts.is_empty() && !closing => {
+                write_receipts(done, session, &mut wbuf, &mut actions);
+            }
             _ = sleep_until(timer.unwrap_or(far)), if timer.is_some() => {
                 let now = Instant::now();
                 if !connected && now >= handshake_deadline {

@@ -187,7 +187,8 @@ struct Subscription {
     durable_queue: Option<String>,
 }
 
-struct Pending {
+/// A delivery awaiting ACK / NACK (AMQP's `channel::Unacked` plus its message-id).
+struct Unacked {
     queue: Arc<Queue>,
     offset: u64,
     message_id: String,
@@ -195,7 +196,7 @@ struct Pending {
 
 struct Ledger {
     mode: AckMode,
-    pending: BTreeMap<u64, Pending>,
+    pending: BTreeMap<u64, Unacked>,
 }
 
 enum TxOp {
@@ -947,7 +948,7 @@ impl Session {
         let Some(ledger) = self.ledgers.get_mut(&sub) else {
             return;
         };
-        let taken: Vec<Pending> = if ledger.mode == AckMode::Client {
+        let taken: Vec<Unacked> = if ledger.mode == AckMode::Client {
             let rest = ledger.pending.split_off(&(seq + 1));
             std::mem::replace(&mut ledger.pending, rest)
                 .into_values()
@@ -1099,7 +1100,7 @@ impl Session {
                 .insert(message_id.clone(), (sub_id.to_string(), seq));
             ledger.pending.insert(
                 seq,
-                Pending {
+                Unacked {
                     queue: d.queue.clone(),
                     offset: d.offset,
                     message_id,
@@ -1120,7 +1121,7 @@ impl Session {
         for ev in self.outbox.close() {
             if let OutEvent::Deliver(d) = ev {
                 if d.needs_ack {
-                    back.push(Pending {
+                    back.push(Unacked {
                         queue: d.queue,
                         offset: d.offset,
                         message_id: String::new(),
