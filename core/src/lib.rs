@@ -28,6 +28,7 @@
 //! - [`reserved`]: the names the broker keeps for itself (its own state's queues,
 //!   `$SYS` topics), which no client can address.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
+//! - [`testing`]: `eventually`, the polling wait tests use instead of sleeping.
 //! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while
 //!   the peer is idle).
 //! - `encoding` (private): the bounds-checked storage encoding of values.
@@ -55,6 +56,7 @@ pub mod queue;
 pub mod replies;
 pub mod reserved;
 pub mod routing;
+pub mod testing;
 pub mod throttle;
 pub mod value;
 pub mod vhost;
