@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use triad_store::journal::{key_parts, KeyBuilder, MetaOp};
@@ -13,6 +12,7 @@ use triad_store::store::Store;
 use crate::access::{Permission, TopicPermission, VhostAccess};
 use crate::alarm::Alarms;
 use crate::error::CoreError;
+use crate::link::{Authenticated, Credentials, Link, LoginRefused, LoginStage, Peer, Protocol};
 use crate::password::PasswordHash;
 use crate::throttle::LoginThrottle;
 use crate::vhost::Vhost;
@@ -169,6 +169,13 @@ pub struct ConnectionSlot {
     counts: Arc<Mutex<HashMap<String, u32>>>,
 }
 
+impl ConnectionSlot {
+    /// The user's name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+}
+
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
@@ -284,17 +291,103 @@ impl Broker {
         }
     }
 
-    /// Records a refused login from `peer` as `user`; returns how long to wait before
-    /// answering it: `delay` (`auth.failed_login_delay`) after the previous refusal for
-    /// the same address or user name, so that parallel connections get no more guesses
-    /// than one ([`crate::throttle`]).
-    pub fn login_failed(&self, peer: IpAddr, user: &str, delay: Duration) -> Duration {
-        self.logins.failed(peer, user, delay)
+    /// Logs a connection in and opens `vhost` for it: the credentials, then the user's
+    /// permissions in the vhost, then a free connection slot. Every refusal is counted
+    /// by the failed-login throttle, whichever step made it (a refusal made once the
+    /// password was accepted must look like a bad password: same delay).
+    pub fn login(
+        &self,
+        credentials: Credentials<'_>,
+        peer: Peer,
+        vhost: &str,
+        proto: Protocol,
+    ) -> Result<Link, LoginRefused> {
+        let auth = self.check_credentials(credentials, peer)?;
+        self.link(auth, vhost, proto)
+            .map_err(|(stage, reason)| LoginRefused {
+                reason,
+                stage,
+                hold: self.logins.failed(
+                    peer.addr,
+                    credentials.throttle_name(),
+                    peer.failed_login_delay,
+                ),
+            })
+    }
+
+    /// The first half of [`Broker::login`], for a protocol that names the vhost later
+    /// (AMQP's `connection.open`): checks the credentials only. A refusal is counted
+    /// by the failed-login throttle.
+    pub fn check_credentials(
+        &self,
+        credentials: Credentials<'_>,
+        peer: Peer,
+    ) -> Result<Authenticated, LoginRefused> {
+        let checked = match credentials {
+            Credentials::Password { user, password } => {
+                self.authenticate(user, password, peer.addr)
+            }
+            Credentials::Certificate { user } => self.authenticate_external(user, peer.addr),
+            Credentials::Anonymous { user: Some(user) } => {
+                self.authenticate_anonymous(user, peer.addr)
+            }
+            Credentials::Anonymous { user: None } => Err(CoreError::AccessRefused(
+                "anonymous login is not accepted from this peer".into(),
+            )),
+        };
+        checked
+            .map(|user| Authenticated {
+                user,
+                conn: peer.conn,
+            })
+            .map_err(|reason| LoginRefused {
+                reason,
+                stage: LoginStage::Credentials,
+                hold: self.logins.failed(
+                    peer.addr,
+                    credentials.throttle_name(),
+                    peer.failed_login_delay,
+                ),
+            })
+    }
+
+    /// The second half of [`Broker::login`]: opens `vhost` for a user whose
+    /// credentials were accepted. [`CoreError::NotAllowed`] when the vhost does not
+    /// exist, the user has no permissions in it, or is at its connection limit (AMQP
+    /// 530 on `connection.open`); not counted as a failed login.
+    pub fn open_link(
+        &self,
+        auth: Authenticated,
+        vhost: &str,
+        proto: Protocol,
+    ) -> Result<Link, CoreError> {
+        self.link(auth, vhost, proto).map_err(|(_, e)| e)
+    }
+
+    fn link(
+        &self,
+        auth: Authenticated,
+        vhost: &str,
+        proto: Protocol,
+    ) -> Result<Link, (LoginStage, CoreError)> {
+        let Authenticated { user, conn } = auth;
+        let access = self
+            .vhost_access(&user, vhost)
+            .map_err(|e| (LoginStage::Vhost, e))?;
+        let vh = self.vhost(vhost).map_err(|e| (LoginStage::Vhost, e))?;
+        let slot = self
+            .connection_slot(&user)
+            .map_err(|e| (LoginStage::ConnectionLimit, e))?;
+        Ok(Link::new(vh, access, conn, proto, slot))
     }
 
     /// Logs a user in whose identity a verified TLS client certificate proves
     /// (SASL EXTERNAL, STOMP / MQTT `ssl_cert_login`): the user must exist; no password.
-    pub fn authenticate_external(&self, user: &str, peer: IpAddr) -> Result<User, CoreError> {
+    pub(crate) fn authenticate_external(
+        &self,
+        user: &str,
+        peer: IpAddr,
+    ) -> Result<User, CoreError> {
         match self.cfg.users.iter().find(|u| u.name == user) {
             Some(u) => self.admit(u, peer),
             None => Err(CoreError::AccessRefused(format!(
@@ -306,7 +399,11 @@ impl Broker {
     /// An anonymous login (STOMP CONNECT without `login`, MQTT CONNECT without a user
     /// name) as `user`, which the shell chose by its `auth.anonymous` policy: the user
     /// must exist; no password is asked for, so none is checked (nor needs configuring).
-    pub fn authenticate_anonymous(&self, user: &str, peer: IpAddr) -> Result<User, CoreError> {
+    pub(crate) fn authenticate_anonymous(
+        &self,
+        user: &str,
+        peer: IpAddr,
+    ) -> Result<User, CoreError> {
         match self.cfg.users.iter().find(|u| u.name == user) {
             Some(u) => self.admit(u, peer),
             None => Err(CoreError::AccessRefused(format!(
@@ -331,7 +428,11 @@ impl Broker {
     /// Opening `vhost` as `user`: its rights there, or [`CoreError::NotAllowed`] when
     /// the vhost does not exist or the user has no permissions in it (AMQP 530 on
     /// connection.open, STOMP ERROR, MQTT CONNACK 5).
-    pub fn vhost_access(&self, user: &User, vhost: &str) -> Result<Arc<VhostAccess>, CoreError> {
+    pub(crate) fn vhost_access(
+        &self,
+        user: &User,
+        vhost: &str,
+    ) -> Result<Arc<VhostAccess>, CoreError> {
         let refused = || {
             tracing::info!(user = %user.name, vhost, "vhost access refused");
             CoreError::NotAllowed(format!(
@@ -350,7 +451,7 @@ impl Broker {
 
     /// Counts a new connection of `user` against `max_connections_per_user`;
     /// [`CoreError::NotAllowed`] when the user is at the limit.
-    pub fn connection_slot(&self, user: &User) -> Result<ConnectionSlot, CoreError> {
+    pub(crate) fn connection_slot(&self, user: &User) -> Result<ConnectionSlot, CoreError> {
         let max = self.cfg.max_connections_per_user;
         let mut counts = self.user_conns.lock().unwrap_or_else(|e| e.into_inner());
         let n = counts.entry(user.name.clone()).or_insert(0);

@@ -5,8 +5,8 @@
 //! Modules:
 //! - [`value`]: [`FieldValue`] and the ordered [`FieldTable`], AMQP 0-9-1's header and
 //!   argument model as RabbitMQ uses it.
-//! - [`message`]: [`Message`] and its [`Properties`] (AMQP basic properties), with the
-//!   compact, versioned encoding the store keeps in each commitlog record.
+//! - [`message`]: a message's [`Properties`] (AMQP basic properties), with the compact,
+//!   versioned encoding the store keeps in each commitlog record.
 //! - [`routing`]: exchange kinds, binding tables, the topic trie, the headers match
 //!   rule, and a vhost's [`Topology`], which resolves a publish to its set of queues.
 //! - [`error`]: [`CoreError`], one variant per condition the adapters map.
@@ -16,6 +16,11 @@
 //!   regexes per user and vhost, checked per operation by every adapter.
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
 //! - [`throttle`]: failed-login throttling per source address and per user name.
+//! - [`link`]: a connection's [`Link`], which login creates: user, vhost, permissions,
+//!   connection slot; check-and-act methods; teardown on drop.
+//! - [`durability`]: [`Durability`], what a reply promising durability waits for.
+//! - [`replies`]: [`ReplyQueue`], a connection's ordered queue of replies waiting for
+//!   durability and publisher flow control.
 //! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
 //!   requeue, TTL, length limits, dead-lettering.
@@ -23,6 +28,7 @@
 //! - [`reserved`]: the names the broker keeps for itself (its own state's queues,
 //!   `$SYS` topics), which no client can address.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
+//! - [`testing`]: `eventually`, the polling wait tests use instead of sleeping.
 //! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while
 //!   the peer is idle).
 //! - `encoding` (private): the bounds-checked storage encoding of values.
@@ -37,16 +43,20 @@
 pub mod access;
 pub mod alarm;
 pub mod broker;
+pub mod durability;
 mod encoding;
 pub mod envelope;
 pub mod error;
 pub mod io;
+pub mod link;
 pub mod message;
 pub mod outbox;
 pub mod password;
 pub mod queue;
+pub mod replies;
 pub mod reserved;
 pub mod routing;
+pub mod testing;
 pub mod throttle;
 pub mod value;
 pub mod vhost;
@@ -54,11 +64,14 @@ pub mod vhost;
 pub use access::{Access, Pattern, PatternError, Permission, TopicPermission, VhostAccess};
 pub use alarm::Alarms;
 pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig};
+pub use durability::Durability;
 pub use error::{CoreError, ResourceKind};
-pub use message::{Message, Properties};
+pub use link::{Authenticated, Credentials, Link, LoginRefused, LoginStage, Peer, Protocol};
+pub use message::Properties;
 pub use outbox::{Backpressure, CreditGate, Delivery, OutEvent, Outbox};
 pub use password::{HashError, PasswordHash};
 pub use queue::{ConsumeRequest, ConsumerHandle, Queue, QueueArgs};
+pub use replies::ReplyQueue;
 pub use routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 pub use value::{FieldTable, FieldValue};
 pub use vhost::{Publish, Published, QueueDeclare, QueueDeclareOk, Vhost};

@@ -1,4 +1,4 @@
-//! Messages and their properties, and the compact encoding of properties stored in a
+//! Message properties, and their compact encoding stored in a
 //! commitlog record.
 //!
 //! [`Properties`] are AMQP 0-9-1's basic properties, the canonical model: STOMP headers
@@ -18,8 +18,6 @@
 //! Decoding checks every length against the remaining input before allocating, bounds
 //! table nesting by [`crate::value::MAX_DEPTH`], rejects unknown versions, unknown flag
 //! bits and trailing bytes, and never panics.
-
-use bytes::Bytes;
 
 use crate::encoding::{put_bytes, put_table, Reader};
 use crate::error::CoreError;
@@ -211,24 +209,11 @@ impl Properties {
     }
 }
 
-/// A published message as the core sees it: where it was published, its properties
-/// and its body (zero-copy where the store allows).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Message {
-    /// The exchange it was published to (`""` for the default exchange).
-    pub exchange: String,
-    /// The routing key it was published with.
-    pub routing_key: String,
-    /// Its properties.
-    pub properties: Properties,
-    /// Its body.
-    pub body: Bytes,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::value::{Decimal, FieldValue};
+    use bytes::Bytes;
     use proptest::prelude::*;
 
     fn arb_bytes() -> impl Strategy<Value = Bytes> {

@@ -15,10 +15,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
+use crate::durability::Durability;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use triad_store::commitlog::StoredRecord;
-use triad_store::flush::Durable;
 use triad_store::journal::{key_parts, KeyBuilder, MetaOp};
 use triad_store::record::{NewMessage, FLAG_DEAD_LETTERED, FLAG_PERSISTENT};
 use triad_store::store::Store;
@@ -95,7 +95,7 @@ pub struct Published {
     pub rejected: bool,
     /// `Some`: confirm once this completes (persistent message in a durable queue);
     /// `None`: confirm at once.
-    pub durable: Option<Durable>,
+    pub durable: Option<Durability>,
     /// `Some`: a queue it went to is throttled (its consumers fall behind); hold the
     /// publisher (delay its ack or stop reading from it) until this clears.
     pub backpressure: Option<Backpressure>,
@@ -453,15 +453,15 @@ impl Vhost {
     }
 
     /// Appends `ops` to the metadata journal (call under the lock that guards the change).
-    fn journal(&self, ops: Vec<MetaOp>) -> Result<Durable, CoreError> {
+    fn journal(&self, ops: Vec<MetaOp>) -> Result<Durability, CoreError> {
         if ops.is_empty() {
-            return Ok(Durable::ready());
+            return Ok(Durability::ready());
         }
-        Ok(self.store.journal().append(ops)?)
+        Ok(self.store.journal().append(ops)?.into())
     }
 
     /// Waits for a journal record (call after releasing the locks).
-    fn durable(done: Durable) -> Result<(), CoreError> {
+    fn durable(done: Durability) -> Result<(), CoreError> {
         done.wait()?;
         Ok(())
     }
@@ -495,7 +495,7 @@ impl Vhost {
                 Some(r) if created == crate::routing::Declared::Created => {
                     self.journal(vec![MetaOp::put(key, r)])?
                 }
-                _ => Durable::ready(),
+                _ => Durability::ready(),
             }
         };
         Self::durable(done)
@@ -550,7 +550,7 @@ impl Vhost {
         dest: Destination,
         key: &str,
         args: &FieldTable,
-    ) -> Result<Durable, CoreError> {
+    ) -> Result<Durability, CoreError> {
         let mut topo = self.topology_mut();
         let queues = self.queues_read();
         let lookup = |n: &str| queues.contains_key(n);
@@ -648,13 +648,13 @@ impl Vhost {
 
     /// Everything journaled so far is durable once this completes: what a reply about an
     /// entity that already exists waits for (its record may still be in flight).
-    fn journaled_so_far(&self) -> Durable {
-        self.store.journal().durable_end()
+    fn journaled_so_far(&self) -> Durability {
+        self.store.journal().durable_end().into()
     }
 
     /// The reply to a declare of a queue that exists: it may only go once whatever was
     /// journaled before (the queue's own record among it) is on disk.
-    fn declared(&self, name: String, q: &Queue) -> (QueueDeclareOk, Durable) {
+    fn declared(&self, name: String, q: &Queue) -> (QueueDeclareOk, Durability) {
         let ok = QueueDeclareOk {
             name,
             message_count: q.message_count(),
@@ -664,11 +664,11 @@ impl Vhost {
     }
 
     /// `queue.declare` without blocking on the disk: the reply may be sent once the
-    /// returned [`Durable`] completes (an async caller awaits it).
+    /// returned [`Durability`] completes (an async caller awaits it).
     pub fn declare_queue_deferred(
         &self,
         d: QueueDeclare,
-    ) -> Result<(QueueDeclareOk, Durable), CoreError> {
+    ) -> Result<(QueueDeclareOk, Durability), CoreError> {
         if d.passive {
             let name = d.name;
             if let Some(access) = &d.access {
@@ -739,7 +739,7 @@ impl Vhost {
                 });
                 self.journal(vec![MetaOp::put(queue_key(&self.name, &name), record)])?
             } else {
-                Durable::ready()
+                Durability::ready()
             };
             let q = Queue::new(
                 QueueSpec {
@@ -851,7 +851,7 @@ impl Vhost {
         key: &str,
         args: &FieldTable,
         conn: ConnectionId,
-    ) -> Result<Durable, CoreError> {
+    ) -> Result<Durability, CoreError> {
         self.queue_for(queue, conn)?;
         self.bind(exchange, Destination::queue(queue), key, args)
     }
@@ -1153,7 +1153,7 @@ impl Vhost {
         Ok(Published {
             routed: true,
             rejected,
-            durable: wants_disk.then_some(appended.durable),
+            durable: wants_disk.then_some(appended.durable.into()),
             backpressure: (!throttled.is_empty()).then(|| Backpressure::new(throttled)),
         })
     }

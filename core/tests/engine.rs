@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use triad_core::testing::eventually_blocking;
 use triad_core::{
     Broker, ConsumeRequest, CoreConfig, CoreError, CreditGate, Delivery, ExchangeDef, ExchangeKind,
     FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish, QueueDeclare, Vhost,
@@ -275,9 +276,10 @@ fn message_ttl_expires_into_the_dead_letter_queue() {
             ..Default::default()
         },
     );
-    std::thread::sleep(Duration::from_millis(60));
-    e.broker.tick();
-    assert_eq!(v.queue(&q).unwrap().message_count(), 0);
+    eventually_blocking("the short TTL to expire", Duration::from_secs(10), || {
+        e.broker.tick();
+        v.queue(&q).unwrap().message_count() == 0
+    });
     let d = v.get(&dlq, true, 1).unwrap().unwrap();
     assert_eq!(d.body.as_ref(), b"old");
     assert_eq!(v.get(&q2, true, 1).unwrap().unwrap().body.as_ref(), b"long");

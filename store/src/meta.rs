@@ -1,7 +1,11 @@
-//! Small JSON metadata documents (vhosts, exchanges, queues, bindings, users, MQTT
-//! sessions, retained messages), one file each under `meta/`, written atomically:
+//! Small JSON metadata documents, one file each under `meta/`, written atomically:
 //! temp file, fsync, rename, directory fsync. A reader sees the old or the new
 //! document, never a mix.
+//!
+//! Earlier versions kept their metadata here (the vhost list, one topology document per
+//! vhost). Metadata now lives in the [`crate::journal`]; the core reads these documents
+//! once at start, moves what they hold into the journal and deletes them. Nothing new
+//! is written here.
 
 use std::path::{Path, PathBuf};
 

@@ -9,13 +9,13 @@ use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPC
 use bytes::{Bytes, BytesMut};
 use triad_core::{
     ConsumeRequest, ConsumerHandle, CreditGate, Delivery, ExchangeDef, ExchangeKind, FieldValue,
-    Properties, Publish, Queue, QueueDeclare, Vhost, VhostAccess,
+    Link, Properties, Publish, Queue, QueueDeclare,
 };
 
 use crate::codec::{Frame, FRAME_OVERHEAD};
-use crate::convert::{properties_from_wire, properties_to_wire, short, table_from_wire};
 use crate::errors::{self, AmqpError, Scope};
-use crate::session::Session;
+use crate::mapping::{properties_from_wire, properties_to_wire, short, table_from_wire};
+use crate::session::{Login, Session};
 
 /// A delivery awaiting ack.
 #[derive(Debug, Clone)]
@@ -88,21 +88,11 @@ impl Channel {
 }
 
 fn settle(entries: &[(u64, Unacked)], ack: bool, requeue: bool) {
-    // Group by queue so each queue sees one call.
-    let mut by_queue: Vec<(Arc<Queue>, Vec<u64>)> = Vec::new();
-    for (_, u) in entries {
-        match by_queue.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &u.queue)) {
-            Some((_, offs)) => offs.push(u.offset),
-            None => by_queue.push((u.queue.clone(), vec![u.offset])),
-        }
-    }
-    for (q, offs) in by_queue {
-        if ack {
-            q.ack(&offs);
-        } else {
-            q.nack(&offs, requeue);
-        }
-    }
+    triad_core::link::settle(
+        entries.iter().map(|(_, u)| (&u.queue, u.offset)),
+        ack,
+        requeue,
+    );
 }
 
 fn chan_err(code: u16, detail: impl std::fmt::Display) -> AmqpError {
@@ -110,16 +100,9 @@ fn chan_err(code: u16, detail: impl std::fmt::Display) -> AmqpError {
 }
 
 impl Session {
-    fn vhost_arc(&self) -> Result<Arc<Vhost>, AmqpError> {
-        self.vhost
-            .clone()
-            .ok_or_else(|| AmqpError::connection(errors::CHANNEL_ERROR, "no vhost"))
-    }
-
-    /// The user's rights in the open vhost.
-    fn access(&self) -> Result<Arc<VhostAccess>, AmqpError> {
-        self.access
-            .clone()
+    /// The connection's link to the open vhost.
+    fn open_link(&self) -> Result<&Link, AmqpError> {
+        self.link()
             .ok_or_else(|| AmqpError::connection(errors::CHANNEL_ERROR, "no vhost"))
     }
 
@@ -304,8 +287,7 @@ impl Session {
     }
 
     fn exchange_method(&mut self, id: u16, m: exchange::AMQPMethod) -> Result<(), AmqpError> {
-        let vhost = self.vhost_arc()?;
-        let access = self.access()?;
+        let link = self.open_link()?;
         let (reply, nowait) = match m {
             exchange::AMQPMethod::Declare(d) => {
                 let kind = if d.passive {
@@ -321,31 +303,21 @@ impl Session {
                     internal: d.internal,
                     arguments: table_from_wire(&d.arguments),
                 };
-                if !d.passive {
-                    access.exchange_declare(&def.name, &def.arguments)?;
-                }
-                vhost.declare_exchange(def, d.passive)?;
+                link.declare_exchange(def, d.passive)?;
                 (
                     exchange::AMQPMethod::DeclareOk(exchange::DeclareOk {}),
                     d.nowait,
                 )
             }
             exchange::AMQPMethod::Delete(d) => {
-                access.exchange_delete(d.exchange.as_str())?;
-                vhost.delete_exchange(d.exchange.as_str(), d.if_unused)?;
+                link.delete_exchange(d.exchange.as_str(), d.if_unused)?;
                 (
                     exchange::AMQPMethod::DeleteOk(exchange::DeleteOk {}),
                     d.nowait,
                 )
             }
             exchange::AMQPMethod::Bind(b) => {
-                access.exchange_bind_key(
-                    &vhost,
-                    b.destination.as_str(),
-                    b.source.as_str(),
-                    b.routing_key.as_str(),
-                )?;
-                vhost.bind_exchange(
+                link.bind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
                     b.routing_key.as_str(),
@@ -354,13 +326,7 @@ impl Session {
                 (exchange::AMQPMethod::BindOk(exchange::BindOk {}), b.nowait)
             }
             exchange::AMQPMethod::Unbind(b) => {
-                access.exchange_bind_key(
-                    &vhost,
-                    b.destination.as_str(),
-                    b.source.as_str(),
-                    b.routing_key.as_str(),
-                )?;
-                vhost.unbind_exchange(
+                link.unbind_exchange(
                     b.destination.as_str(),
                     b.source.as_str(),
                     b.routing_key.as_str(),
@@ -396,9 +362,6 @@ impl Session {
     }
 
     fn queue_method(&mut self, id: u16, m: queue::AMQPMethod) -> Result<(), AmqpError> {
-        let vhost = self.vhost_arc()?;
-        let access = self.access()?;
-        let conn = self.conn;
         let (reply, nowait) = match m {
             queue::AMQPMethod::Declare(d) => {
                 let name = if d.passive && d.queue.as_str().is_empty() {
@@ -406,15 +369,14 @@ impl Session {
                 } else {
                     d.queue.as_str().to_owned()
                 };
-                let ok = vhost.declare_queue(QueueDeclare {
+                let ok = self.open_link()?.declare_queue(QueueDeclare {
                     name,
                     passive: d.passive,
                     durable: d.durable,
                     exclusive: d.exclusive,
                     auto_delete: d.auto_delete,
                     arguments: table_from_wire(&d.arguments),
-                    conn,
-                    access: Some(access),
+                    ..Default::default()
                 })?;
                 self.chan(id)?.last_queue = ok.name.clone();
                 (
@@ -428,32 +390,27 @@ impl Session {
             }
             queue::AMQPMethod::Bind(b) => {
                 let q = self.queue_name(id, b.queue.as_str())?;
-                access.queue_bind_key(&vhost, &q, b.exchange.as_str(), b.routing_key.as_str())?;
-                vhost.bind_queue(
+                self.open_link()?.bind_queue(
                     &q,
                     b.exchange.as_str(),
                     b.routing_key.as_str(),
                     &table_from_wire(&b.arguments),
-                    conn,
                 )?;
                 (queue::AMQPMethod::BindOk(queue::BindOk {}), b.nowait)
             }
             queue::AMQPMethod::Unbind(b) => {
                 let q = self.queue_name(id, b.queue.as_str())?;
-                access.queue_bind_key(&vhost, &q, b.exchange.as_str(), b.routing_key.as_str())?;
-                vhost.unbind_queue(
+                self.open_link()?.unbind_queue(
                     &q,
                     b.exchange.as_str(),
                     b.routing_key.as_str(),
                     &table_from_wire(&b.arguments),
-                    conn,
                 )?;
                 (queue::AMQPMethod::UnbindOk(queue::UnbindOk {}), false)
             }
             queue::AMQPMethod::Purge(p) => {
                 let q = self.queue_name(id, p.queue.as_str())?;
-                access.consume(&q)?;
-                let n = vhost.purge_queue(&q, conn)?;
+                let n = self.open_link()?.purge_queue(&q)?;
                 (
                     queue::AMQPMethod::PurgeOk(queue::PurgeOk { message_count: n }),
                     p.nowait,
@@ -461,8 +418,9 @@ impl Session {
             }
             queue::AMQPMethod::Delete(d) => {
                 let q = self.queue_name(id, d.queue.as_str())?;
-                access.queue_delete(&q)?;
-                let n = vhost.delete_queue(&q, d.if_unused, d.if_empty, conn)?;
+                let n = self
+                    .open_link()?
+                    .delete_queue(&q, d.if_unused, d.if_empty)?;
                 (
                     queue::AMQPMethod::DeleteOk(queue::DeleteOk { message_count: n }),
                     d.nowait,
@@ -521,9 +479,8 @@ impl Session {
             basic::AMQPMethod::Publish(p) => {
                 // Refused here, the channel closes and the content frames that follow
                 // are dropped.
-                let vhost = self.vhost_arc()?;
-                self.access()?
-                    .publish_to(&vhost, p.exchange.as_str(), p.routing_key.as_str())?;
+                self.open_link()?
+                    .check_publish(p.exchange.as_str(), p.routing_key.as_str())?;
                 let ch = self.chan(id)?;
                 ch.content = Some(Content {
                     exchange: p.exchange.as_str().to_owned(),
@@ -537,10 +494,8 @@ impl Session {
                 Ok(())
             }
             basic::AMQPMethod::Get(g) => {
-                let vhost = self.vhost_arc()?;
                 let q = self.queue_name(id, g.queue.as_str())?;
-                self.access()?.consume(&q)?;
-                match vhost.get(&q, g.no_ack, self.conn)? {
+                match self.open_link()?.get(&q, g.no_ack)? {
                     None => self.send(
                         id,
                         AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
@@ -607,9 +562,8 @@ impl Session {
     }
 
     fn consume(&mut self, id: u16, c: basic::Consume) -> Result<(), AmqpError> {
-        let vhost = self.vhost_arc()?;
         let q = self.queue_name(id, c.queue.as_str())?;
-        self.access()?.consume(&q)?;
+        self.open_link()?.access().consume(&q)?;
         let tag = if c.consumer_tag.as_str().is_empty() {
             self.ctag_seq += 1;
             format!("amq.ctag-{}-{}", self.conn, self.ctag_seq)
@@ -652,7 +606,7 @@ impl Session {
                 })),
             );
         }
-        let handle = match vhost.consume(&q, req) {
+        let handle = match self.open_link()?.consume(&q, req) {
             Ok(h) => h,
             Err(e) => {
                 if !c.nowait {
@@ -764,7 +718,6 @@ impl Session {
     /// set, to be requeued when it closes); `tx.commit-ok` waits, in the confirm FIFO,
     /// until the transaction's persistent messages are on disk, as confirms do.
     fn commit(&mut self, id: u16, ops: Vec<TxOp>) -> Result<(), AmqpError> {
-        let vhost = self.vhost_arc()?;
         let mut publishes = Vec::new();
         let mut returns = Vec::new();
         let mut settles = Vec::new();
@@ -788,7 +741,7 @@ impl Session {
                 } => settles.push((entries, ack, requeue)),
             }
         }
-        let results = match vhost.publish_all(publishes) {
+        let results = match self.open_link()?.publish_all(publishes) {
             Ok(r) => r,
             Err(e) => {
                 let ch = self.chan(id)?;
@@ -798,7 +751,7 @@ impl Session {
                 return Err(e.into());
             }
         };
-        let mut durable: Vec<crate::confirms::Durable> = Vec::new();
+        let mut durable: Vec<crate::confirms::CommitWait> = Vec::new();
         for (res, ret) in results.into_iter().zip(returns) {
             if let (false, Some((ex, rk, props, body))) = (res.routed, ret) {
                 self.send_return(id, &ex, &rk, &props, &body);
@@ -935,20 +888,24 @@ impl Session {
     }
 
     fn publish(&mut self, id: u16) -> Result<(), AmqpError> {
-        let vhost = self.vhost_arc()?;
-        let user = self
-            .user
-            .as_ref()
-            .map(|u| u.name.clone())
-            .unwrap_or_default();
-        let conn = self.conn;
-        let ch = self.chan(id)?;
+        // the link and the channel are distinct fields: borrowed together
+        let Login::Open(link) = &self.login else {
+            return Err(AmqpError::connection(errors::CHANNEL_ERROR, "no vhost"));
+        };
+        let ch = self
+            .channels
+            .get_mut(&id)
+            .map(|c| &mut **c)
+            .ok_or_else(|| {
+                AmqpError::connection(errors::CHANNEL_ERROR, format!("channel {id} not open"))
+            })?;
         let Some(c) = ch.content.take() else {
             return Ok(());
         };
         let properties = c.properties.unwrap_or_default();
         if let Some(uid) = &properties.user_id {
-            if *uid != user {
+            let user = link.user();
+            if uid != user {
                 return Err(chan_err(
                     errors::PRECONDITION_FAILED,
                     format!("user_id property set to '{uid}' but authenticated user was '{user}'"),
@@ -965,7 +922,7 @@ impl Session {
             mandatory: c.mandatory,
             properties,
             body,
-            conn,
+            conn: link.id(),
         };
         let seq = match &mut ch.mode {
             Mode::Tx { .. } => None,
@@ -977,7 +934,7 @@ impl Session {
             Mode::Normal => None,
         };
         if matches!(ch.mode, Mode::Tx { .. }) {
-            if !vhost.has_exchange(&p.exchange) {
+            if !link.vhost().has_exchange(&p.exchange) {
                 return Err(triad_core::CoreError::exchange_not_found(&p.exchange).into());
             }
             if let Mode::Tx { ops } = &mut ch.mode {
@@ -993,15 +950,17 @@ impl Session {
                 p.body.clone(),
             )
         });
-        let res = vhost.publish(p)?;
+        let res = link.publish(p)?;
         if let (false, Some((ex, rk, props, body))) = (res.routed, ret) {
             self.send_return(id, &ex, &rk, &props, &body);
         }
-        if let Some(seq) = seq {
-            let durable = res
-                .durable
-                .map(|d| -> crate::confirms::Durable { Box::pin(async move { d.await.is_ok() }) });
-            self.confirms.push(id, seq, !res.rejected, durable);
+        // a throttled queue holds the confirm (or, without confirms, what follows)
+        match (seq, res.backpressure) {
+            (Some(seq), flow) => self
+                .confirms
+                .push(id, seq, !res.rejected, res.durable, flow),
+            (None, Some(flow)) => self.confirms.push_hold(flow),
+            (None, None) => {}
         }
         Ok(())
     }

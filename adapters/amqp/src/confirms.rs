@@ -1,8 +1,9 @@
 //! Publisher confirms waiting for the store.
 //!
 //! Every publish on a channel in confirm mode gets a sequence number and an entry in
-//! one connection-wide FIFO: either already settled (transient message, or a nack) or
-//! waiting on the core's durability future ([`Durable`]) (persistent message in a durable queue). Entries
+//! one connection-wide FIFO, the core's [`ReplyQueue`]: either already settled
+//! (transient message, or a nack) or waiting on the core's [`Durability`] (persistent
+//! message in a durable queue). Entries
 //! leave the FIFO strictly in order, so confirms on each channel go out in increasing
 //! delivery-tag order and a run of acks can be sent as one `basic.ack multiple=true`.
 //! The store completes group commits in offset order, so waiting on the front entry
@@ -10,15 +11,23 @@
 //!
 //! A `tx.commit-ok` waits in the same FIFO ([`ConfirmQueue::push_commit`]) on every
 //! persistent message of its transaction, so it too is sent only once they are on disk.
+//!
+//! Publisher flow control: a publish that went to a queue whose consumers fall behind
+//! (the core's `Published::backpressure`) holds its confirm until the backlog drains or
+//! `FLOW_MAX_WAIT` passes; without confirms it leaves a hold
+//! ([`ConfirmQueue::push_hold`]) that holds the confirms behind it the same way. The
+//! driver stops reading the socket while `MAX_HOLDS` holds wait
+//! ([`ConfirmQueue::is_holding`]), so a publisher without confirms is held too (as
+//! MQTT's QoS 0 publishers are).
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-/// The core's durability future, boxed so this crate need not name the store's type
-/// (adapters do not depend on the store). `true` = flushed.
-pub type Durable = Pin<Box<dyn Future<Output = bool> + Send>>;
+use triad_core::{Backpressure, CoreError, Durability, ReplyQueue};
+
+/// A wait given as a plain future (`true` = flushed), for `tx.commit-ok`.
+pub type CommitWait = Pin<Box<dyn Future<Output = bool> + Send>>;
 
 /// One confirm as it leaves the FIFO.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,106 +42,100 @@ pub struct Settled {
     pub commit: bool,
 }
 
-struct Entry {
-    settled: Settled,
-    durable: Option<Durable>,
-}
-
 /// The FIFO.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct ConfirmQueue {
-    entries: VecDeque<Entry>,
-}
-
-impl std::fmt::Debug for ConfirmQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConfirmQueue")
-            .field("len", &self.entries.len())
-            .finish()
-    }
+    replies: ReplyQueue<Settled>,
 }
 
 impl ConfirmQueue {
-    /// Adds a confirm; `durable` delays it until the store has flushed.
-    pub fn push(&mut self, channel: u16, seq: u64, ack: bool, durable: Option<Durable>) {
-        self.entries.push_back(Entry {
-            settled: Settled {
-                channel,
-                seq,
-                ack,
-                commit: false,
-            },
-            durable,
-        });
+    /// Adds a confirm; `durable` delays it until the store has flushed, `flow` (a
+    /// throttled queue) until it drains or `FLOW_MAX_WAIT` passes.
+    pub fn push(
+        &mut self,
+        channel: u16,
+        seq: u64,
+        ack: bool,
+        durable: Option<Durability>,
+        flow: Option<Backpressure>,
+    ) {
+        let s = Settled {
+            channel,
+            seq,
+            ack,
+            commit: false,
+        };
+        self.replies.push(s, durable, flow);
+    }
+
+    /// Holds the confirms behind it until `flow` clears (a throttled publish on a
+    /// channel without confirms); sends nothing itself.
+    pub fn push_hold(&mut self, flow: Backpressure) {
+        self.replies.hold(flow);
     }
 
     /// Adds a `tx.commit-ok` that waits for every one of `durable` (the transaction's
     /// persistent messages in durable queues).
-    pub fn push_commit(&mut self, channel: u16, durable: Vec<Durable>) {
-        let durable: Option<Durable> = (!durable.is_empty()).then(|| {
-            Box::pin(async move {
+    pub fn push_commit(&mut self, channel: u16, durable: Vec<CommitWait>) {
+        let s = Settled {
+            channel,
+            seq: 0,
+            ack: true,
+            commit: true,
+        };
+        let joined = (!durable.is_empty()).then(|| {
+            Durability::from_future(async move {
                 let mut ok = true;
                 for d in durable {
                     ok &= d.await;
                 }
-                ok
-            }) as Durable
+                if ok {
+                    Ok(())
+                } else {
+                    Err(CoreError::Internal("a message was not stored".into()))
+                }
+            })
         });
-        self.entries.push_back(Entry {
-            settled: Settled {
-                channel,
-                seq: 0,
-                ack: true,
-                commit: true,
-            },
-            durable,
-        });
+        self.replies.push(s, joined, None);
     }
 
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.replies.is_empty()
+    }
+
+    /// Whether so many throttled publishes wait that the socket is read no more.
+    pub fn is_holding(&self) -> bool {
+        self.replies.is_holding()
     }
 
     /// Drops every pending confirm of `channel` (it closed).
     pub fn forget_channel(&mut self, channel: u16) {
-        self.entries.retain(|e| e.settled.channel != channel);
+        self.replies.retain(|s| s.channel != channel);
     }
 
-    /// Moves every settled entry at the front into `out`, without waiting.
-    pub fn take_ready(&mut self, out: &mut Vec<Settled>, cx: Option<&mut Context<'_>>) {
-        let noop = std::task::Waker::noop();
-        let mut fallback = Context::from_waker(noop);
-        let cx = match cx {
-            Some(cx) => cx,
-            None => &mut fallback,
-        };
-        while let Some(front) = self.entries.front_mut() {
-            let ok = match front.durable.as_mut() {
-                None => true,
-                Some(d) => match d.as_mut().poll(cx) {
-                    Poll::Ready(ok) => ok,
-                    Poll::Pending => break,
-                },
-            };
-            let mut s = front.settled;
-            // A store failure turns the ack into a nack (the message may be lost).
-            s.ack &= ok;
-            out.push(s);
-            self.entries.pop_front();
-        }
+    /// Moves every settled entry at the front into `out`, without waiting; whether
+    /// any entry left (a hold leaves nothing in `out`).
+    pub fn take_ready(&mut self, out: &mut Vec<Settled>, cx: Option<&mut Context<'_>>) -> bool {
+        let mut done = Vec::new();
+        let left = self.replies.take_ready(&mut done, cx);
+        // A store failure turns the ack into a nack (the message may be lost).
+        out.extend(done.into_iter().map(|(mut s, r)| {
+            s.ack &= r.is_ok();
+            s
+        }));
+        left
     }
 
-    /// Completes when at least one entry has settled (cancel-safe: entries stay in the
+    /// Completes when at least one entry has left (cancel-safe: entries stay in the
     /// queue until taken).
     pub async fn ready(&mut self) -> Vec<Settled> {
         std::future::poll_fn(|cx| {
             let mut out = Vec::new();
-            self.take_ready(&mut out, Some(cx));
-            if out.is_empty() {
-                Poll::Pending
-            } else {
+            if self.take_ready(&mut out, Some(cx)) {
                 Poll::Ready(out)
+            } else {
+                Poll::Pending
             }
         })
         .await

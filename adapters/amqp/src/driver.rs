@@ -16,7 +16,6 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use triad_core::Broker;
 
 use crate::codec::{self, HeaderCheck, PROTOCOL_HEADER};
@@ -67,10 +66,12 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     // An async block using its captures in place: an async fn would keep its arguments
-    // twice (as captured and as locals) for as long as the connection lives.
-    let span = tracing::debug_span!("conn", %peer, proto = "amqp");
+    // twice (as captured and as locals) for as long as the connection lives. No span
+    // of its own: the user and vhost are recorded in the current one (the listener's
+    // `conn` span), as STOMP and MQTT do; a second span would cost each connection a
+    // registry slot.
     let mut stream = stream;
-    async move { run(&mut stream, peer, &ctx).await }.instrument(span)
+    async move { run(&mut stream, peer, &ctx).await }
 }
 
 async fn run<S>(stream: &mut S, peer: SocketAddr, ctx: &AmqpContext) -> Result<(), ServeError>
@@ -211,12 +212,9 @@ where
                 }
             }
         }
-        if let Some(user) = session.take_login_failed() {
+        if let Some(hold) = session.take_login_hold() {
             // Slows password guessing down: one refusal per delay per source address
             // and per user name, however many connections ask at once.
-            let hold = ctx
-                .broker
-                .login_failed(session.peer(), &user, cfg.failed_login_delay);
             if !hold.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(hold) => {}
@@ -280,7 +278,9 @@ where
         // silent meets the heartbeat timeout like any other; once the held bytes fill
         // the buffer the stall is ours, and the peer is not blamed for it.
         let holding = blocked && session.has_published();
-        let reading = !holding || rbuf.len() < HELD_READ_MAX;
+        // Publisher flow control (`confirms`): throttled publishes past MAX_HOLDS.
+        let flow_held = session.confirms().is_holding();
+        let reading = (!holding || rbuf.len() < HELD_READ_MAX) && !flow_held;
         if !reading {
             last_read = Instant::now();
         }

@@ -4,7 +4,7 @@
 //! Modules, from the socket inwards:
 //! - [`codec`]: pure framing, bytes ⇄ [`codec::Frame`] (amq-protocol's method and
 //!   property parsers behind our own size, frame-end and table-depth checks).
-//! - [`convert`]: amq-protocol field tables and basic properties ⇄ the core's
+//! - [`mapping`]: amq-protocol field tables and basic properties ⇄ the core's
 //!   [`triad_core::FieldTable`] and [`triad_core::Properties`].
 //! - [`errors`]: reply codes and the table mapping [`triad_core::CoreError`] to them.
 //! - [`session`]: the sans-IO connection state machine (handshake, connection
@@ -23,9 +23,9 @@ pub mod channel;
 pub mod codec;
 pub mod config;
 pub mod confirms;
-pub mod convert;
 pub mod driver;
 pub mod errors;
+pub mod mapping;
 pub mod session;
 
 pub use config::AmqpConfig;

@@ -9,19 +9,21 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use amq_protocol::protocol::{connection, AMQPClass};
 use amq_protocol::types::{AMQPValue, FieldTable as WireTable, LongString};
 use bytes::BytesMut;
 use triad_core::{
-    Broker, ConnectionId, ConnectionSlot, CoreError, OutEvent, Outbox, User, Vhost, VhostAccess,
+    Authenticated, Broker, ConnectionId, CoreError, Credentials, Link, LoginRefused, OutEvent,
+    Outbox, Peer, Protocol,
 };
 
 use crate::channel::Channel;
 use crate::codec::{self, EncodeError, Frame, FrameError, Limits};
 use crate::confirms::{ConfirmQueue, Settled};
-use crate::convert::short;
 use crate::errors::{self, AmqpError, Scope};
+use crate::mapping::short;
 use crate::AmqpConfig;
 
 /// The hasher for the session's per-delivery lookups (channel ids, consumer tags): a
@@ -48,6 +50,18 @@ pub enum State {
     Closed,
 }
 
+/// Where the login is.
+#[derive(Debug)]
+pub(crate) enum Login {
+    /// No credentials accepted yet.
+    None,
+    /// start-ok's credentials were accepted; waiting for connection.open.
+    Authenticated(Authenticated),
+    /// The vhost is open: the user, vhost, permissions and connection slot. Dropped
+    /// (the connection torn down in the core) last in [`Session::teardown`].
+    Open(Link),
+}
+
 /// One AMQP connection's protocol state.
 pub struct Session {
     pub(crate) cfg: AmqpConfig,
@@ -59,15 +73,10 @@ pub struct Session {
     pub(crate) channel_max: u16,
     pub(crate) frame_max: u32,
     heartbeat: u16,
-    pub(crate) user: Option<User>,
-    pub(crate) vhost: Option<Arc<Vhost>>,
-    /// The user's rights in `vhost`, once open.
-    pub(crate) access: Option<Arc<VhostAccess>>,
-    /// Counted against the user's connection limit while open.
-    slot: Option<ConnectionSlot>,
-    /// A login was refused (the user name it was for): the driver waits before
-    /// answering (see `Broker::login_failed`).
-    login_failed: Option<String>,
+    pub(crate) login: Login,
+    /// A login was refused: how long the driver waits before answering (the
+    /// failed-login throttle's answer, [`LoginRefused::hold`]).
+    login_hold: Option<Duration>,
     /// Boxed: a map allocates room for four entries at least, and a `Channel` is
     /// several hundred bytes (an idle connection with one channel held 2.4 KiB here).
     pub(crate) channels: HashMap<u16, Box<Channel>, FastHash>,
@@ -162,11 +171,8 @@ impl Session {
             conn,
             state: State::AwaitStartOk,
             limits: Limits::PRE_TUNE,
-            user: None,
-            vhost: None,
-            access: None,
-            slot: None,
-            login_failed: None,
+            login: Login::None,
+            login_hold: None,
             channels: HashMap::default(),
             consumer_channels: HashMap::default(),
             outbox,
@@ -247,10 +253,17 @@ impl Session {
         self.out.push(method(channel, class));
     }
 
-    /// The user name of a login just refused, if one was (the driver delays the
-    /// answer); clears it.
-    pub fn take_login_failed(&mut self) -> Option<String> {
-        self.login_failed.take()
+    /// How long to hold the answer to a login just refused, if one was; clears it.
+    pub fn take_login_hold(&mut self) -> Option<Duration> {
+        self.login_hold.take()
+    }
+
+    /// The connection's link (user, vhost, permissions), once open.
+    pub fn link(&self) -> Option<&Link> {
+        match &self.login {
+            Login::Open(l) => Some(l),
+            _ => None,
+        }
     }
 
     /// The peer's address.
@@ -430,17 +443,19 @@ impl Session {
             }
             (State::AwaitOpen, connection::AMQPMethod::Open(open)) => {
                 let name = open.virtual_host.as_str();
-                let (vhost, access, slot) = self.open_vhost(name).map_err(|e| {
+                let link = self.open_vhost(name).map_err(|e| {
                     let detail = match e {
                         CoreError::NotAllowed(s) => s,
                         other => other.to_string(),
                     };
                     AmqpError::connection(errors::NOT_ALLOWED, detail).on(cid, mid)
                 })?;
-                tracing::debug!(conn = self.conn, vhost = name, "connection open");
-                self.vhost = Some(vhost);
-                self.access = Some(access);
-                self.slot = Some(slot);
+                // the connection's span (the listener's) gets who it is
+                let span = tracing::Span::current();
+                span.record("user", link.user());
+                span.record("vhost", name);
+                tracing::debug!(conn = self.conn, "connection open");
+                self.login = Login::Open(link);
                 self.state = State::Open;
                 self.send(
                     0,
@@ -476,26 +491,19 @@ impl Session {
 
     /// connection.open: the vhost must exist, the user needs permissions in it and a
     /// free connection slot (all 530 NOT_ALLOWED, as RabbitMQ).
-    fn open_vhost(
-        &self,
-        name: &str,
-    ) -> Result<(Arc<Vhost>, Arc<VhostAccess>, ConnectionSlot), CoreError> {
-        let user = self
-            .user
-            .as_ref()
-            .ok_or_else(|| CoreError::NotAllowed("not logged in".into()))?;
-        let access = self.broker.vhost_access(user, name)?;
-        let vhost = self.broker.vhost(name)?;
-        let slot = self.broker.connection_slot(user)?;
-        Ok((vhost, access, slot))
+    fn open_vhost(&mut self, name: &str) -> Result<Link, CoreError> {
+        let Login::Authenticated(auth) = std::mem::replace(&mut self.login, Login::None) else {
+            return Err(CoreError::NotAllowed("not logged in".into()));
+        };
+        self.broker.open_link(auth, name, Protocol::Amqp)
     }
 
     /// A refused login: logged with the peer and user name, answered with 403
     /// ACCESS_REFUSED after `failed_login_delay` (RabbitMQ's text, which does not say
     /// whether the user name or the password was wrong).
-    fn login_refused(&mut self, mechanism: &str, user: &str, why: &CoreError) -> AmqpError {
-        tracing::info!(peer = %self.peer, user, mechanism, reason = %why, "AMQP login refused");
-        self.login_failed = Some(user.to_string());
+    fn login_refused(&mut self, mechanism: &str, user: &str, why: LoginRefused) -> AmqpError {
+        tracing::info!(peer = %self.peer, user, mechanism, reason = %why.reason, "AMQP login refused");
+        self.login_hold = Some(why.hold);
         AmqpError::connection(
             errors::ACCESS_REFUSED,
             format!(
@@ -514,13 +522,8 @@ impl Session {
         }
         let mechanism = ok.mechanism.as_str().to_owned();
         let login = match mechanism.as_str() {
-            "EXTERNAL" => match self.cfg.peer_cert_cn.clone() {
-                Some(cn) => (cn, None),
-                None => {
-                    let why = CoreError::AccessRefused("no verified client certificate".into());
-                    return Err(self.login_refused(&mechanism, "", &why));
-                }
-            },
+            // without a verified certificate, no user: refused as an unknown one
+            "EXTERNAL" => (self.cfg.peer_cert_cn.clone().unwrap_or_default(), None),
             "PLAIN" | "AMQPLAIN" => {
                 let creds = if mechanism == "PLAIN" {
                     parse_plain(ok.response.as_bytes())
@@ -543,16 +546,24 @@ impl Session {
             }
         };
         let (name, pass) = login;
-        let result = match &pass {
-            Some(pass) => self.broker.authenticate(&name, pass, self.peer),
-            None => self.broker.authenticate_external(&name, self.peer),
+        let credentials = match &pass {
+            Some(password) => Credentials::Password {
+                user: &name,
+                password,
+            },
+            None => Credentials::Certificate { user: &name },
         };
-        let user = match result {
-            Ok(u) => u,
-            Err(e) => return Err(self.login_refused(&mechanism, &name, &e)),
+        let peer = Peer {
+            addr: self.peer,
+            conn: self.conn,
+            failed_login_delay: self.cfg.failed_login_delay,
         };
-        tracing::debug!(conn = self.conn, user = %user.name, "authenticated");
-        self.user = Some(user);
+        let auth = match self.broker.check_credentials(credentials, peer) {
+            Ok(a) => a,
+            Err(e) => return Err(self.login_refused(&mechanism, &name, e)),
+        };
+        tracing::debug!(conn = self.conn, user = %auth.user().name, "authenticated");
+        self.login = Login::Authenticated(auth);
         self.state = State::AwaitTuneOk;
         self.send(
             0,
@@ -675,7 +686,8 @@ impl Session {
                 }
             }
         }
-        self.broker.connection_closed(self.conn);
+        // last: the exclusive queues and the connection slot go with the link
+        self.login = Login::None;
         self.state = State::Closed;
     }
 }

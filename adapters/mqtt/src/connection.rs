@@ -3,18 +3,17 @@
 //! PUBLISH packets, and writes each batch with one `write_all`.
 //!
 //! Acks that promise durability (PUBACK, PUBREC for a persistent message; SUBACK and
-//! UNSUBACK of a persistent session) wait for the store's [`Durable`]; every response
+//! UNSUBACK of a persistent session) wait for the store's [`Durability`]; every response
 //! goes through one ordered queue, so they leave in the order the requests came
 //! [MQTT-4.6.0-2].
 //!
 //! Publisher flow control: a publish that went to a queue whose consumers fall behind
 //! comes back from the core with a [`Backpressure`]; its PUBACK / PUBREC (or, at QoS 0,
-//! an empty entry) waits in the same ordered queue until the backlog drains or
-//! [`FLOW_MAX_WAIT`] passes. The socket is still read meanwhile (acks of this client's
+//! a hold) waits in the same ordered queue until the backlog drains or
+//! [`triad_core::replies::FLOW_MAX_WAIT`] passes. The socket is still read meanwhile (acks of this client's
 //! own deliveries must get through, or two clients feeding each other would deadlock)
 //! until [`MAX_PENDING`] responses wait; a client's in-flight window stops it sooner.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,11 +24,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use triad_core::queue::Queue;
 use triad_core::{
-    Backpressure, ConnectionId, ConnectionSlot, ConsumeRequest, ConsumerHandle, CoreError,
-    FieldTable, FieldValue, OutEvent, Outbox, Properties, Publish, QueueDeclare, User, Vhost,
-    VhostAccess,
+    Backpressure, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials, Durability,
+    FieldTable, FieldValue, Link, LoginRefused, OutEvent, Outbox, Peer, Properties, Protocol,
+    Publish, QueueDeclare, ReplyQueue,
 };
-use triad_store::flush::Durable;
 
 use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
 use crate::retained::RetainedFeed;
@@ -58,11 +56,6 @@ const RETAINED_BATCH: usize = 64 << 10;
 /// also what one subscription's binding key may cost.
 pub const MAX_TOPIC_LEN: usize = 255;
 
-/// Longest a publish is held back by a throttled queue. Bounded so that a consumer that
-/// never acks (or a cycle of clients that publish to each other) slows its publishers
-/// down to their in-flight window per this period instead of stopping them.
-const FLOW_MAX_WAIT: Duration = Duration::from_secs(1);
-
 /// CONNACK return codes.
 const ACCEPTED: u8 = 0;
 const BAD_PROTOCOL: u8 = 1;
@@ -81,9 +74,9 @@ enum End {
 }
 
 /// Serves one MQTT connection until it closes. Errors are what the peer did wrong or
-/// I/O failures; log them at `debug`. The client id and user are recorded as `client`
-/// and `user` in the current span (the listener's `conn` span): a span of its own cost
-/// each idle connection a second registry slot.
+/// I/O failures; log them at `debug`. The client id, user and vhost are recorded as
+/// `client`, `user` and `vhost` in the current span (the listener's `conn` span): a
+/// span of its own cost each idle connection a second registry slot.
 // Not an `async fn` on purpose (see the comment inside).
 #[allow(clippy::manual_async_fn)]
 pub fn serve<S>(
@@ -160,8 +153,6 @@ struct Connected {
     will: Option<Will>,
     kick: CancellationToken,
     vhost_name: String,
-    /// Counted against the user's connection limit while it lives.
-    _slot: ConnectionSlot,
     /// Dropped last: unregisters the client id.
     _registration: Registration,
 }
@@ -208,7 +199,6 @@ where
         // before the registration is dropped, so a takeover's connect comes after it
         ctx.state.session_disconnected(&c.vs, &c.client_id);
     }
-    ctx.broker.connection_closed(c.conn);
     ctx.state.stats.connected.fetch_sub(1, Ordering::Relaxed);
     // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
     let abnormal = matches!(end, End::PeerClosed | End::Takeover | End::Error(_));
@@ -262,14 +252,15 @@ where
     // authentication, then the vhost (always the default one)
     let broker = ctx.broker.clone();
     let vhost_name = broker.default_vhost().to_string();
-    let (user, access, _slot) = match login(ctx, peer, &connect, &vhost_name) {
+    let conn = broker.next_connection_id();
+    let link = match login(ctx, peer, conn, &connect, &vhost_name) {
         Ok(l) => l,
         Err((code, why)) => {
             let user = connect.username.as_deref().unwrap_or("");
-            tracing::info!(%peer, user, code, reason = %why, "MQTT login refused");
+            tracing::info!(%peer, user, code, reason = %why.reason, "MQTT login refused");
             // Slows password guessing down: one refusal per delay per source address
             // and per user name, however many connections ask at once.
-            let hold = broker.login_failed(peer.ip(), user, ctx.login.failed_login_delay);
+            let hold = why.hold;
             if !hold.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(hold) => {}
@@ -280,10 +271,11 @@ where
             return Ok(None);
         }
     };
-    tracing::Span::current().record("user", user.name.as_str());
+    let span = tracing::Span::current();
+    span.record("user", link.user());
+    span.record("vhost", vhost_name.as_str());
 
     // client id [MQTT-3.1.3-6], [MQTT-3.1.3-8]
-    let conn = broker.next_connection_id();
     let mut client_id = connect.client_id.clone();
     if client_id.is_empty() {
         if !connect.clean_session {
@@ -313,9 +305,9 @@ where
 
     // A session belongs to the user who created it: another user's CONNECT with its
     // client id, persistent or clean, neither resumes, discards nor takes it over.
-    let owner: Arc<str> = Arc::from(user.name.as_str());
-    if !vs.sessions.may_use(&client_id, &user.name) {
-        tracing::info!(%peer, user = %user.name, "MQTT session of another user refused");
+    let owner: Arc<str> = Arc::from(link.user());
+    if !vs.sessions.may_use(&client_id, link.user()) {
+        tracing::info!(%peer, user = %link.user(), "MQTT session of another user refused");
         refuse(stream, NOT_AUTHORIZED).await?;
         return Ok(None);
     }
@@ -334,7 +326,7 @@ where
         },
     );
     let Ok(prev) = registered else {
-        tracing::info!(%peer, user = %user.name, "MQTT client id connected as another user");
+        tracing::info!(%peer, user = %link.user(), "MQTT client id connected as another user");
         refuse(stream, NOT_AUTHORIZED).await?;
         return Ok(None);
     };
@@ -364,7 +356,7 @@ where
         &client_id,
         &qname,
         &connect,
-        &user.name,
+        link.user(),
         conn,
     );
     let (session_present, session) = match setup {
@@ -393,17 +385,15 @@ where
     // 0 would be the core's "no limit", and there are only 65,535 identifiers.
     let window = ctx.limits.max_inflight.clamp(1, u32::from(u16::MAX));
     let mut c = Conn {
-        access,
+        link,
         state: ctx.state.clone(),
         vs: vs.clone(),
-        vhost: vs.vhost.clone(),
-        conn,
         client_id: client_id.clone(),
         qname,
         clean: connect.clean_session,
         session,
         topic_cache: None,
-        pending: VecDeque::new(),
+        pending: ReplyQueue::default(),
         outbox: Outbox::new((ctx.limits.max_inflight as usize).max(64)),
         consumer: None,
         prefetch: window,
@@ -433,13 +423,11 @@ where
         if let Err(e) = c.revoke_unpermitted() {
             tracing::warn!(error = %e, "cannot check the MQTT session's subscriptions");
             refuse(stream, UNAVAILABLE).await?;
-            broker.connection_closed(conn);
             return Ok(None);
         }
         if let Err(e) = c.subscription_queue(false) {
             tracing::warn!(error = %e, "cannot consume the MQTT subscription queue");
             refuse(stream, UNAVAILABLE).await?;
-            broker.connection_closed(conn);
             return Ok(None);
         }
     }
@@ -457,7 +445,6 @@ where
         will: connect.will,
         kick,
         vhost_name,
-        _slot,
         _registration,
     }))
 }
@@ -472,11 +459,10 @@ where
 fn login(
     ctx: &MqttContext,
     peer: SocketAddr,
+    conn: ConnectionId,
     connect: &Connect,
     vhost: &str,
-) -> Result<(User, Arc<VhostAccess>, ConnectionSlot), (u8, CoreError)> {
-    let ip = peer.ip();
-    let broker = &ctx.broker;
+) -> Result<Link, (u8, LoginRefused)> {
     let refusal = if connect.username.is_some() {
         BAD_LOGIN
     } else {
@@ -487,37 +473,29 @@ fn login(
         .peer_cert_cn
         .as_deref()
         .filter(|_| ctx.login.ssl_cert_login);
-    let user = match (&connect.username, cert_cn) {
-        (Some(u), _) => {
-            let pass = connect
-                .password
-                .as_ref()
-                .map(|p| String::from_utf8_lossy(p).into_owned())
-                .unwrap_or_default();
-            broker
-                .authenticate(u, &pass, ip)
-                .map_err(|e| (refusal, e))?
-        }
-        (None, Some(cn)) => broker
-            .authenticate_external(cn, ip)
-            .map_err(|e| (NOT_AUTHORIZED, e))?,
-        (None, None) => match ctx.anonymous_user.as_deref() {
-            Some(anon) => broker
-                .authenticate_anonymous(anon, ip)
-                .map_err(|e| (NOT_AUTHORIZED, e))?,
-            None => {
-                return Err((
-                    NOT_AUTHORIZED,
-                    CoreError::NotAllowed("anonymous login not accepted from this peer".into()),
-                ))
-            }
+    let pass = connect
+        .password
+        .as_ref()
+        .map(|p| String::from_utf8_lossy(p))
+        .unwrap_or_default();
+    let credentials = match (&connect.username, cert_cn) {
+        (Some(user), _) => Credentials::Password {
+            user,
+            password: &pass,
+        },
+        (None, Some(cn)) => Credentials::Certificate { user: cn },
+        (None, None) => Credentials::Anonymous {
+            user: ctx.anonymous_user.as_deref(),
         },
     };
-    let access = broker
-        .vhost_access(&user, vhost)
-        .map_err(|e| (refusal, e))?;
-    let slot = broker.connection_slot(&user).map_err(|e| (refusal, e))?;
-    Ok((user, access, slot))
+    let peer = Peer {
+        addr: peer.ip(),
+        conn,
+        failed_login_delay: ctx.login.failed_login_delay,
+    };
+    ctx.broker
+        .login(credentials, peer, vhost, Protocol::Mqtt)
+        .map_err(|e| (refusal, e))
 }
 
 /// Declares the session's queue (a persistent one owned by `user`); returns (session
@@ -532,7 +510,7 @@ fn open_session(
     connect: &Connect,
     user: &str,
     conn: ConnectionId,
-) -> Result<(bool, Session<Target>, Vec<Durable>), MqttError> {
+) -> Result<(bool, Session<Target>, Vec<Durability>), MqttError> {
     let vhost = &vs.vhost;
     let existing = vhost.queue(qname);
     if connect.clean_session {
@@ -572,32 +550,20 @@ fn open_session(
 /// A routing key, its MQTT topic and the QoS granted for it (`None`: no filter matches).
 type TopicCache = (Arc<str>, String, Option<u8>);
 
-/// Responses waiting for the store or for publisher flow control.
-struct Pending {
-    durables: Vec<Durable>,
+/// A response waiting in the connection's [`ReplyQueue`] for the store or for
+/// publisher flow control.
+struct Reply {
     packets: Vec<Packet>,
     /// Filters (with their granted QoS) whose retained messages follow the packets.
     retained: Vec<(String, u8)>,
-    /// Held until the queues are clear again or the deadline passes.
-    throttle: Option<(Backpressure, tokio::time::Instant)>,
-}
-
-impl Pending {
-    fn ready(&self) -> bool {
-        self.durables.iter().all(|d| d.is_durable())
-            && self.throttle.as_ref().is_none_or(|(b, deadline)| {
-                b.is_clear() || tokio::time::Instant::now() >= *deadline
-            })
-    }
 }
 
 struct Conn {
-    /// The user's rights in the vhost.
-    access: Arc<VhostAccess>,
+    /// The user, vhost, permissions and connection slot; dropped (the connection torn
+    /// down in the core) with the connection, after its deliveries were given back.
+    link: Link,
     state: Arc<MqttState>,
     vs: Arc<VhostState>,
-    vhost: Arc<Vhost>,
-    conn: ConnectionId,
     client_id: String,
     qname: String,
     clean: bool,
@@ -606,7 +572,8 @@ struct Conn {
     /// (cleared when the subscriptions change): fan-out delivers one key many times.
     /// Boxed: an idle connection keeps a pointer, not the entry.
     topic_cache: Option<Box<TopicCache>>,
-    pending: VecDeque<Pending>,
+    /// Responses in order (the core's one ordered reply queue).
+    pending: ReplyQueue<Reply>,
     /// Where the subscription queue delivers.
     outbox: Arc<Outbox>,
     /// Consuming the subscription queue: from CONNECT for a persistent session, from the
@@ -629,28 +596,6 @@ fn out(wbuf: &mut BytesMut) -> &mut BytesMut {
         wbuf.reserve(4096);
     }
     wbuf
-}
-
-/// Completes when the oldest pending response's messages are on disk and its queues
-/// are no longer throttled (or it waited long enough).
-async fn front_ready(pending: &mut VecDeque<Pending>) -> Result<(), MqttError> {
-    if let Some(p) = pending.front_mut() {
-        for d in p.durables.iter_mut() {
-            d.await.map_err(|e| MqttError::Store(e.to_string()))?;
-        }
-        if let Some((b, deadline)) = &p.throttle {
-            // boxed: the timer and the queue waits would otherwise widen every
-            // connection task by their size, throttled or not (idle RSS per connection)
-            Box::pin(async move {
-                tokio::select! {
-                    _ = b.wait() => {}
-                    _ = tokio::time::sleep_until(*deadline) => {}
-                }
-            })
-            .await;
-        }
-    }
-    Ok(())
 }
 
 impl Conn {
@@ -694,7 +639,9 @@ impl Conn {
                     Err(e) => break 'outer End::Error(e.into()),
                 }
             }
-            self.flush_pending();
+            if let Err(e) = self.flush_pending() {
+                break 'outer End::Error(e);
+            }
             self.feed_retained();
             // Each delivery takes at most one packet identifier: take no more than the
             // window has room for. The rest wait in the outbox (bounded; the core's
@@ -757,8 +704,8 @@ impl Conn {
                     Err(e) => break End::Error(e.into()),
                 },
                 _ = outbox.notified(), if self.window_room() > 0 => {}
-                r = front_ready(&mut self.pending), if !self.pending.is_empty() => {
-                    if let Err(e) = r {
+                done = self.pending.ready(), if !self.pending.is_empty() => {
+                    if let Err(e) = self.write_replies(done) {
                         break End::Error(e);
                     }
                 }
@@ -768,7 +715,7 @@ impl Conn {
     }
 
     /// Queues responses behind any that wait for the store.
-    fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durable>) {
+    fn respond(&mut self, packets: Vec<Packet>, durables: Vec<Durability>) {
         self.respond_after(packets, durables, None, Vec::new());
     }
 
@@ -777,31 +724,27 @@ impl Conn {
     fn respond_after(
         &mut self,
         packets: Vec<Packet>,
-        durables: Vec<Durable>,
+        durables: Vec<Durability>,
         throttle: Option<Backpressure>,
         retained: Vec<(String, u8)>,
     ) {
-        let durables: Vec<Durable> = durables.into_iter().filter(|d| !d.is_durable()).collect();
-        let throttle = throttle
-            .filter(|b| !b.is_clear())
-            .map(|b| (b, tokio::time::Instant::now() + FLOW_MAX_WAIT));
-        if packets.is_empty() && durables.is_empty() && throttle.is_none() {
-            return;
-        }
-        if self.pending.is_empty() && durables.is_empty() && throttle.is_none() {
-            for p in &packets {
-                codec::encode(p, out(&mut self.wbuf));
+        let throttle = throttle.filter(|b| !b.is_clear());
+        let on_disk = durables.iter().all(|d| d.is_durable());
+        match throttle {
+            None if on_disk && packets.is_empty() => {}
+            None if on_disk && self.pending.is_empty() => {
+                for p in &packets {
+                    codec::encode(p, out(&mut self.wbuf));
+                }
+                for (f, q) in &retained {
+                    self.retained.push(f, *q);
+                }
             }
-            for (f, q) in &retained {
-                self.retained.push(f, *q);
-            }
-        } else {
-            self.pending.push_back(Pending {
-                durables,
-                packets,
-                retained,
-                throttle,
-            });
+            // nothing to answer (QoS 0): the throttled queue holds what follows
+            Some(b) if packets.is_empty() && retained.is_empty() => self.pending.hold(b),
+            throttle => self
+                .pending
+                .push(Reply { packets, retained }, durables, throttle),
         }
     }
 
@@ -843,20 +786,27 @@ impl Conn {
 
     /// Encodes the responses whose messages are now on disk (and not held by flow
     /// control), in order.
-    fn flush_pending(&mut self) {
-        while let Some(front) = self.pending.front() {
-            if !front.ready() {
-                return;
+    fn flush_pending(&mut self) -> Result<(), MqttError> {
+        let mut ready = Vec::new();
+        self.pending.take_ready(&mut ready, None);
+        self.write_replies(ready)
+    }
+
+    /// Encodes responses that left the reply queue, in order.
+    fn write_replies(
+        &mut self,
+        ready: Vec<(Reply, Result<(), CoreError>)>,
+    ) -> Result<(), MqttError> {
+        for (p, stored) in ready {
+            stored.map_err(|e| MqttError::Store(e.to_string()))?;
+            for pk in &p.packets {
+                codec::encode(pk, out(&mut self.wbuf));
             }
-            if let Some(p) = self.pending.pop_front() {
-                for pk in &p.packets {
-                    codec::encode(pk, out(&mut self.wbuf));
-                }
-                for (f, q) in &p.retained {
-                    self.retained.push(f, *q);
-                }
+            for (f, q) in &p.retained {
+                self.retained.push(f, *q);
             }
         }
+        Ok(())
     }
 
     /// Handles one packet; `true` on DISCONNECT.
@@ -916,12 +866,13 @@ impl Conn {
                             .keys()
                             .any(|k| topic_to_routing_key(k) == key);
                         if !shared {
-                            self.vhost.unbind_queue(
+                            // the session's own binding: no permission needed to drop it
+                            self.link.vhost().unbind_queue(
                                 &self.qname,
                                 "amq.topic",
                                 &key,
                                 &FieldTable::default(),
-                                self.conn,
+                                self.link.id(),
                             )?;
                         }
                     }
@@ -965,12 +916,13 @@ impl Conn {
                 .keys()
                 .any(|k| topic_to_routing_key(k) == key)
             {
-                if let Err(e) = self.vhost.unbind_queue(
+                // revoked: the check that would guard the unbind is the one that failed
+                if let Err(e) = self.link.vhost().unbind_queue(
                     &self.qname,
                     "amq.topic",
                     &key,
                     &FieldTable::default(),
-                    self.conn,
+                    self.link.id(),
                 ) {
                     tracing::debug!(key, error = %e, "unbinding a revoked subscription");
                 }
@@ -985,23 +937,21 @@ impl Conn {
     /// plugin): configure and read on the subscription queue, write on it and read on
     /// amq.topic (with its topic permission) for the binding.
     fn check_subscribe(&self, key: &str) -> Result<(), CoreError> {
-        self.access
+        let access = self.link.access();
+        access
             .queue_declare(&self.qname, &FieldTable::default())
-            .and_then(|()| self.access.consume(&self.qname))
-            .and_then(|()| {
-                self.access
-                    .queue_bind_key(&self.vhost, &self.qname, "amq.topic", key)
-            })
+            .and_then(|()| access.consume(&self.qname))
+            .and_then(|()| access.queue_bind_key(self.link.vhost(), &self.qname, "amq.topic", key))
     }
 
-    fn save_session(&mut self) -> Result<Vec<Durable>, MqttError> {
+    fn save_session(&mut self) -> Result<Vec<Durability>, MqttError> {
         if self.clean {
             return Ok(Vec::new());
         }
         Ok(self
             .vs
             .sessions
-            .save(&self.client_id, self.access.user(), &self.session.subs)?
+            .save(&self.client_id, self.link.user(), &self.session.subs)?
             .into_iter()
             .collect())
     }
@@ -1012,15 +962,19 @@ impl Conn {
         if self.consumer.is_some() {
             return Ok(());
         }
+        // The session's own queue: what a SUBSCRIBE needs on it is checked per filter
+        // (`check_subscribe`); a persistent session's queue is consumed at CONNECT
+        // whatever its user may subscribe to now (its revoked filters were dropped).
+        let vhost = self.link.vhost();
         if declare {
-            self.vhost.declare_queue(QueueDeclare {
+            vhost.declare_queue(QueueDeclare {
                 name: self.qname.clone(),
                 exclusive: true,
-                conn: self.conn,
+                conn: self.link.id(),
                 ..Default::default()
             })?;
         }
-        let consumer = self.vhost.consume(
+        let consumer = vhost.consume(
             &self.qname,
             ConsumeRequest {
                 tag: self.client_id.clone(),
@@ -1028,7 +982,7 @@ impl Conn {
                 exclusive: true,
                 prefetch: self.prefetch,
                 priority: 0,
-                conn: self.conn,
+                conn: self.link.id(),
                 outbox: self.outbox.clone(),
                 gate: None,
             },
@@ -1090,12 +1044,11 @@ impl Conn {
                 codes.push(0x80);
                 continue;
             }
-            match self.vhost.bind_queue_deferred(
+            match self.link.bind_queue_deferred(
                 &self.qname,
                 "amq.topic",
                 &key,
                 &FieldTable::default(),
-                self.conn,
             ) {
                 // the journal is ordered: the last binding's record covers the others
                 Ok(durable) => bound = Some(durable),
@@ -1135,7 +1088,7 @@ impl Conn {
         payload: Bytes,
         qos: u8,
         retain: bool,
-    ) -> Result<(Vec<Durable>, Option<Backpressure>), MqttError> {
+    ) -> Result<(Vec<Durability>, Option<Backpressure>), MqttError> {
         // A refused publish ends the connection, as RabbitMQ's MQTT plugin does
         // (MQTT 3.1.1 has no way to refuse one message).
         if topic.len() > MAX_TOPIC_LEN {
@@ -1147,8 +1100,8 @@ impl Conn {
             tracing::debug!(topic, "PUBLISH to a $SYS topic dropped");
             return Ok((Vec::new(), None));
         }
-        self.access
-            .publish_to(&self.vhost, "amq.topic", &routing_key)?;
+        // checked before the retained message is set (and again by the publish)
+        self.link.check_publish("amq.topic", &routing_key)?;
         let mut durables = Vec::new();
         if retain {
             // [MQTT-3.3.1-5], an empty payload clears [MQTT-3.3.1-10]
@@ -1158,7 +1111,7 @@ impl Conn {
         }
         let mut headers = FieldTable::default();
         headers.insert(QOS_HEADER, FieldValue::U8(qos));
-        let published = self.vhost.publish(Publish {
+        let published = self.link.publish(Publish {
             exchange: "amq.topic".into(),
             routing_key,
             mandatory: false,
@@ -1168,7 +1121,7 @@ impl Conn {
                 ..Default::default()
             },
             body: payload,
-            conn: self.conn,
+            conn: self.link.id(),
         })?;
         durables.extend(published.durable);
         self.state.stats.received.fetch_add(1, Ordering::Relaxed);

@@ -9,7 +9,7 @@
 //! live value of a key, so the store keeps it. Replacing or deleting a key acks the old
 //! message. At start every unacked message comes back (redelivered) in queue order;
 //! the last one per key wins and older ones are acked. So the state is as durable as
-//! any persistent message (fsync'd under `flush = "sync"`, with the [`Durable`] to wait
+//! any persistent message (fsync'd under `flush = "sync"`, with the [`Durability`] to wait
 //! for), survives `kill -9`, and needs no new storage code.
 //!
 //! Migration: versions before issue 14 kept the map in an ordinary queue (`mqtt-retained`,
@@ -23,11 +23,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use triad_core::queue::Queue;
+use triad_core::Durability;
 use triad_core::{
     ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, FieldTable, FieldValue, OutEvent,
     Outbox, Properties, Publish, QueueDeclare, Vhost,
 };
-use triad_store::flush::Durable;
 
 const KEY: &str = "x-triad-key";
 const META: &str = "x-triad-meta";
@@ -245,7 +245,7 @@ impl DurableLog {
     }
 
     /// Sets `key`; the result completes when it is on disk.
-    pub fn put(&self, key: &str, value: Bytes, meta: i64) -> Result<Option<Durable>, CoreError> {
+    pub fn put(&self, key: &str, value: Bytes, meta: i64) -> Result<Option<Durability>, CoreError> {
         let mut headers = FieldTable::default();
         headers.insert(KEY, FieldValue::LongString(Bytes::from(key.to_string())));
         headers.insert(META, FieldValue::I64(meta));

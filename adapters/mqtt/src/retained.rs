@@ -11,8 +11,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
+use triad_core::Durability;
 use triad_core::{ConnectionId, CoreError, Vhost};
-use triad_store::flush::Durable;
 
 use crate::durable::DurableLog;
 
@@ -278,7 +278,7 @@ impl RetainedStore {
         payload: Bytes,
         qos: u8,
         durable: bool,
-    ) -> Result<Option<Durable>, CoreError> {
+    ) -> Result<Option<Durability>, CoreError> {
         let mut trie = self.trie.write().unwrap_or_else(|e| e.into_inner());
         if payload.is_empty() {
             trie.remove(topic);

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use triad_core::Durability;
 use triad_core::{Broker, ConnectionId, CoreError, Properties, Publish, Vhost};
-use triad_store::flush::Durable;
 
 use crate::durable::DurableLog;
 use crate::retained::RetainedStore;
@@ -86,7 +86,7 @@ impl SessionStore {
         g: &mut HashMap<String, Stored>,
         client: &str,
         stored: Stored,
-    ) -> Result<Option<Durable>, CoreError> {
+    ) -> Result<Option<Durability>, CoreError> {
         let json = match &stored.owner {
             Some(user) => serde_json::to_vec(&serde_json::json!({
                 "user": &**user,
@@ -124,7 +124,7 @@ impl SessionStore {
         client: &str,
         user: &str,
         subs: &BTreeMap<String, u8>,
-    ) -> Result<Option<Durable>, CoreError> {
+    ) -> Result<Option<Durability>, CoreError> {
         let mut g = self.lock();
         self.put(
             &mut g,
@@ -139,7 +139,7 @@ impl SessionStore {
 
     /// Records `user` as the owner of `client`'s session unless it already is (one
     /// write when a session is created or an ownerless one is claimed).
-    pub fn claim(&self, client: &str, user: &str) -> Result<Option<Durable>, CoreError> {
+    pub fn claim(&self, client: &str, user: &str) -> Result<Option<Durability>, CoreError> {
         let mut g = self.lock();
         let stored = match g.get(client) {
             Some(s) if s.owner.as_deref() == Some(user) => return Ok(None),

@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use triad_core::testing::eventually;
 use triad_core::{Broker, CoreConfig};
 use triad_mqtt::codec::{self, Connect, Packet, Publish, Subscribe, Will};
 use triad_mqtt::{serve, MqttContext, MqttLimits, MqttState};
@@ -376,7 +377,11 @@ async fn retained_set_delivered_cleared_and_durable() {
             break;
         }
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("both retained messages", Duration::from_secs(10), || {
+        let vs = s.ctx.state.vhost_state("/").unwrap();
+        vs.retained.matching("r/+").len() == 2
+    })
+    .await;
     let mut a = connect(s.addr, "a", true).await;
     a.sub("r/+", QoS::AtLeastOnce).await;
     let mut got = [a.publish().await, a.publish().await];
@@ -574,7 +579,10 @@ async fn unacked_messages_are_resent_with_dup_after_reconnect() {
     };
     assert!(!first.dup);
     drop(raw);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually("the session to disconnect", Duration::from_secs(10), || {
+        !s.ctx.state.is_connected("/", "lazy")
+    })
+    .await;
     let mut raw = Raw::connect(s.addr, "lazy", false).await;
     assert_eq!(raw.connack().await, (true, 0));
     let Some(Packet::Publish(again)) = raw.recv().await else {

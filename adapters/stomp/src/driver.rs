@@ -2,7 +2,6 @@
 //! durability waits, heart-beat timers and shutdown. All protocol decisions are the
 //! [`Session`]'s; this file only moves bytes and keeps time.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,11 +11,11 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
-use triad_core::Broker;
+use triad_core::{Broker, CoreError, ReplyQueue};
 
 use crate::codec::{self, Limits, HEARTBEAT};
 use crate::frame::Frame;
-use crate::session::{Action, Caps, DurableWait, Session, SessionConfig};
+use crate::session::{Action, Caps, Session, SessionConfig};
 use triad_core::io::read_some;
 
 /// Everything a STOMP connection needs from the process.
@@ -84,6 +83,7 @@ impl StompContext {
             ssl_cert_login: self.ssl_cert_login,
             peer_cert_cn: self.peer_cert_cn.clone(),
             caps: self.caps,
+            failed_login_delay: self.failed_login_delay,
         }
     }
 }
@@ -132,18 +132,28 @@ where
     }
 }
 
-struct Pending {
-    durable: Option<DurableWait>,
-    frame: Frame,
-}
-
-/// Waits for the durability of the oldest pending receipt (forever if it has none:
-/// the loop pops those before waiting). Cancel-safe: the future is polled in place.
-async fn wait_head(q: &mut VecDeque<Pending>) -> Result<(), String> {
-    match q.front_mut().and_then(|p| p.durable.as_mut()) {
-        Some(f) => f.as_mut().await,
-        None => std::future::pending().await,
+/// Encodes RECEIPTs that left the reply queue, in order; on a store failure, an ERROR
+/// and close instead (`true`: `actions` holds them).
+fn write_receipts(
+    ready: Vec<(Frame, Result<(), CoreError>)>,
+    session: &mut Session,
+    wbuf: &mut BytesMut,
+    actions: &mut Vec<Action>,
+) -> bool {
+    let dialect = session.dialect();
+    for (frame, stored) in ready {
+        if let Err(e) = stored {
+            tracing::warn!(error = %e, "store failed to make a message durable");
+            session.error_and_close(
+                "internal error",
+                &format!("the message could not be stored: {e}"),
+                actions,
+            );
+            return true;
+        }
+        codec::encode_with(&frame, wbuf, dialect);
     }
+    false
 }
 
 async fn run<S>(stream: &mut S, session: &mut Session, ctx: &StompContext) -> Result<(), ServeError>
@@ -159,7 +169,10 @@ where
     let mut wbuf = BytesMut::new();
     let mut actions: Vec<Action> = Vec::new();
     let mut events = Vec::new();
-    let mut receipts: VecDeque<Pending> = VecDeque::new();
+    // RECEIPTs waiting for the disk or for a throttled queue, in order, and flow-control
+    // holds (the core's one ordered reply queue)
+    let mut receipts: ReplyQueue<Frame> = ReplyQueue::default();
+
     let mut disconnecting = false;
     let mut closing = false;
     let handshake_deadline = Instant::now() + ctx.handshake_timeout;
@@ -198,28 +211,29 @@ where
                 // keep order with what is already written unless a durable wait is ahead
                 Action::Receipt {
                     durable: None,
+                    flow: None,
                     frame,
                 } if receipts.is_empty() => codec::encode_with(&frame, &mut wbuf, dialect),
-                Action::Receipt { durable, frame } => {
-                    receipts.push_back(Pending { durable, frame })
-                }
+                Action::Receipt {
+                    durable,
+                    flow,
+                    frame,
+                } => receipts.push(frame, durable, flow),
+                Action::Hold(flow) => receipts.hold(flow),
                 Action::Disconnect => disconnecting = true,
                 Action::Close => closing = true,
             }
         }
-        if !closing {
-            while receipts.front().is_some_and(|p| p.durable.is_none()) {
-                if let Some(p) = receipts.pop_front() {
-                    codec::encode_with(&p.frame, &mut wbuf, dialect);
-                }
+        if !closing && !receipts.is_empty() {
+            let mut ready = Vec::new();
+            receipts.take_ready(&mut ready, None);
+            if write_receipts(ready, session, &mut wbuf, &mut actions) {
+                continue;
             }
         }
-        if let Some(user) = session.take_login_failed() {
+        if let Some(hold) = session.take_login_hold() {
             // Slows password guessing down: one refusal per delay per source address
             // and per user name, however many connections ask at once.
-            let hold = ctx
-                .broker
-                .login_failed(session.peer().ip(), &user, ctx.failed_login_delay);
             if !hold.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(hold) => {}
@@ -261,7 +275,10 @@ where
         if alarm_blocked {
             last_read = Instant::now();
         }
-        let reading = !disconnecting && receipts.len() < MAX_PENDING_RECEIPTS && !alarm_blocked;
+        let reading = !disconnecting
+            && receipts.len() < MAX_PENDING_RECEIPTS
+            && !receipts.is_holding()
+            && !alarm_blocked;
         let connected = session.is_connected();
         // One timer for the three deadlines (each `Sleep` in the `select!` below is
         // 112 bytes of every connection's task, waiting or not).
@@ -314,18 +331,8 @@ where
             }
             _ = outbox.notified(), if connected && !more_events => {}
             _ = std::future::ready(()), if connected && more_events => {}
-            r = wait_head(&mut receipts) => {
-                match r {
-                    Ok(()) => {
-                        if let Some(p) = receipts.front_mut() {
-                            p.durable = None;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "store failed to make a message durable");
-                        session.error_and_close("internal error", &format!("the message could not be stored: {e}"), &mut actions);
-                    }
-                }
+            done = receipts.ready(), if !receipts.is_empty() && !closing => {
+                write_receipts(done, session, &mut wbuf, &mut actions);
             }
             _ = sleep_until(timer.unwrap_or(far)), if timer.is_some() => {
                 let now = Instant::now();

@@ -6,16 +6,15 @@
 //! timers and the waiting on durability.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use triad_core::{
-    Broker, ConnectionId, ConnectionSlot, ConsumeRequest, ConsumerHandle, CoreError, Delivery,
-    FieldTable, FieldValue, OutEvent, Outbox, Publish, Queue, QueueDeclare, Vhost, VhostAccess,
+    Backpressure, Broker, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials,
+    Delivery, Durability, FieldTable, FieldValue, Link, OutEvent, Outbox, Peer, Protocol, Publish,
+    Queue, QueueDeclare,
 };
 
 use crate::codec::{DecodeError, Dialect, Limits};
@@ -23,21 +22,26 @@ use crate::destination::Destination;
 use crate::frame::{Command, Frame};
 use crate::mapping::{self, MessageMeta};
 
-/// Completes once a published message is durable (`Err`: the store failed).
-pub type DurableWait = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-
 /// What the driver must do.
 pub enum Action {
     /// Write this frame now.
     Send(Frame),
-    /// Write this RECEIPT once `durable` (if any) completes and every earlier receipt
-    /// has been written: receipts keep the order of the frames they answer.
+    /// Write this RECEIPT once `durable` (if any) completes, `flow` (a throttled
+    /// queue, if any) clears or `FLOW_MAX_WAIT` passes, and every earlier receipt has
+    /// been written: receipts keep the order of the frames they answer (the core's
+    /// [`triad_core::ReplyQueue`]).
     Receipt {
-        /// What to wait for first.
-        durable: Option<DurableWait>,
+        /// What to wait for first: the message (or the transaction) on disk.
+        durable: Option<Durability>,
+        /// Publisher flow control: the queues that throttle this SEND.
+        flow: Option<Backpressure>,
         /// The RECEIPT frame.
         frame: Frame,
     },
+    /// Publisher flow control: a SEND without a receipt went to a queue whose
+    /// consumers fall behind. Later receipts wait behind this until it clears (or
+    /// `FLOW_MAX_WAIT` passes); while `MAX_HOLDS` of these wait, the socket is not read.
+    Hold(Backpressure),
     /// DISCONNECT: close once the pending receipts are written.
     Disconnect,
     /// Close now, after writing what is already queued (follows an ERROR).
@@ -48,12 +52,18 @@ impl std::fmt::Debug for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Action::Send(fr) => write!(f, "Send({})", fr.command),
-            Action::Receipt { durable, frame } => write!(
+            Action::Receipt {
+                durable,
+                flow,
+                frame,
+            } => write!(
                 f,
-                "Receipt({:?}, waits: {})",
+                "Receipt({:?}, waits: {}, held: {})",
                 frame.header("receipt-id"),
-                durable.is_some()
+                durable.is_some(),
+                flow.is_some()
             ),
+            Action::Hold(_) => f.write_str("Hold"),
             Action::Disconnect => f.write_str("Disconnect"),
             Action::Close => f.write_str("Close"),
         }
@@ -111,6 +121,9 @@ pub struct SessionConfig {
     pub peer_cert_cn: Option<String>,
     /// Caps on per-connection state.
     pub caps: Caps,
+    /// `auth.failed_login_delay`: a refused CONNECT is answered this long after the
+    /// previous refusal for the same address or user name.
+    pub failed_login_delay: Duration,
 }
 
 /// Caps on what one connection may make the broker hold; each is checked before the
@@ -153,6 +166,7 @@ impl Default for SessionConfig {
             ssl_cert_login: false,
             peer_cert_cn: None,
             caps: Caps::default(),
+            failed_login_delay: Duration::from_secs(1),
         }
     }
 }
@@ -173,7 +187,8 @@ struct Subscription {
     durable_queue: Option<String>,
 }
 
-struct Pending {
+/// A delivery awaiting ACK / NACK (AMQP's `channel::Unacked` plus its message-id).
+struct Unacked {
     queue: Arc<Queue>,
     offset: u64,
     message_id: String,
@@ -181,7 +196,7 @@ struct Pending {
 
 struct Ledger {
     mode: AckMode,
-    pending: BTreeMap<u64, Pending>,
+    pending: BTreeMap<u64, Unacked>,
 }
 
 enum TxOp {
@@ -235,15 +250,12 @@ pub struct Session {
     outbox: Arc<Outbox>,
     phase: Phase,
     version: Version,
-    vhost: Option<Arc<Vhost>>,
-    /// The user's rights in `vhost`.
-    access: Option<Arc<VhostAccess>>,
-    /// Counted against the user's connection limit while connected.
-    slot: Option<ConnectionSlot>,
-    /// A login was just refused (the user name it was for): the driver delays the
-    /// ERROR.
-    login_failed: Option<String>,
-    user: String,
+    /// The user, vhost, permissions and connection slot, once connected; dropped
+    /// (the connection torn down in the core) last in [`Session::close`].
+    link: Option<Link>,
+    /// A login was just refused: how long the driver holds the ERROR (the failed-login
+    /// throttle's answer).
+    login_hold: Option<Duration>,
     heartbeat: (u64, u64),
     subs: HashMap<String, Subscription, foldhash::fast::RandomState>,
     ledgers: HashMap<String, Ledger, foldhash::fast::RandomState>,
@@ -260,7 +272,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("conn", &self.conn)
             .field("peer", &self.peer)
-            .field("user", &self.user)
+            .field("user", &self.user())
             .finish_non_exhaustive()
     }
 }
@@ -280,11 +292,8 @@ impl Session {
             outbox,
             phase: Phase::AwaitingConnect,
             version: Version::V10,
-            vhost: None,
-            access: None,
-            slot: None,
-            login_failed: None,
-            user: String::new(),
+            link: None,
+            login_hold: None,
             heartbeat: (0, 0),
             subs: HashMap::default(),
             ledgers: HashMap::default(),
@@ -313,18 +322,23 @@ impl Session {
 
     /// The logged-in user ("" before CONNECT).
     pub fn user(&self) -> &str {
-        &self.user
+        self.link.as_ref().map_or("", |l| l.user())
     }
 
     /// The vhost's name, once connected.
     pub fn vhost_name(&self) -> Option<&str> {
-        self.vhost.as_ref().map(|v| v.name())
+        self.link.as_ref().map(|l| l.vhost().name())
     }
 
-    /// The user name of a login just refused, if one was (the driver waits before the
-    /// ERROR, see `Broker::login_failed`); clears it.
-    pub fn take_login_failed(&mut self) -> Option<String> {
-        self.login_failed.take()
+    /// The connection's link (user, vhost, permissions), once connected.
+    pub fn link(&self) -> Option<&Link> {
+        self.link.as_ref()
+    }
+
+    /// How long to hold the ERROR answering a login just refused, if one was; clears
+    /// it.
+    pub fn take_login_hold(&mut self) -> Option<Duration> {
+        self.login_hold.take()
     }
 
     /// The peer's address.
@@ -415,6 +429,7 @@ impl Session {
                 if let Some(r) = &receipt {
                     out.push(Action::Receipt {
                         durable: None,
+                        flow: None,
                         frame: receipt_frame(r),
                     });
                 }
@@ -440,6 +455,7 @@ impl Session {
                 ) {
                     out.push(Action::Receipt {
                         durable: None,
+                        flow: None,
                         frame: receipt_frame(&r),
                     });
                 }
@@ -463,53 +479,52 @@ impl Session {
                     })?
             }
         };
-        let peer_ip = self.peer.ip();
         let cert_cn = self
             .cfg
             .peer_cert_cn
             .as_deref()
             .filter(|_| self.cfg.ssl_cert_login);
-        let (name, login) = match (f.header("login"), cert_cn) {
-            (Some(login), _) => (
-                login,
-                self.broker
-                    .authenticate(login, f.header("passcode").unwrap_or(""), peer_ip),
-            ),
-            (None, Some(cn)) => (cn, self.broker.authenticate_external(cn, peer_ip)),
-            (None, None) => match self.cfg.anonymous_user.as_deref() {
-                Some(anon) => (anon, self.broker.authenticate_anonymous(anon, peer_ip)),
-                None => (
-                    "",
-                    Err(CoreError::AccessRefused(
-                        "CONNECT without login is not accepted from this peer".into(),
-                    )),
-                ),
+        let credentials = match (f.header("login"), cert_cn) {
+            (Some(user), _) => Credentials::Password {
+                user,
+                password: f.header("passcode").unwrap_or(""),
             },
+            (None, Some(cn)) => Credentials::Certificate { user: cn },
+            (None, None) => Credentials::Anonymous {
+                user: self.cfg.anonymous_user.as_deref(),
+            },
+        };
+        let vhost_name = match f.header("host") {
+            Some(h) if self.broker.has_vhost(h) => h,
+            _ => self.broker.default_vhost(),
+        };
+        let peer = Peer {
+            addr: self.peer.ip(),
+            conn: self.conn,
+            failed_login_delay: self.cfg.failed_login_delay,
         };
         // Every refusal gets the answer (and the delay) of a bad password: one made only
         // once the password was accepted (no permissions on the vhost, over the
         // connection limit, a loopback-only user) must not tell that it is right. The
         // log says why.
-        let name = name.to_string();
-        let mut refused = |e: CoreError| {
-            tracing::info!(peer = %self.peer, user = %name, reason = %e, "STOMP login refused");
-            self.login_failed = Some(name.clone());
-            let shown = CoreError::AccessRefused(format!(
-                "login refused for user '{name}': invalid credentials"
-            ));
-            Fail::new("Bad CONNECT", format!("Access refused: {shown}"))
-        };
-        let user = login.map_err(&mut refused)?;
-        let vhost_name = match f.header("host") {
-            Some(h) if self.broker.has_vhost(h) => h.to_string(),
-            _ => self.broker.default_vhost().to_string(),
-        };
-        let access = self
+        let link = match self
             .broker
-            .vhost_access(&user, &vhost_name)
-            .map_err(&mut refused)?;
-        let vhost = self.broker.vhost(&vhost_name)?;
-        let slot = self.broker.connection_slot(&user).map_err(&mut refused)?;
+            .login(credentials, peer, vhost_name, Protocol::Stomp)
+        {
+            Ok(link) => link,
+            Err(e) => {
+                let name = match credentials {
+                    Credentials::Password { user, .. } | Credentials::Certificate { user } => user,
+                    Credentials::Anonymous { user } => user.unwrap_or(""),
+                };
+                tracing::info!(peer = %self.peer, user = %name, reason = %e.reason, "STOMP login refused");
+                self.login_hold = Some(e.hold);
+                let shown = CoreError::AccessRefused(format!(
+                    "login refused for user '{name}': invalid credentials"
+                ));
+                return Err(Fail::new("Bad CONNECT", format!("Access refused: {shown}")));
+            }
+        };
         if version >= Version::V11 {
             if let Some(hb) = f.header("heart-beat") {
                 let (cx, cy) = parse_heartbeat(hb).ok_or_else(|| {
@@ -525,10 +540,7 @@ impl Session {
             }
         }
         self.version = version;
-        self.user = user.name;
-        self.vhost = Some(vhost);
-        self.access = Some(access);
-        self.slot = Some(slot);
+        self.link = Some(link);
         self.phase = Phase::Connected;
         let mut c = Frame::new(Command::Connected)
             .with("version", version.as_str())
@@ -544,21 +556,16 @@ impl Session {
         if let Some(r) = f.header("receipt") {
             out.push(Action::Receipt {
                 durable: None,
+                flow: None,
                 frame: receipt_frame(r),
             });
         }
         Ok(())
     }
 
-    fn vhost(&self) -> Res<Arc<Vhost>> {
-        self.vhost
-            .clone()
-            .ok_or_else(|| Fail::new("not connected", "no vhost"))
-    }
-
-    /// The user's rights in the vhost.
-    fn access(&self) -> Res<&Arc<VhostAccess>> {
-        self.access
+    /// The connection's link to its vhost.
+    fn linked(&self) -> Res<&Link> {
+        self.link
             .as_ref()
             .ok_or_else(|| Fail::new("not connected", "no vhost"))
     }
@@ -568,7 +575,7 @@ impl Session {
         // validate now, even inside a transaction
         let dest = Destination::parse(required(&f, "destination")?)
             .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
-        let props = mapping::properties_from_send(&f, &self.user)?;
+        let props = mapping::properties_from_send(&f, self.user())?;
         if let Some(tx) = f.header("transaction") {
             let tx = tx.to_string();
             let caps = self.cfg.caps;
@@ -589,29 +596,34 @@ impl Session {
             if let Some(r) = receipt {
                 out.push(Action::Receipt {
                     durable: None,
+                    flow: None,
                     frame: receipt_frame(&r),
                 });
             }
             return Ok(());
         }
-        let durable = self.publish(&f, dest, props)?;
-        if let Some(r) = receipt {
-            out.push(Action::Receipt {
+        let (durable, flow) = self.publish(&f, dest, props)?;
+        // a throttled queue holds the receipt (or, without one, what follows)
+        match (receipt, flow) {
+            (Some(r), flow) => out.push(Action::Receipt {
                 durable,
+                flow,
                 frame: receipt_frame(&r),
-            });
+            }),
+            (None, Some(flow)) => out.push(Action::Hold(flow)),
+            (None, None) => {}
         }
         Ok(())
     }
 
-    /// Publishes a SEND; `Some` = wait on it before confirming.
+    /// Publishes a SEND: what its receipt waits for (`Some`: the disk), and the
+    /// queues that throttle its publisher.
     fn publish(
         &mut self,
         f: &Frame,
         dest: Destination,
         mut props: triad_core::Properties,
-    ) -> Res<Option<DurableWait>> {
-        let vh = self.vhost()?;
+    ) -> Res<(Option<Durability>, Option<Backpressure>)> {
         if let Some(rt) = props.reply_to.as_deref() {
             if let Some(t) = rt.strip_prefix("/temp-queue/") {
                 let t = t.to_string();
@@ -621,7 +633,7 @@ impl Session {
         }
         let (exchange, key) = match dest {
             Destination::Queue(q) => {
-                self.ensure_queue(&vh, &q, FieldTable::new())?;
+                self.ensure_queue(&q, FieldTable::new())?;
                 (String::new(), q)
             }
             Destination::Topic(k) => ("amq.topic".to_string(), k),
@@ -629,8 +641,7 @@ impl Session {
             Destination::AmqQueue(q) | Destination::ReplyQueue(q) => (String::new(), q),
             Destination::TempQueue(t) => (String::new(), self.temp_queue(&t)?),
         };
-        self.access()?.publish_to(&vh, &exchange, &key)?;
-        let published = vh.publish(Publish {
+        let published = self.linked()?.publish(Publish {
             exchange,
             routing_key: key,
             mandatory: false,
@@ -638,23 +649,19 @@ impl Session {
             body: f.body.clone(),
             conn: self.conn,
         })?;
-        Ok(published.durable.map(|d| -> DurableWait {
-            Box::pin(async move { d.await.map_err(|e| e.to_string()) })
-        }))
+        Ok((published.durable, published.backpressure))
     }
 
     /// Declares durable queue `q` unless it exists already. Configure permission on
     /// it is needed either way (RabbitMQ declares on every use of `/queue/`).
-    fn ensure_queue(&self, vh: &Vhost, q: &str, arguments: FieldTable) -> Res {
-        let access = self.access()?;
-        access.queue_declare(q, &arguments)?;
-        if vh.queue(q).is_none() {
-            vh.declare_queue(QueueDeclare {
+    fn ensure_queue(&self, q: &str, arguments: FieldTable) -> Res {
+        let link = self.linked()?;
+        link.access().queue_declare(q, &arguments)?;
+        if link.vhost().queue(q).is_none() {
+            link.declare_queue(QueueDeclare {
                 name: q.to_string(),
                 durable: true,
                 arguments,
-                conn: self.conn,
-                access: Some(access.clone()),
                 ..Default::default()
             })?;
         }
@@ -667,18 +674,13 @@ impl Session {
         if let Some(q) = self.temp_queues.get(t) {
             return Ok(q.clone());
         }
-        let vh = self.vhost()?;
-        let access = self.access()?.clone();
-        let ok = vh.declare_queue(QueueDeclare {
+        let ok = self.linked()?.declare_queue(QueueDeclare {
             exclusive: true,
             auto_delete: true,
-            conn: self.conn,
-            access: Some(access.clone()),
             ..Default::default()
         })?;
-        access.consume(&ok.name)?;
         let id = format!("/temp-queue/{t}");
-        let consumer = vh.consume(
+        let consumer = self.linked()?.consume(
             &ok.name,
             self.consume_request(&id, AckMode::Auto, 0, false, 0),
         )?;
@@ -773,16 +775,15 @@ impl Session {
         let priority = opt_number::<i32>(f, "x-priority")?.unwrap_or(0);
         let exclusive = f.header("exclusive") == Some("true");
         let args = queue_arguments(f)?;
-        let vh = self.vhost()?;
         let mut durable_queue = None;
         let mut destination_override = None;
         let queue = match dest {
             Destination::Queue(q) => {
-                self.ensure_queue(&vh, &q, args)?;
+                self.ensure_queue(&q, args)?;
                 q
             }
             Destination::AmqQueue(q) | Destination::ReplyQueue(q) => {
-                if vh.queue(&q).is_none() {
+                if self.linked()?.vhost().queue(&q).is_none() {
                     return Err(CoreError::queue_not_found(&q).into());
                 }
                 q
@@ -794,11 +795,9 @@ impl Session {
                         format!("/temp-queue/{t} is already subscribed"),
                     ));
                 }
-                let ok = vh.declare_queue(QueueDeclare {
+                let ok = self.linked()?.declare_queue(QueueDeclare {
                     exclusive: true,
                     auto_delete: true,
-                    conn: self.conn,
-                    access: self.access.clone(),
                     ..Default::default()
                 })?;
                 self.temp_queues.insert(t.clone(), ok.name.clone());
@@ -806,21 +805,20 @@ impl Session {
                 ok.name
             }
             Destination::Topic(key) => {
-                let (q, d) = self.binding_queue(&vh, f, &id, "amq.topic", &key, args)?;
+                let (q, d) = self.binding_queue(f, &id, "amq.topic", &key, args)?;
                 durable_queue = d;
                 q
             }
             Destination::Exchange { exchange, key } => {
-                if !vh.has_exchange(&exchange) {
+                if !self.linked()?.vhost().has_exchange(&exchange) {
                     return Err(CoreError::exchange_not_found(&exchange).into());
                 }
-                let (q, d) = self.binding_queue(&vh, f, &id, &exchange, &key, args)?;
+                let (q, d) = self.binding_queue(f, &id, &exchange, &key, args)?;
                 durable_queue = d;
                 q
             }
         };
-        self.access()?.consume(&queue)?;
-        let consumer = vh.consume(
+        let consumer = self.linked()?.consume(
             &queue,
             self.consume_request(&id, mode, prefetch, exclusive, priority),
         )?;
@@ -846,7 +844,6 @@ impl Session {
     /// `durable:true` + `auto-delete:false`, else a private server-named one.
     fn binding_queue(
         &self,
-        vh: &Vhost,
         f: &Frame,
         id: &str,
         exchange: &str,
@@ -865,8 +862,6 @@ impl Session {
                     name: name.clone(),
                     durable: true,
                     arguments,
-                    conn: self.conn,
-                    access: self.access.clone(),
                     ..Default::default()
                 },
                 Some(name),
@@ -878,16 +873,14 @@ impl Session {
                     exclusive: true,
                     auto_delete: true,
                     arguments,
-                    conn: self.conn,
-                    access: self.access.clone(),
                     ..Default::default()
                 },
                 None,
             )
         };
-        let name = vh.declare_queue(decl)?.name;
-        self.access()?.queue_bind_key(vh, &name, exchange, key)?;
-        vh.bind_queue(&name, exchange, key, &FieldTable::new(), self.conn)?;
+        let link = self.linked()?;
+        let name = link.declare_queue(decl)?.name;
+        link.bind_queue(&name, exchange, key, &FieldTable::new())?;
         Ok((name, durable_name))
     }
 
@@ -911,8 +904,7 @@ impl Session {
         sub.consumer.cancel();
         let delete = f.header("durable") == Some("true") || f.header("persistent") == Some("true");
         if let (true, Some(q)) = (delete, sub.durable_queue) {
-            self.access()?.queue_delete(&q)?;
-            self.vhost()?.delete_queue(&q, false, false, self.conn)?;
+            self.linked()?.delete_queue(&q, false, false)?;
         }
         Ok(())
     }
@@ -956,7 +948,7 @@ impl Session {
         let Some(ledger) = self.ledgers.get_mut(&sub) else {
             return;
         };
-        let taken: Vec<Pending> = if ledger.mode == AckMode::Client {
+        let taken: Vec<Unacked> = if ledger.mode == AckMode::Client {
             let rest = ledger.pending.split_off(&(seq + 1));
             std::mem::replace(&mut ledger.pending, rest)
                 .into_values()
@@ -968,13 +960,7 @@ impl Session {
             self.ids.remove(&p.message_id);
         }
         let requeue = f.header("requeue") != Some("false");
-        settle_grouped(taken, |q, offs| {
-            if ack {
-                q.ack(offs)
-            } else {
-                q.nack(offs, requeue)
-            }
-        });
+        triad_core::link::settle(taken.iter().map(|p| (&p.queue, p.offset)), ack, requeue);
     }
 
     fn begin(&mut self, f: &Frame) -> Res {
@@ -1004,14 +990,19 @@ impl Session {
         let tx = required(f, "transaction")?;
         let ops = self.take_tx(tx)?;
         let mut waits = Vec::new();
+        // the first throttled publish of the transaction holds its receipt (or what
+        // follows): one timer per COMMIT, not one per message
+        let mut hold = None;
         for op in ops {
             match op {
                 TxOp::Send(s) => {
                     let dest = Destination::parse(s.header("destination").unwrap_or(""))
                         .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
-                    let props = mapping::properties_from_send(&s, &self.user)?;
-                    if let Some(w) = self.publish(&s, dest, props)? {
-                        waits.push(w);
+                    let props = mapping::properties_from_send(&s, self.user())?;
+                    let (durable, flow) = self.publish(&s, dest, props)?;
+                    waits.extend(durable);
+                    if hold.is_none() {
+                        hold = flow;
                     }
                 }
                 TxOp::Ack(a) => self.settle(&a, true),
@@ -1019,20 +1010,23 @@ impl Session {
             }
         }
         if let Some(r) = f.header("receipt") {
-            let durable: Option<DurableWait> = if waits.is_empty() {
-                None
-            } else {
-                Some(Box::pin(async move {
+            let durable = match waits.len() {
+                0 => None,
+                1 => waits.pop(),
+                _ => Some(Durability::from_future(async move {
                     for w in waits {
                         w.await?;
                     }
                     Ok(())
-                }))
+                })),
             };
             out.push(Action::Receipt {
                 durable,
+                flow: hold,
                 frame: receipt_frame(r),
             });
+        } else if let Some(hold) = hold {
+            out.push(Action::Hold(hold));
         }
         Ok(())
     }
@@ -1106,7 +1100,7 @@ impl Session {
                 .insert(message_id.clone(), (sub_id.to_string(), seq));
             ledger.pending.insert(
                 seq,
-                Pending {
+                Unacked {
                     queue: d.queue.clone(),
                     offset: d.offset,
                     message_id,
@@ -1127,7 +1121,7 @@ impl Session {
         for ev in self.outbox.close() {
             if let OutEvent::Deliver(d) = ev {
                 if d.needs_ack {
-                    back.push(Pending {
+                    back.push(Unacked {
                         queue: d.queue,
                         offset: d.offset,
                         message_id: String::new(),
@@ -1140,22 +1134,9 @@ impl Session {
         }
         self.ids.clear();
         self.txs.clear();
-        settle_grouped(back, |q, offs| q.nack(offs, true));
-        self.broker.connection_closed(self.conn);
-    }
-}
-
-/// Groups deliveries by queue and settles each group with one call.
-fn settle_grouped(items: Vec<Pending>, mut f: impl FnMut(&Queue, &[u64])) {
-    let mut groups: Vec<(Arc<Queue>, Vec<u64>)> = Vec::new();
-    for p in items {
-        match groups.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &p.queue)) {
-            Some((_, offs)) => offs.push(p.offset),
-            None => groups.push((p.queue, vec![p.offset])),
-        }
-    }
-    for (q, offs) in groups {
-        f(&q, &offs);
+        triad_core::link::settle(back.iter().map(|p| (&p.queue, p.offset)), false, true);
+        // last: the exclusive queues and the connection slot go with the link
+        self.link = None;
     }
 }
 

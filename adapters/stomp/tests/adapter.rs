@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{body, start, start_with, Client};
+use triad_core::testing::eventually;
 use triad_stomp::{Command, Frame};
 
 #[tokio::test]
@@ -152,8 +153,12 @@ async fn topics_fan_out_by_pattern() {
     // the private topic queue goes with its connection
     let before = s.broker.vhost("/").unwrap().queue_names().len();
     a.disconnect().await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(s.broker.vhost("/").unwrap().queue_names().len(), before - 1);
+    eventually(
+        "the private topic queue to go",
+        Duration::from_secs(10),
+        || s.broker.vhost("/").unwrap().queue_names().len() == before - 1,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -250,7 +255,20 @@ async fn client_individual_ack_acks_one() {
     c.expect(Command::Receipt).await;
     // an unknown id is an error
     drop(c);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually(
+        "the unacked message to go back",
+        Duration::from_secs(10),
+        || {
+            s.broker
+                .vhost("/")
+                .unwrap()
+                .queue("ind")
+                .unwrap()
+                .unacked_count()
+                == 0
+        },
+    )
+    .await;
     let mut c = Client::connect(s.addr).await;
     c.subscribe("0", "/queue/ind", &[("ack", "client-individual")])
         .await;
@@ -612,10 +630,14 @@ async fn unacked_messages_return_when_the_connection_drops() {
         c.expect(Command::Message).await;
     }
     drop(c);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let q = s.broker.vhost("/").unwrap().queue("drop").unwrap();
+    eventually(
+        "the unacked messages to go back",
+        Duration::from_secs(10),
+        || q.unacked_count() == 0,
+    )
+    .await;
     assert_eq!(q.message_count(), 3);
-    assert_eq!(q.unacked_count(), 0);
 }
 
 #[tokio::test]

@@ -1,0 +1,597 @@
+//! A client connection's hold on the broker: the [`Link`], which login creates.
+//!
+//! Every protocol adapter logs in through [`crate::Broker::login`] (or, for AMQP, whose
+//! handshake names the vhost only after the credentials,
+//! [`crate::Broker::check_credentials`] then [`crate::Broker::open_link`]). The `Link` it returns owns:
+//! - the authenticated [`User`], the vhost and the user's rights there
+//!   ([`VhostAccess`]);
+//! - the user's connection-limit slot (`max_connections_per_user`);
+//! - the connection's id, under which its exclusive queues are kept.
+//!
+//! Its methods check the permission and perform the action in one call (`publish`,
+//! `consume`, `declare_*`, `bind_*`, `purge_queue`, `delete_queue`, `get`), so an adapter
+//! cannot act on the vhost without the check RabbitMQ's table
+//! ([`crate::access`]) asks for. Acks and nacks of deliveries go through [`settle`],
+//! which groups them per queue.
+//!
+//! Dropping the `Link` tears the connection down in the core: its exclusive queues are
+//! deleted and its connection slot is given back. The adapter drops it after it has
+//! cancelled its consumers and requeued its unacked deliveries.
+//!
+//! A refused login ([`LoginRefused`]) has already been counted by the failed-login
+//! throttle ([`crate::throttle`]): the adapter holds its answer for
+//! [`LoginRefused::hold`].
+//!
+//! Size: a `Link` is 64 bytes (three pointers, the connection id, the protocol and the
+//! connection slot, which holds the user's name); it allocates nothing per operation
+//! and holds no buffer.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::access::VhostAccess;
+use crate::broker::{ConnectionSlot, User};
+use crate::error::CoreError;
+use crate::outbox::Delivery;
+use crate::queue::{ConsumeRequest, ConsumerHandle, Queue};
+use crate::routing::ExchangeDef;
+use crate::value::FieldTable;
+use crate::vhost::{Publish, Published, QueueDeclare, QueueDeclareOk, Vhost};
+use crate::{ConnectionId, Durability};
+
+/// The wire protocol a connection speaks (logs, the connection registry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// AMQP 0-9-1.
+    Amqp,
+    /// STOMP 1.0 to 1.2.
+    Stomp,
+    /// MQTT 3.1.1.
+    Mqtt,
+}
+
+impl Protocol {
+    /// Lower-case name: `amqp`, `stomp`, `mqtt`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Amqp => "amqp",
+            Protocol::Stomp => "stomp",
+            Protocol::Mqtt => "mqtt",
+        }
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a client logs in with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credentials<'a> {
+    /// A user name and password (SASL PLAIN / AMQPLAIN, STOMP `login` / `passcode`,
+    /// MQTT user name / password).
+    Password {
+        /// User name.
+        user: &'a str,
+        /// Password.
+        password: &'a str,
+    },
+    /// The user a verified TLS client certificate names (SASL EXTERNAL, STOMP / MQTT
+    /// `ssl_cert_login`): the user must exist; no password.
+    Certificate {
+        /// The certificate's common name.
+        user: &'a str,
+    },
+    /// No credentials: the default user the listener's `auth.anonymous` policy chose
+    /// for this peer, or `None` when this peer may not log in anonymously.
+    Anonymous {
+        /// The default user.
+        user: Option<&'a str>,
+    },
+}
+
+impl Credentials<'_> {
+    /// The user name the failed-login throttle counts a refusal against: the one
+    /// given, or "" for an anonymous attempt (so anonymous refusals never use up the
+    /// default user's own attempts).
+    pub fn throttle_name(&self) -> &str {
+        match self {
+            Credentials::Password { user, .. } | Credentials::Certificate { user } => user,
+            Credentials::Anonymous { .. } => "",
+        }
+    }
+}
+
+/// The connection asking to log in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Its address (loopback-only users, the failed-login throttle).
+    pub addr: IpAddr,
+    /// Its connection id ([`crate::Broker::next_connection_id`]).
+    pub conn: ConnectionId,
+    /// `auth.failed_login_delay`: a refusal is answered this long after the previous
+    /// one for the same address or user name.
+    pub failed_login_delay: Duration,
+}
+
+/// Which step refused a login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginStage {
+    /// Unknown user, wrong password, no anonymous login, a loopback-only user from
+    /// elsewhere, or throttled.
+    Credentials,
+    /// The vhost does not exist or the user has no permissions in it.
+    Vhost,
+    /// The user is at `max_connections_per_user`.
+    ConnectionLimit,
+}
+
+/// A refused login. It has been counted by the failed-login throttle: answer it
+/// after [`LoginRefused::hold`]. `reason` is for the log: a refusal made once the
+/// password was accepted must not tell the client that it was right.
+#[derive(Debug)]
+pub struct LoginRefused {
+    /// Why (for the log).
+    pub reason: CoreError,
+    /// Which step refused it.
+    pub stage: LoginStage,
+    /// How long to hold the answer.
+    pub hold: Duration,
+}
+
+/// A user whose credentials were accepted, before a vhost is opened (AMQP's
+/// `connection.open` comes after `connection.start-ok`); only the broker makes one.
+#[derive(Debug)]
+pub struct Authenticated {
+    pub(crate) user: User,
+    pub(crate) conn: ConnectionId,
+}
+
+impl Authenticated {
+    /// The user.
+    pub fn user(&self) -> &User {
+        &self.user
+    }
+}
+
+/// See the module's documentation.
+pub struct Link {
+    vhost: Arc<Vhost>,
+    access: Arc<VhostAccess>,
+    conn: ConnectionId,
+    proto: Protocol,
+    /// Holds the user's name; given back on drop, after the exclusive queues went.
+    slot: ConnectionSlot,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("conn", &self.conn)
+            .field("proto", &self.proto)
+            .field("user", &self.user())
+            .field("vhost", &self.vhost.name())
+            .finish()
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.vhost.connection_closed(self.conn);
+    }
+}
+
+impl Link {
+    pub(crate) fn new(
+        vhost: Arc<Vhost>,
+        access: Arc<VhostAccess>,
+        conn: ConnectionId,
+        proto: Protocol,
+        slot: ConnectionSlot,
+    ) -> Link {
+        Link {
+            vhost,
+            access,
+            conn,
+            proto,
+            slot,
+        }
+    }
+
+    /// The connection's id.
+    pub fn id(&self) -> ConnectionId {
+        self.conn
+    }
+
+    /// The protocol.
+    pub fn protocol(&self) -> Protocol {
+        self.proto
+    }
+
+    /// The logged-in user's name.
+    pub fn user(&self) -> &str {
+        self.slot.user()
+    }
+
+    /// The vhost, for lookups (`queue`, `has_exchange`, ...). Changes go through the
+    /// `Link`'s own methods, which check permissions.
+    pub fn vhost(&self) -> &Arc<Vhost> {
+        &self.vhost
+    }
+
+    /// The user's rights in the vhost.
+    pub fn access(&self) -> &Arc<VhostAccess> {
+        &self.access
+    }
+
+    /// Whether the user may publish to `exchange` with `key` (write permission, topic
+    /// permission, reserved names); AMQP asks at `basic.publish`, before the content.
+    pub fn check_publish(&self, exchange: &str, key: &str) -> Result<(), CoreError> {
+        self.access.publish_to(&self.vhost, exchange, key)
+    }
+
+    /// Publishes `p` as this connection, once the user may write to its exchange
+    /// with its routing key.
+    pub fn publish(&self, mut p: Publish) -> Result<Published, CoreError> {
+        self.check_publish(&p.exchange, &p.routing_key)?;
+        p.conn = self.conn;
+        self.vhost.publish(p)
+    }
+
+    /// Publishes a batch (a transaction) atomically: every message is checked and
+    /// routed before any is stored ([`Vhost::publish_all`]).
+    pub fn publish_all(&self, mut batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
+        for p in &mut batch {
+            self.check_publish(&p.exchange, &p.routing_key)?;
+            p.conn = self.conn;
+        }
+        self.vhost.publish_all(batch)
+    }
+
+    /// `exchange.declare`; a passive one needs no permission.
+    pub fn declare_exchange(&self, def: ExchangeDef, passive: bool) -> Result<(), CoreError> {
+        if !passive {
+            self.access.exchange_declare(&def.name, &def.arguments)?;
+        }
+        self.vhost.declare_exchange(def, passive)
+    }
+
+    /// `exchange.delete`.
+    pub fn delete_exchange(&self, name: &str, if_unused: bool) -> Result<(), CoreError> {
+        self.access.exchange_delete(name)?;
+        self.vhost.delete_exchange(name, if_unused)
+    }
+
+    /// `exchange.bind`.
+    pub fn bind_exchange(
+        &self,
+        destination: &str,
+        source: &str,
+        key: &str,
+        args: &FieldTable,
+    ) -> Result<(), CoreError> {
+        self.access
+            .exchange_bind_key(&self.vhost, destination, source, key)?;
+        self.vhost.bind_exchange(destination, source, key, args)
+    }
+
+    /// `exchange.unbind`.
+    pub fn unbind_exchange(
+        &self,
+        destination: &str,
+        source: &str,
+        key: &str,
+        args: &FieldTable,
+    ) -> Result<(), CoreError> {
+        self.access
+            .exchange_bind_key(&self.vhost, destination, source, key)?;
+        self.vhost.unbind_exchange(destination, source, key, args)
+    }
+
+    /// `queue.declare` as this connection (its exclusive queues are its own); the
+    /// permission is checked once the name is known (a server-named queue's too).
+    pub fn declare_queue(&self, d: QueueDeclare) -> Result<QueueDeclareOk, CoreError> {
+        self.vhost.declare_queue(self.own(d))
+    }
+
+    /// [`Link::declare_queue`], returning what the reply waits for instead of waiting.
+    pub fn declare_queue_deferred(
+        &self,
+        d: QueueDeclare,
+    ) -> Result<(QueueDeclareOk, Durability), CoreError> {
+        self.vhost.declare_queue_deferred(self.own(d))
+    }
+
+    fn own(&self, mut d: QueueDeclare) -> QueueDeclare {
+        d.conn = self.conn;
+        d.access = Some(self.access.clone());
+        d
+    }
+
+    /// `queue.bind`.
+    pub fn bind_queue(
+        &self,
+        queue: &str,
+        exchange: &str,
+        key: &str,
+        args: &FieldTable,
+    ) -> Result<(), CoreError> {
+        self.access
+            .queue_bind_key(&self.vhost, queue, exchange, key)?;
+        self.vhost.bind_queue(queue, exchange, key, args, self.conn)
+    }
+
+    /// [`Link::bind_queue`], returning what the reply waits for instead of waiting.
+    pub fn bind_queue_deferred(
+        &self,
+        queue: &str,
+        exchange: &str,
+        key: &str,
+        args: &FieldTable,
+    ) -> Result<Durability, CoreError> {
+        self.access
+            .queue_bind_key(&self.vhost, queue, exchange, key)?;
+        self.vhost
+            .bind_queue_deferred(queue, exchange, key, args, self.conn)
+    }
+
+    /// `queue.unbind`.
+    pub fn unbind_queue(
+        &self,
+        queue: &str,
+        exchange: &str,
+        key: &str,
+        args: &FieldTable,
+    ) -> Result<(), CoreError> {
+        self.access
+            .queue_bind_key(&self.vhost, queue, exchange, key)?;
+        self.vhost
+            .unbind_queue(queue, exchange, key, args, self.conn)
+    }
+
+    /// `queue.purge` (read permission on the queue): how many messages went.
+    pub fn purge_queue(&self, queue: &str) -> Result<u32, CoreError> {
+        self.access.consume(queue)?;
+        self.vhost.purge_queue(queue, self.conn)
+    }
+
+    /// `queue.delete`: how many messages it held.
+    pub fn delete_queue(
+        &self,
+        queue: &str,
+        if_unused: bool,
+        if_empty: bool,
+    ) -> Result<u32, CoreError> {
+        self.access.queue_delete(queue)?;
+        self.vhost
+            .delete_queue(queue, if_unused, if_empty, self.conn)
+    }
+
+    /// `basic.consume` (STOMP SUBSCRIBE, an MQTT session's queue) as this connection.
+    pub fn consume(
+        &self,
+        queue: &str,
+        mut req: ConsumeRequest,
+    ) -> Result<ConsumerHandle, CoreError> {
+        self.access.consume(queue)?;
+        req.conn = self.conn;
+        self.vhost.consume(queue, req)
+    }
+
+    /// `basic.get`.
+    pub fn get(&self, queue: &str, no_ack: bool) -> Result<Option<Delivery>, CoreError> {
+        self.access.consume(queue)?;
+        self.vhost.get(queue, no_ack, self.conn)
+    }
+}
+
+/// Settles deliveries of this connection, grouped by queue: one call per queue for
+/// the whole set (an ack of 1,000 deliveries from one queue takes its lock once).
+/// `ack`: remove them; otherwise nack, putting them back when `requeue` (else they are
+/// dead-lettered or dropped).
+pub fn settle<'a, I>(items: I, ack: bool, requeue: bool)
+where
+    I: IntoIterator<Item = (&'a Arc<Queue>, u64)>,
+{
+    let apply = |q: &Queue, offs: &[u64]| {
+        if ack {
+            q.ack(offs);
+        } else {
+            q.nack(offs, requeue);
+        }
+    };
+    let mut it = items.into_iter();
+    let Some((mut q, first)) = it.next() else {
+        return;
+    };
+    // One delivery (a single ack): no allocation.
+    let Some(second) = it.next() else {
+        apply(q, &[first]);
+        return;
+    };
+    // The usual case is one queue: one pass, no sorting.
+    let mut offs = vec![first];
+    let mut rest: Vec<(&Arc<Queue>, u64)> = Vec::new();
+    for (nq, off) in std::iter::once(second).chain(it) {
+        if Arc::ptr_eq(nq, q) {
+            offs.push(off);
+        } else {
+            rest.push((nq, off));
+        }
+    }
+    loop {
+        apply(q, &offs);
+        let Some(&(nq, _)) = rest.first() else {
+            return;
+        };
+        q = nq;
+        offs.clear();
+        rest.retain(|(rq, off)| {
+            if Arc::ptr_eq(rq, q) {
+                offs.push(*off);
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::{Pattern, Permission};
+    use crate::broker::{Broker, CoreConfig, UserConfig};
+
+    fn broker(cfg: CoreConfig) -> (tempfile::TempDir, Arc<Broker>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sc = triad_store::store::StoreConfig::new(dir.path());
+        sc.segment_size = 1 << 20;
+        let store = Arc::new(triad_store::store::Store::open(sc).unwrap());
+        (dir, Broker::open(store, cfg).unwrap())
+    }
+
+    fn peer(conn: ConnectionId) -> Peer {
+        Peer {
+            addr: "127.0.0.1".parse().unwrap(),
+            conn,
+            failed_login_delay: Duration::from_millis(10),
+        }
+    }
+
+    const GUEST: Credentials<'static> = Credentials::Password {
+        user: "guest",
+        password: "guest",
+    };
+
+    #[test]
+    fn a_link_is_small() {
+        assert!(
+            std::mem::size_of::<Link>() <= 64,
+            "{}",
+            std::mem::size_of::<Link>()
+        );
+    }
+
+    #[test]
+    fn login_refusals_name_their_stage_and_are_throttled() {
+        let cfg = CoreConfig {
+            max_connections_per_user: 1,
+            ..CoreConfig::default()
+        };
+        let (_d, b) = broker(cfg);
+        let bad = Credentials::Password {
+            user: "guest",
+            password: "nope",
+        };
+        let e = b.login(bad, peer(1), "/", Protocol::Stomp).unwrap_err();
+        assert_eq!(e.stage, LoginStage::Credentials);
+        assert!(e.hold > Duration::ZERO, "counted by the throttle");
+        let e = b
+            .login(
+                Credentials::Anonymous { user: None },
+                peer(2),
+                "/",
+                Protocol::Mqtt,
+            )
+            .unwrap_err();
+        assert_eq!(e.stage, LoginStage::Credentials);
+        let e = b
+            .login(GUEST, peer(3), "nowhere", Protocol::Amqp)
+            .unwrap_err();
+        assert_eq!(e.stage, LoginStage::Vhost);
+        let link = b.login(GUEST, peer(4), "/", Protocol::Amqp).unwrap();
+        assert_eq!(
+            (link.user(), link.id(), link.protocol()),
+            ("guest", 4, Protocol::Amqp)
+        );
+        let e = b.login(GUEST, peer(5), "/", Protocol::Stomp).unwrap_err();
+        assert_eq!(e.stage, LoginStage::ConnectionLimit);
+        drop(link);
+        // the slot came back with the link
+        let again = b.login(GUEST, peer(6), "/", Protocol::Stomp).unwrap();
+        // AMQP's two steps: a vhost refusal there is not a failed login
+        drop(again);
+        let auth = b.check_credentials(GUEST, peer(7)).unwrap();
+        assert_eq!(auth.user().name, "guest");
+        let e = b.open_link(auth, "nowhere", Protocol::Amqp).unwrap_err();
+        assert!(matches!(e, CoreError::NotAllowed(_)), "{e}");
+    }
+
+    #[test]
+    fn dropping_the_link_deletes_its_exclusive_queues() {
+        let (_d, b) = broker(CoreConfig::default());
+        let link = b.login(GUEST, peer(9), "/", Protocol::Stomp).unwrap();
+        let ok = link
+            .declare_queue(QueueDeclare {
+                exclusive: true,
+                ..Default::default()
+            })
+            .unwrap();
+        let vh = link.vhost().clone();
+        assert!(vh.queue(&ok.name).is_some());
+        drop(link);
+        assert!(vh.queue(&ok.name).is_none());
+    }
+
+    #[test]
+    fn every_action_checks_its_permission() {
+        let cfg = CoreConfig {
+            users: vec![UserConfig::with_password("alice", "pw")],
+            loopback_users: Vec::new(),
+            permissions: vec![Permission {
+                user: "alice".into(),
+                vhost: "/".into(),
+                configure: Pattern::new("^alice-").unwrap(),
+                write: Pattern::new("^alice-").unwrap(),
+                read: Pattern::new("^alice-").unwrap(),
+            }],
+            ..CoreConfig::default()
+        };
+        let (_d, b) = broker(cfg);
+        let alice = Credentials::Password {
+            user: "alice",
+            password: "pw",
+        };
+        let link = b.login(alice, peer(1), "/", Protocol::Amqp).unwrap();
+        let refused = |r: Result<(), CoreError>| {
+            assert!(matches!(r, Err(CoreError::AccessRefused(_))), "{r:?}");
+        };
+        let q = |name: &str| QueueDeclare {
+            name: name.into(),
+            ..Default::default()
+        };
+        link.declare_queue(q("alice-q")).unwrap();
+        refused(link.declare_queue(q("bob-q")).map(drop));
+        // bob-q exists (the broker's own declare), alice may not touch it
+        link.vhost().declare_queue(q("bob-q")).unwrap();
+        let none = FieldTable::new();
+        refused(link.bind_queue("bob-q", "amq.topic", "k", &none));
+        refused(link.unbind_queue("bob-q", "amq.topic", "k", &none));
+        refused(link.bind_exchange("amq.fanout", "amq.topic", "k", &none));
+        refused(link.unbind_exchange("amq.fanout", "amq.topic", "k", &none));
+        refused(link.purge_queue("bob-q").map(drop));
+        refused(link.delete_queue("bob-q", false, false).map(drop));
+        refused(link.get("bob-q", true).map(drop));
+        refused(link.delete_exchange("amq.topic", false));
+        let publish = |exchange: &str| Publish {
+            exchange: exchange.into(),
+            routing_key: "alice-q".into(),
+            ..Default::default()
+        };
+        refused(link.publish(publish("amq.topic")).map(drop));
+        refused(
+            link.publish_all(vec![publish("alice-x"), publish("amq.topic")])
+                .map(drop),
+        );
+        refused(link.declare_exchange(
+            ExchangeDef::new("bob-x", crate::ExchangeKind::Direct),
+            false,
+        ));
+        assert_eq!(link.purge_queue("alice-q").unwrap(), 0);
+        assert_eq!(link.delete_queue("alice-q", false, false).unwrap(), 0);
+    }
+}
