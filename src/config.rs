@@ -88,7 +88,8 @@ impl Default for MqttSection {
     }
 }
 
-/// `[http]`: the HTTP listener's WebSocket endpoints.
+/// `[http]`: the HTTP listener: `/health`, the management API (`/api/...`) and the
+/// WebSocket endpoints.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpSection {
@@ -104,6 +105,12 @@ pub struct HttpSection {
     /// complete); past it a request gets 503 at once. Upgraded connections do not hold
     /// one, so `/health` always answers.
     pub max_requests: u32,
+    /// Largest request body (management API: definitions, published messages); a
+    /// larger one gets 413 before it is read. RabbitMQ's `management.http_max_body_size`.
+    pub max_body_size: ByteSize,
+    /// Requests on one keep-alive connection wait at most this long for the next
+    /// request's head; then the connection is closed.
+    pub keep_alive_timeout: HumanDuration,
 }
 
 impl Default for HttpSection {
@@ -112,6 +119,8 @@ impl Default for HttpSection {
             allowed_origins: Vec::new(),
             max_websocket_connections: 1024,
             max_requests: 64,
+            max_body_size: ByteSize(10_000_000),
+            keep_alive_timeout: HumanDuration(std::time::Duration::from_secs(30)),
         }
     }
 }
@@ -821,6 +830,7 @@ impl Config {
                 u64::from(h.max_websocket_connections),
             ),
             ("http.max_requests", u64::from(h.max_requests)),
+            ("http.max_body_size", h.max_body_size.bytes()),
             ("stomp.max_transactions", u64::from(st.max_transactions)),
             (
                 "stomp.max_transaction_frames",
@@ -947,11 +957,13 @@ impl Config {
                 tags: u.tags.clone(),
             });
         }
+        let mut default_password = None;
         if !users.iter().any(|u| u.name == a.default_user) {
-            users.push(triad_core::UserConfig::with_password(
-                &a.default_user,
-                &a.default_pass,
-            ));
+            // RabbitMQ's default user is an administrator (management API included)
+            let mut u = triad_core::UserConfig::with_password(&a.default_user, &a.default_pass);
+            u.tags = vec!["administrator".into()];
+            users.push(u);
+            default_password = Some((a.default_user.clone(), a.default_pass.clone()));
         }
         let pattern = |key: &'static str, p: &str| {
             triad_core::Pattern::new(p).map_err(|e| invalid(key, p, e.reason))
@@ -997,6 +1009,7 @@ impl Config {
             max_queues_per_vhost: self.limits.max_queues_per_vhost as usize,
             max_message_size: usize::try_from(self.limits.max_message_size.bytes())
                 .unwrap_or(usize::MAX),
+            default_password,
             ..triad_core::CoreConfig::default()
         })
     }
