@@ -430,6 +430,16 @@ pub fn put(api: &Api, path: &[&str], body: &Value) -> ApiResult {
             }
             let existed = api.broker().has_vhost(v);
             api.broker().add_vhost(v)?;
+            if !existed {
+                // as RabbitMQ: whoever creates a vhost gets full permissions in it
+                api.broker().auth().set_permission(PermissionEntry {
+                    user: api.user.name.clone(),
+                    vhost: (*v).to_owned(),
+                    configure: ".*".into(),
+                    write: ".*".into(),
+                    read: ".*".into(),
+                })?;
+            }
             no_content(!existed)
         }
         ["users", u] => put_user(api, u, body),
