@@ -7,7 +7,8 @@
 //! policies, operator policies, runtime parameters (shovels, federation), limits, and
 //! password hashes of another algorithm than SHA-256. RabbitMQ's own
 //! `cluster_name` and `internal_cluster_id` global parameters, which every RabbitMQ
-//! export carries, are skipped with a log line: a single Triad node has no cluster.
+//! export carries, are skipped with a log line: a single Triad node has no cluster; so
+//! are vhost descriptions and tags (RabbitMQ's default vhost always has one).
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -220,7 +221,14 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
         broker.auth().put_user(u)?;
     }
     for v in &d.vhosts {
-        broker.add_vhost(s(v, "name", "vhosts")?)?;
+        let name = s(v, "name", "vhosts")?;
+        broker.add_vhost(name)?;
+        if v.get("metadata").is_some() || v.get("description").is_some() {
+            tracing::info!(
+                vhost = name,
+                "definitions import: vhost description and tags are not stored"
+            );
+        }
     }
     for p in &d.permissions {
         let vhost = vhost_of(p, "permissions")?;

@@ -428,6 +428,20 @@ pub fn put(api: &Api, path: &[&str], body: &Value) -> ApiResult {
             if v.is_empty() {
                 return Err(bad("vhost name must not be empty".into()));
             }
+            let unsupported = |k: &str| match body.get(k) {
+                None | Some(Value::Null) => false,
+                Some(Value::String(s)) => !s.is_empty(),
+                Some(Value::Array(a)) => !a.is_empty(),
+                Some(Value::Bool(b)) => *b,
+                Some(_) => true,
+            };
+            for k in ["description", "tags", "tracing", "default_queue_type"] {
+                if unsupported(k) {
+                    return Err(ApiError::not_implemented(format!(
+                        "vhost {k} is not stored by Triad; leave it out"
+                    )));
+                }
+            }
             let existed = api.broker().has_vhost(v);
             api.broker().add_vhost(v)?;
             if !existed {
