@@ -81,15 +81,13 @@ fn register(
     peer: SocketAddr,
 ) -> (Registration, CancellationToken) {
     let token = ctx.shutdown.child_token();
-    let cancel = token.clone();
     let reg = ctx.broker.connections().register(NewConn {
         protocol,
         tls: ctx.proto.is_tls(),
         websocket: ctx.proto.plain() == crate::listener::Proto::Http,
         peer,
-        local: None,
         peer_cert_cn: ctx.peer_cert_cn.clone(),
-        closer: Box::new(move || cancel.cancel()),
+        close: token.clone(),
     });
     (reg, token)
 }

@@ -101,16 +101,13 @@ pub struct HttpSection {
     /// Open WebSocket connections (they also count toward `limits.max_connections`);
     /// past it an upgrade gets 503. Keeps WebSocket clients from taking every slot.
     pub max_websocket_connections: u32,
-    /// Requests being read or answered at once (health probes, upgrades before they
-    /// complete); past it a request gets 503 at once. Upgraded connections do not hold
-    /// one, so `/health` always answers.
+    /// HTTP connections open at once (health probes, API clients with keep-alive,
+    /// upgrades before they complete); past it a connection gets 503 at once. Upgraded
+    /// connections do not hold one, so `/health` always answers.
     pub max_requests: u32,
     /// Largest request body (management API: definitions, published messages); a
     /// larger one gets 413 before it is read. RabbitMQ's `management.http_max_body_size`.
     pub max_body_size: ByteSize,
-    /// Requests on one keep-alive connection wait at most this long for the next
-    /// request's head; then the connection is closed.
-    pub keep_alive_timeout: HumanDuration,
 }
 
 impl Default for HttpSection {
@@ -120,7 +117,6 @@ impl Default for HttpSection {
             max_websocket_connections: 1024,
             max_requests: 64,
             max_body_size: ByteSize(10_000_000),
-            keep_alive_timeout: HumanDuration(std::time::Duration::from_secs(30)),
         }
     }
 }

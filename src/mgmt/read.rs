@@ -139,17 +139,13 @@ pub fn connection_json(c: &ConnInfo) -> Value {
         "type": "network",
         "state": "running",
         "protocol": protocol_name(c),
-        "user": login.as_ref().map(|l| l.user.to_string()),
-        "vhost": login.as_ref().and_then(|l| l.vhost.as_ref()).map(|v| v.to_string()),
+        "user": login.as_ref().map(|l| l.user.clone()),
+        "vhost": login.as_ref().and_then(|l| l.vhost.clone()),
         "peer_host": c.peer.ip().to_string(),
         "peer_port": c.peer.port(),
         "ssl": c.tls,
         "connected_at": c.connected_at,
     });
-    if let Some(local) = c.local {
-        v["host"] = json!(local.ip().to_string());
-        v["port"] = json!(local.port());
-    }
     if let Some(cn) = &c.peer_cert_cn {
         v["peer_cert_subject"] = json!(format!("CN={cn}"));
     }
@@ -288,7 +284,7 @@ pub fn visible_connections(api: &Api) -> Vec<Arc<ConnInfo>> {
         return all;
     }
     all.into_iter()
-        .filter(|c| c.login().is_some_and(|l| *l.user == *api.user.name))
+        .filter(|c| c.login().is_some_and(|l| l.user == api.user.name))
         .collect()
 }
 
@@ -296,9 +292,7 @@ fn list_connections(api: &Api, vhost: Option<&str>) -> ApiResult {
     let q = ListQuery::parse(&api.params)?;
     let mut items: Vec<(String, Arc<ConnInfo>)> = visible_connections(api)
         .into_iter()
-        .filter(|c| {
-            vhost.is_none_or(|v| c.login().and_then(|l| l.vhost).is_some_and(|cv| &*cv == v))
-        })
+        .filter(|c| vhost.is_none_or(|v| c.login().and_then(|l| l.vhost).is_some_and(|cv| cv == v)))
         .map(|c| (c.name(), c))
         .collect();
     items.sort_by(|a, b| a.0.cmp(&b.0));
@@ -335,7 +329,7 @@ fn list_consumers(api: &Api, vhosts: Vec<String>) -> ApiResult {
                     "node": node_name(),
                     "peer_host": conn.peer.ip().to_string(),
                     "peer_port": conn.peer.port(),
-                    "user": login.map(|l| l.user.to_string()),
+                    "user": login.map(|l| l.user),
                 })
             });
             Some(json!({
