@@ -16,111 +16,147 @@ use triad_core::auth::{PermissionEntry, TopicPermissionEntry};
 use triad_core::{ExchangeDef, ExchangeKind, PasswordHash, QueueDeclare, UserConfig};
 
 use super::json::{boolean, json_table, table_json, tags};
-use super::read::vhost_bindings;
+use super::list::Chunks;
 use super::write::SHA256;
 use super::{Api, ApiError};
 
-/// Exported in every definitions file, as RabbitMQ does.
-fn header() -> serde_json::Map<String, Value> {
-    let mut m = serde_json::Map::new();
-    m.insert("product_name".into(), json!("Triad"));
-    m.insert("product_version".into(), json!(env!("CARGO_PKG_VERSION")));
-    m
+/// Streams the definitions of the broker (or of one vhost, without users and vhosts)
+/// section by section, one entity at a time: 100,000 queues cost one item's JSON.
+pub fn export(api: &Api, only: Option<&str>) -> hyper::Response<crate::http::Body> {
+    let api = api.clone();
+    let only = only.map(str::to_owned);
+    super::list::stream(move |out| write_export(&api, only.as_deref(), out))
 }
 
-/// The definitions of the broker (or of one vhost, without users and vhosts).
-pub fn export(api: &Api, only: Option<&str>) -> Value {
+/// Writes `"name":[items...]`, preceded by a comma.
+fn section(out: &mut Chunks, name: &str, items: impl Iterator<Item = Value>) {
+    out.put(format!(",\"{name}\":[").as_bytes());
+    let mut first = true;
+    for v in items {
+        if out.gone() {
+            return;
+        }
+        if !first {
+            out.put(b",");
+        }
+        first = false;
+        out.value(&v);
+    }
+    out.put(b"]");
+}
+
+fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
     let auth = api.broker().auth();
     let vhosts: Vec<String> = match only {
         Some(v) => vec![v.to_owned()],
         None => api.broker().vhost_names(),
     };
-    let (mut queues, mut exchanges, mut bindings) = (Vec::new(), Vec::new(), Vec::new());
-    for v in &vhosts {
-        let Ok(vh) = api.broker().vhost(v) else {
-            continue;
-        };
-        let vfield = |j: &mut Value| {
-            if only.is_none() {
-                j["vhost"] = json!(v);
-            }
-        };
-        for n in super::read::queue_names(&vh) {
-            let Some(q) = vh.queue(&n) else { continue };
-            if q.exclusive_owner().is_some() {
-                continue; // as RabbitMQ: exclusive queues die with their connection
-            }
-            let mut j = json!({"name": n, "durable": q.durable(), "auto_delete": q.auto_delete(), "arguments": table_json(q.arguments())});
-            vfield(&mut j);
-            queues.push(j);
+    out.put(
+        format!(
+            r#"{{"product_name":"Triad","product_version":"{}""#,
+            env!("CARGO_PKG_VERSION")
+        )
+        .as_bytes(),
+    );
+    let with_vhost = |mut j: Value, v: &str| {
+        if only.is_none() {
+            j["vhost"] = json!(v);
         }
-        let mut xs = vh.exchanges();
-        xs.sort_by(|a, b| a.name.cmp(&b.name));
-        for x in xs {
-            if x.name.is_empty() || x.name.starts_with("amq.") {
-                continue;
-            }
-            let mut j = json!({"name": x.name, "type": x.kind.as_str(), "durable": x.durable,
-                "auto_delete": x.auto_delete, "internal": x.internal, "arguments": table_json(&x.arguments)});
-            vfield(&mut j);
-            exchanges.push(j);
-        }
-        for b in vhost_bindings(&vh) {
-            if b.source.is_empty() {
-                continue;
-            }
-            let (dtype, dest) = match &b.destination {
-                triad_core::Destination::Queue(q) => ("queue", q.to_string()),
-                triad_core::Destination::Exchange(x) => ("exchange", x.to_string()),
-            };
-            let mut j = json!({"source": b.source, "destination": dest, "destination_type": dtype,
-                "routing_key": b.routing_key, "arguments": table_json(&b.arguments)});
-            vfield(&mut j);
-            bindings.push(j);
-        }
-    }
-    let mut m = header();
+        j
+    };
     if only.is_none() {
-        m.insert(
-            "users".into(),
-            json!(auth
-                .users()
-                .iter()
-                .map(|u| json!({"name": u.name, "password_hash": u.password_hash,
-                    "hashing_algorithm": SHA256, "tags": u.tags, "limits": {}}))
-                .collect::<Vec<_>>()),
+        section(
+            out,
+            "users",
+            auth.users().into_iter().map(|u| {
+                json!({"name": u.name, "password_hash": u.password_hash,
+                    "hashing_algorithm": SHA256, "tags": u.tags, "limits": {}})
+            }),
         );
-        m.insert(
-            "vhosts".into(),
-            json!(vhosts
-                .iter()
-                .map(|v| json!({"name": v, "limits": [], "metadata": {"description": "", "tags": []}}))
-                .collect::<Vec<_>>()),
+        section(
+            out,
+            "vhosts",
+            vhosts.iter().map(
+                |v| json!({"name": v, "limits": [], "metadata": {"description": "", "tags": []}}),
+            ),
         );
-        m.insert(
-            "permissions".into(),
-            json!(auth
-                .permissions()
-                .iter()
-                .map(|p| json!({"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read}))
-                .collect::<Vec<_>>()),
+        section(
+            out,
+            "permissions",
+            auth.permissions().into_iter().map(|p| {
+                json!({"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read})
+            }),
         );
-        m.insert(
-            "topic_permissions".into(),
-            json!(auth
-                .topic_permissions()
-                .iter()
-                .map(|t| json!({"user": t.user, "vhost": t.vhost, "exchange": t.exchange, "write": t.write, "read": t.read}))
-                .collect::<Vec<_>>()),
+        section(
+            out,
+            "topic_permissions",
+            auth.topic_permissions().into_iter().map(|t| {
+                json!({"user": t.user, "vhost": t.vhost, "exchange": t.exchange, "write": t.write, "read": t.read})
+            }),
         );
-        m.insert("global_parameters".into(), json!([]));
+        section(out, "global_parameters", std::iter::empty());
     }
-    m.insert("parameters".into(), json!([]));
-    m.insert("policies".into(), json!([]));
-    m.insert("queues".into(), json!(queues));
-    m.insert("exchanges".into(), json!(exchanges));
-    m.insert("bindings".into(), json!(bindings));
-    Value::Object(m)
+    section(out, "parameters", std::iter::empty());
+    section(out, "policies", std::iter::empty());
+    let vhs: Vec<_> = vhosts
+        .iter()
+        .filter_map(|v| api.broker().vhost(v).ok())
+        .collect();
+    section(
+        out,
+        "queues",
+        vhs.iter().flat_map(|vh| {
+            super::read::queue_names(vh).into_iter().filter_map(move |n| {
+                let q = vh.queue(&n)?;
+                // as RabbitMQ: exclusive queues die with their connection
+                if q.exclusive_owner().is_some() {
+                    return None;
+                }
+                Some(with_vhost(
+                    json!({"name": n, "durable": q.durable(), "auto_delete": q.auto_delete(), "arguments": table_json(q.arguments())}),
+                    vh.name(),
+                ))
+            })
+        }),
+    );
+    section(
+        out,
+        "exchanges",
+        vhs.iter().flat_map(|vh| {
+            let mut xs = vh.exchanges();
+            xs.sort_by(|a, b| a.name.cmp(&b.name));
+            xs.into_iter()
+                .filter(|x| !x.name.is_empty() && !x.name.starts_with("amq."))
+                .map(|x| {
+                    with_vhost(
+                        json!({"name": x.name, "type": x.kind.as_str(), "durable": x.durable,
+                            "auto_delete": x.auto_delete, "internal": x.internal, "arguments": table_json(&x.arguments)}),
+                        vh.name(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }),
+    );
+    section(
+        out,
+        "bindings",
+        vhs.iter().flat_map(|vh| {
+            let mut bs = vh.bindings();
+            bs.retain(|b| !b.source.is_empty());
+            bs.into_iter().map(move |b| {
+                let (dtype, dest) = match &b.destination {
+                    triad_core::Destination::Queue(q) => ("queue", q.to_string()),
+                    triad_core::Destination::Exchange(x) => ("exchange", x.to_string()),
+                };
+                with_vhost(
+                    json!({"source": b.source, "destination": dest, "destination_type": dtype,
+                        "routing_key": b.routing_key, "arguments": table_json(&b.arguments)}),
+                    vh.name(),
+                )
+            })
+        }),
+    );
+    out.put(b"}");
 }
 
 #[derive(Deserialize, Default)]

@@ -141,14 +141,12 @@ where
         ));
     }
     let columns = q.columns;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(CHUNKS_IN_FLIGHT);
-    tokio::task::spawn_blocking(move || {
-        let mut buf = BytesMut::with_capacity(CHUNK + 4096);
+    Ok(stream(move |out| {
         let paged = header.is_some();
         if let Some(h) = header {
-            buf.put_slice(h.as_bytes());
+            out.put(h.as_bytes());
         }
-        buf.put_u8(b'[');
+        out.put(b"[");
         let mut first = true;
         for k in &keys {
             let Some(mut v) = render(k) else {
@@ -158,22 +156,71 @@ where
                 v = pick(v, cols);
             }
             if !first {
-                buf.put_u8(b',');
+                out.put(b",");
             }
             first = false;
-            let mut w = (&mut buf).writer();
-            if serde_json::to_writer(&mut w, &v).is_err() {
-                return;
-            }
-            if buf.len() >= CHUNK && tx.blocking_send(buf.split().freeze()).is_err() {
+            if !out.value(&v) {
                 return; // the client went away
             }
         }
-        buf.put_u8(b']');
+        out.put(b"]");
         if paged {
-            buf.put_u8(b'}');
+            out.put(b"}");
         }
-        let _ = tx.blocking_send(buf.freeze());
+    }))
+}
+
+/// A JSON body written in chunks by a producer on a blocking thread.
+pub struct Chunks {
+    buf: BytesMut,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    gone: bool,
+}
+
+impl Chunks {
+    /// Appends raw bytes (sent once a chunk is full).
+    pub fn put(&mut self, b: &[u8]) {
+        self.buf.put_slice(b);
+        self.flush_if_full();
+    }
+
+    /// Appends a value as JSON; `false` once the client went away.
+    pub fn value(&mut self, v: &Value) -> bool {
+        let mut w = (&mut self.buf).writer();
+        if serde_json::to_writer(&mut w, v).is_err() {
+            self.gone = true;
+        }
+        self.flush_if_full();
+        !self.gone
+    }
+
+    /// Whether the client went away (the producer may stop).
+    pub fn gone(&self) -> bool {
+        self.gone
+    }
+
+    fn flush_if_full(&mut self) {
+        if self.buf.len() >= CHUNK && !self.gone {
+            self.gone = self.tx.blocking_send(self.buf.split().freeze()).is_err();
+        }
+    }
+}
+
+/// A `200` JSON response whose body `produce` writes on a blocking thread, sent as it
+/// is written (at most [`CHUNKS_IN_FLIGHT`] chunks of 64 KiB wait for the client).
+pub fn stream(produce: impl FnOnce(&mut Chunks) + Send + 'static) -> Response<Body> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(CHUNKS_IN_FLIGHT);
+    tokio::task::spawn_blocking(move || {
+        let mut out = Chunks {
+            buf: BytesMut::with_capacity(CHUNK + 4096),
+            tx,
+            gone: false,
+        };
+        produce(&mut out);
+        if !out.gone {
+            let rest = out.buf.split().freeze();
+            let _ = out.tx.blocking_send(rest);
+        }
     });
     let mut r = Response::new(ChannelBody(rx).boxed());
     *r.status_mut() = StatusCode::OK;
@@ -181,7 +228,7 @@ where
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r.headers_mut()
         .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(r)
+    r
 }
 
 #[cfg(test)]

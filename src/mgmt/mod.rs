@@ -156,6 +156,7 @@ pub fn node_name() -> &'static str {
 }
 
 /// One request being answered, by an authenticated management user.
+#[derive(Clone)]
 pub struct Api {
     pub ctx: ConnContext,
     pub user: User,

@@ -684,12 +684,12 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         ["definitions"] => {
             api.require_admin()?;
-            ok_json(&super::defs::export(api, None))
+            Ok(super::defs::export(api, None))
         }
         ["definitions", v] => {
             api.require_admin()?;
             api.vhost_read(v)?;
-            ok_json(&super::defs::export(api, Some(v)))
+            Ok(super::defs::export(api, Some(v)))
         }
         _ => Err(ApiError::not_found()),
     }
