@@ -580,3 +580,41 @@ fn bodies_are_bounded_and_keep_alive_serves_several_requests() {
     s.read_to_string(&mut out).expect("read");
     assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 2, "{out}");
 }
+
+#[test]
+fn health_checks_name_the_listeners() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    assert_eq!(
+        get(http, "/api/health/checks/alarms", GUEST),
+        (200, json!({"status": "ok"}))
+    );
+    let amqp = broker.amqp_addr().port();
+    assert_eq!(
+        get(
+            http,
+            &format!("/api/health/checks/port-listener/{amqp}"),
+            GUEST
+        ),
+        (200, json!({"status": "ok", "port": amqp}))
+    );
+    let (code, v) = get(http, "/api/health/checks/port-listener/1", GUEST);
+    assert_eq!((code, &v["status"]), (503, &json!("failed")));
+    assert!(
+        v["ports"]
+            .as_array()
+            .is_some_and(|p| p.contains(&json!(amqp))),
+        "{v}"
+    );
+    let (_, overview) = get(http, "/api/overview", GUEST);
+    let listeners = overview["listeners"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        listeners
+            .iter()
+            .any(|l| l["protocol"] == "amqp" && l["port"] == amqp),
+        "{overview}"
+    );
+}

@@ -350,11 +350,10 @@ fn put_user(api: &Api, name: &str, body: &Value) -> ApiResult {
             }
             PasswordHash::parse(h).map_err(|e| bad(format!("password_hash: {e}")))?
         }
-        (None, None) => match api.broker().auth().user(name) {
-            // RabbitMQ: changing only the tags keeps the password
-            Some(u) => u.password_hash,
-            None => return Err(bad("password or password_hash is required".into())),
-        },
+        // as RabbitMQ: without either, the user can no longer log in with a password
+        // (a client certificate still works): the hash of a random secret nobody knows
+        (None, None) => PasswordHash::new(&unusable_password()?)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?,
     };
     api.broker().auth().put_user(UserConfig {
         name: name.to_owned(),
@@ -362,6 +361,20 @@ fn put_user(api: &Api, name: &str, body: &Value) -> ApiResult {
         tags,
     })?;
     no_content(!existed)
+}
+
+/// 32 random bytes from the kernel, hex: a password no one can know.
+fn unusable_password() -> Result<String, ApiError> {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| ApiError {
+            status: hyper::StatusCode::INTERNAL_SERVER_ERROR,
+            error: "internal_error".into(),
+            reason: format!("no randomness for a password hash: {e}"),
+        })?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 fn delete_user(api: &Api, name: &str) -> Result<bool, ApiError> {
@@ -565,5 +578,180 @@ pub fn post(api: &Api, path: &[&str], body: &Value) -> ApiResult {
             no_content(false)
         }
         _ => Err(ApiError::not_found()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::listener::{test_ctx, Proto};
+    use http_body_util::BodyExt;
+    use hyper::{Method, StatusCode};
+    use tokio_util::sync::CancellationToken;
+
+    fn api(tags: &[&str]) -> Api {
+        Api {
+            ctx: test_ctx(Proto::Http, Config::default(), &CancellationToken::new()),
+            user: triad_core::User {
+                name: "guest".into(),
+                tags: tags.iter().map(|t| t.to_string()).collect(),
+            },
+            peer: "127.0.0.1:1".parse().expect("addr"),
+            params: Vec::new(),
+        }
+    }
+
+    fn call(api: &Api, method: Method, path: &[&str], body: Value) -> (StatusCode, Value) {
+        let bytes = Bytes::from(body.to_string());
+        let r = match api.route(&method, path, &bytes) {
+            Ok(r) => r,
+            Err(e) => e.response(),
+        };
+        let status = r.status();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let body = rt
+            .block_on(r.into_body().collect())
+            .expect("body")
+            .to_bytes();
+        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    #[test]
+    fn declare_publish_get_and_delete_through_the_handlers() {
+        let a = api(&["administrator"]);
+        let q = ["queues", "/", "jobs"];
+        assert_eq!(
+            call(&a, Method::PUT, &q, json!({"durable": true})).0,
+            StatusCode::CREATED
+        );
+        assert_eq!(
+            call(&a, Method::PUT, &q, json!({"durable": true})).0,
+            StatusCode::NO_CONTENT
+        );
+        let publish = ["exchanges", "/", "amq.default", "publish"];
+        let (s, v) = call(
+            &a,
+            Method::POST,
+            &publish,
+            json!({"routing_key": "jobs", "payload": "aGk=", "payload_encoding": "base64", "properties": {"delivery_mode": 2}}),
+        );
+        assert_eq!((s, v), (StatusCode::OK, json!({"routed": true})));
+        let (s, v) = call(
+            &a,
+            Method::POST,
+            &["queues", "/", "jobs", "get"],
+            json!({"count": 5, "ackmode": "ack_requeue_false", "encoding": "auto"}),
+        );
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(v[0]["payload"], "hi");
+        assert_eq!(v.as_array().map(Vec::len), Some(1));
+        let (s, _) = call(
+            &a,
+            Method::POST,
+            &["queues", "/", "jobs", "get"],
+            json!({"count": 1, "ackmode": "bogus"}),
+        );
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        let (s, _) = call(
+            &a,
+            Method::POST,
+            &publish,
+            json!({"routing_key": "jobs", "payload": "x", "properties": {"colour": 1}}),
+        );
+        assert_eq!(s, StatusCode::BAD_REQUEST, "unknown properties are refused");
+        assert_eq!(
+            call(&a, Method::DELETE, &q, json!({})).0,
+            StatusCode::NO_CONTENT
+        );
+        assert_eq!(
+            call(&a, Method::DELETE, &q, json!({})).0,
+            StatusCode::NOT_FOUND
+        );
+        // the broker's own queues are not reachable
+        let (s, _) = call(
+            &a,
+            Method::GET,
+            &["queues", "/", "amq.triad.mqtt.sessions"],
+            json!({}),
+        );
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        let (s, _) = call(
+            &a,
+            Method::DELETE,
+            &["queues", "/", "amq.triad.mqtt.sessions", "contents"],
+            json!({}),
+        );
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn tags_and_unimplemented_features_are_answered_not_ignored() {
+        let m = api(&["management"]);
+        let (s, v) = call(
+            &m,
+            Method::PUT,
+            &["users", "x"],
+            json!({"password": "p", "tags": ""}),
+        );
+        assert_eq!(
+            (s, v["reason"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("Not administrator user"))
+        );
+        assert_eq!(
+            call(&m, Method::GET, &["nodes"], json!({})).0,
+            StatusCode::UNAUTHORIZED
+        );
+        let a = api(&["administrator"]);
+        let (s, v) = call(
+            &a,
+            Method::PUT,
+            &["policies", "/", "p"],
+            json!({"pattern": ".*", "definition": {}}),
+        );
+        assert_eq!(s, StatusCode::NOT_IMPLEMENTED);
+        assert!(v["reason"].as_str().is_some_and(|r| r.contains("policies")));
+        assert_eq!(
+            call(&a, Method::PUT, &["vhosts", "v"], json!({"tracing": true})).0,
+            StatusCode::NOT_IMPLEMENTED
+        );
+        assert_eq!(
+            call(&a, Method::GET, &["channels"], json!({})).0,
+            StatusCode::NOT_IMPLEMENTED
+        );
+        let (s, _) = call(
+            &a,
+            Method::PUT,
+            &["users", "y"],
+            json!({"password_hash": "abc", "hashing_algorithm": "rabbit_password_hashing_md5"}),
+        );
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        // as RabbitMQ: a PUT without a password leaves the user unable to log in with one
+        assert_eq!(
+            call(
+                &a,
+                Method::PUT,
+                &["users", "z"],
+                json!({"password": "pw", "tags": ""})
+            )
+            .0,
+            StatusCode::CREATED
+        );
+        assert_eq!(
+            call(
+                &a,
+                Method::PUT,
+                &["users", "z"],
+                json!({"tags": "monitoring"})
+            )
+            .0,
+            StatusCode::NO_CONTENT
+        );
+        let z = a.broker().auth().user("z").expect("z");
+        assert!(!z.password_hash.verify("pw"));
+        assert!(!z.password_hash.verify(""));
+        assert_eq!(z.tags, ["monitoring"]);
     }
 }
