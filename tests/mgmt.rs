@@ -359,6 +359,37 @@ async fn connections_are_listed_with_their_login_and_closed_on_request() {
     assert_eq!(c["peer_host"], "127.0.0.1");
     assert_eq!(c["ssl"], false);
     let name = c["name"].as_str().expect("name").to_owned();
+
+    // its consumer is listed with the connection's name
+    let ch = conn.create_channel().await.expect("channel");
+    common::amqp::declare_durable(&ch, "watched")
+        .await
+        .expect("declare");
+    let _consumer = ch
+        .basic_consume(
+            "watched".into(),
+            "tag-1".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let (code, consumers) = get(http, "/api/consumers", GUEST);
+    assert_eq!(code, 200);
+    assert_eq!(consumers[0]["consumer_tag"], "tag-1");
+    assert_eq!(
+        consumers[0]["queue"],
+        json!({"name": "watched", "vhost": "/"})
+    );
+    assert_eq!(
+        consumers[0]["channel_details"]["connection_name"],
+        json!(name)
+    );
+    assert_eq!(
+        get(http, "/api/queues/%2F/watched", GUEST).1["consumers"],
+        1
+    );
+
     let path = format!(
         "/api/connections/{}",
         percent_encoding::utf8_percent_encode(&name, percent_encoding::NON_ALPHANUMERIC)

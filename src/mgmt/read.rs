@@ -306,7 +306,14 @@ fn list_connections(api: &Api, vhost: Option<&str>) -> ApiResult {
 
 fn list_consumers(api: &Api, vhosts: Vec<String>) -> ApiResult {
     let q = ListQuery::parse(&api.params)?;
-    let registry = Arc::clone(api.broker().connections());
+    // one map per listing: a lookup per consumer, not a scan of the connections
+    let by_core_id: std::collections::HashMap<_, _> = api
+        .broker()
+        .connections()
+        .list()
+        .into_iter()
+        .filter_map(|c| Some((c.core_id()?, c)))
+        .collect();
     let mut items = Vec::new();
     for (vh, name) in queue_keys(api, &vhosts) {
         if let Some(queue) = vh.queue(&name) {
@@ -320,7 +327,7 @@ fn list_consumers(api: &Api, vhosts: Vec<String>) -> ApiResult {
         items,
         |(_, _, c)| &*c.tag,
         move |(v, qn, c)| {
-            let conn = registry.by_core_id(c.conn);
+            let conn = by_core_id.get(&c.conn);
             let details = conn.as_ref().map_or(Value::Null, |conn| {
                 let login = conn.login();
                 json!({
