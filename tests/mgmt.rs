@@ -247,6 +247,7 @@ fn queues_bindings_publish_get_and_purge() {
         (Some(3), Some(3))
     );
     assert_eq!(queue["arguments"], json!({"x-max-length": 10}));
+    assert_eq!(queue["message_stats"], json!({"publish": 3}));
 
     // get with requeue leaves them; without removes one
     let got = |mode: &str, count: u32| {

@@ -31,6 +31,9 @@ pub fn queue_json(vhost: &str, q: &Queue) -> Value {
         "messages_ready": s.ready,
         "messages_unacknowledged": s.unacked,
         "message_bytes_ready": s.ready_bytes,
+        // counters only (RabbitMQ's `rates_mode = none` shape): messages ever routed
+        // to the queue since it was created
+        "message_stats": {"publish": s.enqueued},
     })
 }
 

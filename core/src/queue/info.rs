@@ -19,6 +19,9 @@ pub struct QueueStats {
     pub consumers: u32,
     /// Whether its publishers are held back (consumers fall behind).
     pub flow: bool,
+    /// Messages ever enqueued (its consume-queue's next offset): a counter since the
+    /// queue was created, kept by the store, not a rate.
+    pub enqueued: u64,
 }
 
 /// One consumer of a queue.
@@ -51,6 +54,7 @@ impl Queue {
             unacked: st.unacked.len() as u64,
             consumers: st.consumers.len() as u32,
             flow: st.throttled,
+            enqueued: st.cq_next,
         }
     }
 
