@@ -500,8 +500,7 @@ pub fn delete(api: &Api, path: &[&str]) -> ApiResult {
                 .into_iter()
                 .find(|c| c.name() == *name)
                 .ok_or_else(ApiError::not_found)?;
-            let reason = api.param("reason").unwrap_or("closed via management API");
-            tracing::info!(connection = %name, by = %api.user.name, reason, "closing connection on request");
+            tracing::info!(connection = %name, by = %api.user.name, "closing connection through the management API");
             c.close();
             no_content(false)
         }
