@@ -20,6 +20,9 @@ use super::{no_content, ok_json, Api, ApiError, ApiResult};
 /// connection has it (theirs start at 1), so an exclusive queue is locked to it.
 const API_CONN: triad_core::ConnectionId = 0;
 
+/// Most messages one `POST .../get` takes (each is held until the answer is built).
+const MAX_GET: u64 = 10_000;
+
 /// RabbitMQ's accepted password hashing algorithm names for what Triad stores.
 pub const SHA256: &str = "rabbit_password_hashing_sha256";
 
@@ -285,8 +288,11 @@ fn get_messages(api: &Api, vhost: &str, name: &str, body: &Value) -> ApiResult {
         None | Some(Value::Null) => None,
         Some(v) => Some(uint(v).ok_or_else(|| bad("truncate must be a number".into()))?),
     };
+    if count > MAX_GET {
+        return Err(bad(format!("count must be at most {MAX_GET}")));
+    }
     let mut got = Vec::new();
-    for _ in 0..count.min(10_000) {
+    for _ in 0..count {
         match vh.get(name, false, API_CONN)? {
             Some(d) => got.push(d),
             None => break,
