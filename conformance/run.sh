@@ -2,8 +2,9 @@
 # Runs the third-party-client conformance suite against a broker it starts itself on
 # free loopback ports with a temporary data directory. Installs its own Python venv
 # (conformance/.venv) from the pinned requirements.txt, and mosquitto-clients
-# (mosquitto_pub / mosquitto_sub) through apt when they are missing and we are root;
-# otherwise the tests that need them are skipped with the reason.
+# (mosquitto_pub / mosquitto_sub) and rabbitmq-server (for rabbitmqadmin) through apt when
+# they are missing and we are root; otherwise the tests that need them are skipped with
+# the reason.
 #
 # Extra arguments go to pytest, e.g. `conformance/run.sh -k stomp -x`.
 # CONFORMANCE_EXTERNAL="amqp=H:P,stomp=H:P,mqtt=H:P" runs the suite against a broker
@@ -29,6 +30,21 @@ if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_sub >/de
     fi
   else
     echo "conformance: mosquitto_pub/mosquitto_sub missing and not root; their tests will be skipped" >&2
+  fi
+fi
+
+# rabbitmqadmin, the management API's command-line client, comes with RabbitMQ's Debian
+# package (the broker itself is not started).
+if ! command -v rabbitmqadmin >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "conformance: installing rabbitmq-server (for rabbitmqadmin)" >&2
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+             rabbitmq-server >/dev/null; }; then
+      echo "conformance: could not install rabbitmq-server; the rabbitmqadmin tests will be skipped" >&2
+    fi
+  else
+    echo "conformance: rabbitmqadmin missing and not root; its tests will be skipped" >&2
   fi
 fi
 

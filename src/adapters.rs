@@ -2,12 +2,19 @@
 //! broker-wide [`ConnContext`] into its adapter's context and serves one connection,
 //! over any [`Stream`]: plain TCP or TLS. The unit types [`Amqp`], [`Stomp`] and
 //! [`Mqtt`] are the same functions as [`Service`]s, for the TLS listeners.
+//!
+//! Each connection is registered in the broker's connection registry
+//! ([`triad_core::conns`]) for as long as it is served, with a shutdown token of its
+//! own (a child of the broker's): cancelling it is how the management API closes one
+//! connection, and the adapter closes it as it does at broker shutdown.
 
 use std::borrow::Cow;
 use std::future::Future;
 use std::net::SocketAddr;
 
 use futures_util::FutureExt;
+use tokio_util::sync::CancellationToken;
+use triad_core::conns::{NewConn, Registration};
 
 use crate::listener::{ConnContext, ConnResult, Service, Stream};
 
@@ -66,6 +73,34 @@ fn closed<E: Into<crate::listener::BoxError>>(
     serve.map(|r| r.map(|()| Cow::Borrowed("closed")).map_err(|e| e.into()))
 }
 
+/// Registers a connection; returns the registration and the connection's own
+/// shutdown token.
+fn register(
+    ctx: &ConnContext,
+    protocol: &'static str,
+    peer: SocketAddr,
+) -> (Registration, CancellationToken) {
+    let token = ctx.shutdown.child_token();
+    let reg = ctx.broker.connections().register(NewConn {
+        protocol,
+        tls: ctx.proto.is_tls(),
+        websocket: ctx.proto.plain() == crate::listener::Proto::Http,
+        peer,
+        peer_cert_cn: ctx.peer_cert_cn.clone(),
+        close: token.clone(),
+    });
+    (reg, token)
+}
+
+/// Runs `serve` as the registered connection `reg`, which is dropped (unregistered)
+/// when it ends.
+fn registered<F: Future>(reg: Registration, serve: F) -> impl Future<Output = F::Output> {
+    reg.scope(serve).map(move |r| {
+        drop(reg);
+        r
+    })
+}
+
 /// Serves one AMQP 0-9-1 connection.
 pub fn amqp<S: Stream>(
     stream: S,
@@ -83,12 +118,13 @@ pub fn amqp<S: Stream>(
         peer_cert_cn: ctx.peer_cert_cn.clone(),
         ..triad_amqp::AmqpConfig::default()
     };
+    let (reg, shutdown) = register(&ctx, "amqp", peer);
     let actx = triad_amqp::AmqpContext {
         broker: ctx.broker.clone(),
         config,
-        shutdown: ctx.shutdown.clone(),
+        shutdown,
     };
-    closed(triad_amqp::serve(stream, peer, actx))
+    closed(registered(reg, triad_amqp::serve(stream, peer, actx)))
 }
 
 /// The user a login without credentials from `peer` becomes (`auth.anonymous`); a
@@ -104,7 +140,8 @@ pub fn stomp<S: Stream>(
     peer: SocketAddr,
     ctx: ConnContext,
 ) -> impl Future<Output = ConnResult> + Send + 'static {
-    let mut sctx = triad_stomp::StompContext::new(ctx.broker.clone(), ctx.shutdown.clone());
+    let (reg, shutdown) = register(&ctx, "stomp", peer);
+    let mut sctx = triad_stomp::StompContext::new(ctx.broker.clone(), shutdown);
     sctx.anonymous_user = anonymous_user(&ctx, peer);
     sctx.handshake_timeout = ctx.config.limits.handshake_timeout.get();
     sctx.limits.max_frame =
@@ -122,7 +159,7 @@ pub fn stomp<S: Stream>(
         max_subscriptions: n(st.max_subscriptions),
         max_id_length: n(st.max_id_length),
     };
-    closed(triad_stomp::serve(stream, peer, sctx))
+    closed(registered(reg, triad_stomp::serve(stream, peer, sctx)))
 }
 
 /// Serves one MQTT 3.1.1 connection.
@@ -131,6 +168,7 @@ pub fn mqtt<S: Stream>(
     peer: SocketAddr,
     ctx: ConnContext,
 ) -> impl Future<Output = ConnResult> + Send + 'static {
+    let (reg, shutdown) = register(&ctx, "mqtt", peer);
     let mctx = triad_mqtt::MqttContext {
         broker: ctx.broker.clone(),
         state: ctx.mqtt.clone(),
@@ -143,12 +181,12 @@ pub fn mqtt<S: Stream>(
                 .unwrap_or(usize::MAX),
             ..triad_mqtt::MqttLimits::default()
         },
-        shutdown: ctx.shutdown.clone(),
+        shutdown,
         login: triad_mqtt::MqttLogin {
             failed_login_delay: ctx.config.auth.failed_login_delay.get(),
             ssl_cert_login: ctx.config.auth.ssl_cert_login,
             peer_cert_cn: ctx.peer_cert_cn.clone(),
         },
     };
-    closed(triad_mqtt::serve(stream, peer, mctx))
+    closed(registered(reg, triad_mqtt::serve(stream, peer, mctx)))
 }

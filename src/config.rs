@@ -88,7 +88,8 @@ impl Default for MqttSection {
     }
 }
 
-/// `[http]`: the HTTP listener's WebSocket endpoints.
+/// `[http]`: the HTTP listener: `/health`, the management API (`/api/...`) and the
+/// WebSocket endpoints.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpSection {
@@ -100,10 +101,13 @@ pub struct HttpSection {
     /// Open WebSocket connections (they also count toward `limits.max_connections`);
     /// past it an upgrade gets 503. Keeps WebSocket clients from taking every slot.
     pub max_websocket_connections: u32,
-    /// Requests being read or answered at once (health probes, upgrades before they
-    /// complete); past it a request gets 503 at once. Upgraded connections do not hold
-    /// one, so `/health` always answers.
+    /// HTTP connections open at once (health probes, API clients with keep-alive,
+    /// upgrades before they complete); past it a connection gets 503 at once. Upgraded
+    /// connections do not hold one, so `/health` always answers.
     pub max_requests: u32,
+    /// Largest request body (management API: definitions, published messages); a
+    /// larger one gets 413 before it is read. RabbitMQ's `management.http_max_body_size`.
+    pub max_body_size: ByteSize,
 }
 
 impl Default for HttpSection {
@@ -112,6 +116,7 @@ impl Default for HttpSection {
             allowed_origins: Vec::new(),
             max_websocket_connections: 1024,
             max_requests: 64,
+            max_body_size: ByteSize(10_000_000),
         }
     }
 }
@@ -821,6 +826,7 @@ impl Config {
                 u64::from(h.max_websocket_connections),
             ),
             ("http.max_requests", u64::from(h.max_requests)),
+            ("http.max_body_size", h.max_body_size.bytes()),
             ("stomp.max_transactions", u64::from(st.max_transactions)),
             (
                 "stomp.max_transaction_frames",
@@ -947,11 +953,13 @@ impl Config {
                 tags: u.tags.clone(),
             });
         }
+        let mut default_password = None;
         if !users.iter().any(|u| u.name == a.default_user) {
-            users.push(triad_core::UserConfig::with_password(
-                &a.default_user,
-                &a.default_pass,
-            ));
+            // RabbitMQ's default user is an administrator (management API included)
+            let mut u = triad_core::UserConfig::with_password(&a.default_user, &a.default_pass);
+            u.tags = vec!["administrator".into()];
+            users.push(u);
+            default_password = Some((a.default_user.clone(), a.default_pass.clone()));
         }
         let pattern = |key: &'static str, p: &str| {
             triad_core::Pattern::new(p).map_err(|e| invalid(key, p, e.reason))
@@ -997,6 +1005,7 @@ impl Config {
             max_queues_per_vhost: self.limits.max_queues_per_vhost as usize,
             max_message_size: usize::try_from(self.limits.max_message_size.bytes())
                 .unwrap_or(usize::MAX),
+            default_password,
             ..triad_core::CoreConfig::default()
         })
     }

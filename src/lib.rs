@@ -8,7 +8,8 @@
 //! - [`listener`]: the accept loop every protocol shares (connection limit, accept
 //!   backoff, one tracked task and span per connection) and the [`listener::Handler`]
 //!   a protocol adapter plugs in as.
-//! - [`http`]: a minimal HTTP/1.1 server for `GET /health`.
+//! - [`http`]: the HTTP listener on hyper: `/health`, the management API, WebSockets.
+//! - [`mgmt`]: the management API (`/api/...`) in RabbitMQ's shapes.
 //! - [`adapters`]: glue from a connection to the AMQP, STOMP and MQTT adapters.
 //! - [`proxy_protocol`]: PROXY protocol v1/v2 headers (`listeners.proxy_protocol`).
 //! - [`shutdown`]: closing the store last, and saying whether it was closed.
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod config;
 pub mod http;
 pub mod listener;
+pub mod mgmt;
 pub mod monitor;
 pub mod proxy_protocol;
 pub mod shutdown;

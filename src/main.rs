@@ -263,6 +263,14 @@ async fn serve(
     // `http.max_requests` or gets 503 at once, and an upgraded WebSocket gives it back
     // for a WebSocket slot and a `limits.max_connections` one.
     let http_slots = Arc::new(triad::websocket::Slots::new(&config, conn_limit.clone()));
+    let mut bound_addrs = Vec::with_capacity(bound.len());
+    for (proto, socket) in &bound {
+        let local = socket
+            .local_addr()
+            .with_context(|| format!("cannot read the {proto} listener's address"))?;
+        bound_addrs.push((*proto, local));
+    }
+    let _ = http_slots.bound.set(bound_addrs);
     for (proto, socket) in bound {
         let local = socket
             .local_addr()

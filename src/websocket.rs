@@ -2,16 +2,22 @@
 //! `v12.stomp`, `v11.stomp`, `v10.stomp`, as RabbitMQ's Web-STOMP and stompjs use) and
 //! `GET /mqtt` (subprotocol `mqtt`, as mqtt.js and paho use).
 //!
-//! The HTTP head is parsed by [`crate::http`]; this module answers the upgrade, then
-//! bridges the WebSocket to a byte stream (`tokio::io::duplex`) that the protocol adapter
-//! serves exactly as it serves a TCP connection: message payloads in, writes out as
-//! messages (text for STOMP when the bytes are UTF-8, else binary).
+//! hyper ([`crate::http`]) reads the request; this module recognises the upgrade and
+//! answers it (101), and once hyper hands the connection over it bridges the WebSocket
+//! to a byte stream (`tokio::io::duplex`) that the protocol adapter serves exactly as it
+//! serves a TCP connection: message payloads in, writes out as messages (text for STOMP
+//! when the bytes are UTF-8, else binary).
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures_util::{SinkExt, StreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper::header::{
+    HeaderValue, CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_PROTOCOL, UPGRADE,
+};
+use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -55,6 +61,9 @@ pub struct Slots {
     pub websockets: Arc<Semaphore>,
     /// `limits.max_connections`, shared with the TCP listeners; `None` = unlimited.
     pub connections: Option<Arc<Semaphore>>,
+    /// Every listener's protocol and bound address, once all are bound (the management
+    /// API's `listeners` and port-listener health check).
+    pub bound: std::sync::OnceLock<Vec<(crate::listener::Proto, SocketAddr)>>,
 }
 
 /// What an upgrade holds for as long as its connection lives.
@@ -81,7 +90,13 @@ impl Slots {
             requests: Arc::new(Semaphore::new(n(config.http.max_requests))),
             websockets: Arc::new(Semaphore::new(n(config.http.max_websocket_connections))),
             connections,
+            bound: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The bound listeners (empty until they are all bound).
+    pub fn listeners(&self) -> &[(crate::listener::Proto, SocketAddr)] {
+        self.bound.get().map_or(&[], Vec::as_slice)
     }
 
     /// Takes a WebSocket slot and a connection slot, or neither.
@@ -137,23 +152,25 @@ pub fn origin_allowed(origin: Option<&str>, host: Option<&str>, allowed: &[Strin
     norm(authority) == norm(host)
 }
 
-/// Recognises an upgrade to `/ws` or `/mqtt` in a parsed head; `None` for anything else.
-pub fn upgrade(method: &str, path: &str, head: &str) -> Option<Upgrade> {
+/// Recognises an upgrade to `/ws`, `/stomp` or `/mqtt`; `None` for anything else.
+pub fn upgrade<B>(req: &Request<B>) -> Option<Upgrade> {
+    upgrade_parts(req.method(), req.uri().path(), req.headers())
+}
+
+fn upgrade_parts(method: &Method, path: &str, headers: &HeaderMap) -> Option<Upgrade> {
     let target = match path {
         "/ws" | "/stomp" => Target::Stomp,
         "/mqtt" => Target::Mqtt,
         _ => return None,
     };
-    if method != "GET" {
+    if method != Method::GET {
         return None;
     }
     let header = |name: &str| {
-        head.split('\n').skip(1).find_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().trim_end_matches('\r'))
-        })
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
     };
     if !header("upgrade")?.eq_ignore_ascii_case("websocket") {
         return None;
@@ -177,34 +194,34 @@ pub fn upgrade(method: &str, path: &str, head: &str) -> Option<Upgrade> {
 }
 
 /// The `101 Switching Protocols` response.
-pub fn accept_response(u: &Upgrade) -> String {
-    let mut r = format!(
-        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n",
-        derive_accept_key(u.key.as_bytes())
-    );
-    if let Some(p) = u.protocol {
-        r.push_str(&format!("Sec-WebSocket-Protocol: {p}\r\n"));
+pub fn accept_response(u: &Upgrade) -> Response<crate::http::Body> {
+    let mut r = Response::new(Full::new(bytes::Bytes::new()).boxed());
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    if let Ok(v) = HeaderValue::from_str(&derive_accept_key(u.key.as_bytes())) {
+        h.insert(SEC_WEBSOCKET_ACCEPT, v);
     }
-    r.push_str("\r\n");
+    if let Some(p) = u.protocol {
+        h.insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
+    }
     r
 }
 
-/// Completes the upgrade on `stream` (`rest`: bytes read after the head) and serves the
-/// protocol over it until either side closes, holding `held` (its connection slots)
-/// until then.
+/// Serves the protocol over the upgraded `stream` (hyper answered 101 and handed it
+/// over) until either side closes, holding `held` (its connection slots) until then.
 pub async fn serve<S: Stream>(
-    mut stream: S,
-    rest: Vec<u8>,
+    stream: S,
     u: Upgrade,
     peer: SocketAddr,
     ctx: ConnContext,
     held: Held,
 ) -> ConnResult {
-    stream.write_all(accept_response(&u).as_bytes()).await?;
     let mut config = WebSocketConfig::default();
     config.max_message_size = Some(MAX_MESSAGE);
     config.max_frame_size = Some(MAX_MESSAGE);
-    let ws = WebSocketStream::from_partially_read(stream, rest, Role::Server, Some(config)).await;
+    let ws = WebSocketStream::from_raw_socket(stream, Role::Server, Some(config)).await;
     let (adapter_side, pump_side) = tokio::io::duplex(PIPE);
     let text = u.target == Target::Stomp;
     let pump = tokio::spawn(bridge(ws, pump_side, text));
@@ -262,20 +279,48 @@ async fn bridge<S: Stream>(
 mod tests {
     use super::*;
 
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
     #[test]
     fn recognises_upgrades_and_picks_a_subprotocol() {
-        let head = "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v10.stomp, v12.stomp\r\n\r\n";
-        let u = upgrade("GET", "/ws", head).expect("upgrade");
+        let h = headers(&[
+            ("host", "x"),
+            ("upgrade", "websocket"),
+            ("connection", "Upgrade"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("sec-websocket-protocol", "v10.stomp, v12.stomp"),
+        ]);
+        let u = upgrade_parts(&Method::GET, "/ws", &h).expect("upgrade");
         assert_eq!(u.target, Target::Stomp);
         assert_eq!(u.protocol, Some("v12.stomp"));
         // RFC 6455's example key and accept value
-        assert!(
-            accept_response(&u).contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n")
+        let r = accept_response(&u);
+        assert_eq!(r.status(), StatusCode::SWITCHING_PROTOCOLS);
+        assert_eq!(
+            r.headers()
+                .get(SEC_WEBSOCKET_ACCEPT)
+                .and_then(|v| v.to_str().ok()),
+            Some("s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
         );
-        assert!(upgrade("GET", "/health", head).is_none());
-        assert!(upgrade("POST", "/ws", head).is_none());
-        assert!(upgrade("GET", "/ws", "GET /ws HTTP/1.1\r\nHost: x\r\n\r\n").is_none());
-        let m = upgrade("GET", "/mqtt", "GET /mqtt HTTP/1.1\r\nupgrade: WebSocket\r\nsec-websocket-key: k\r\nsec-websocket-protocol: mqtt\r\n\r\n").expect("mqtt");
+        assert!(upgrade_parts(&Method::GET, "/health", &h).is_none());
+        assert!(upgrade_parts(&Method::POST, "/ws", &h).is_none());
+        assert!(upgrade_parts(&Method::GET, "/ws", &headers(&[("host", "x")])).is_none());
+        let m = upgrade_parts(
+            &Method::GET,
+            "/mqtt",
+            &headers(&[
+                ("upgrade", "WebSocket"),
+                ("sec-websocket-key", "k"),
+                ("sec-websocket-protocol", "mqtt"),
+            ]),
+        )
+        .expect("mqtt");
         assert_eq!((m.target, m.protocol), (Target::Mqtt, Some("mqtt")));
     }
 

@@ -16,7 +16,7 @@ fn health_endpoint_answers_200_json() {
     let broker = TestBroker::start();
     let resp = http_request(
         broker.http_addr(),
-        "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     );
     assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
     assert!(
@@ -29,7 +29,7 @@ fn health_endpoint_answers_200_json() {
     assert_eq!(http_get(broker.http_addr(), "/nope").0, 404);
     let post = http_request(
         broker.http_addr(),
-        "POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+        "POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
     );
     assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
     let bad = http_request(broker.http_addr(), "hello there\r\n\r\n");

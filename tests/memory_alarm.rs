@@ -99,6 +99,12 @@ fn publishers_are_blocked_past_the_memory_high_water_mark_and_released_below_it(
     );
     let high = rss_anon_kib(pid).unwrap_or(0);
     assert!(high > MARK_MIB * 1024, "alarm raised at {high} KiB of heap");
+    // health probes see it
+    let (code, body) = common::http_get(broker.http_addr(), "/health");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("low on memory"), "{body}");
+    let (code, _) = common::http_get(broker.http_addr(), "/api/health/checks/alarms");
+    assert_eq!(code, 401, "the API's checks need credentials");
 
     // the publisher is not read from: its SEND gets no receipt
     publisher
@@ -128,6 +134,7 @@ fn publishers_are_blocked_past_the_memory_high_water_mark_and_released_below_it(
         Duration::from_secs(10),
     );
     let low = rss_anon_kib(pid).unwrap_or(0);
+    assert_eq!(common::http_get(broker.http_addr(), "/health").0, 200);
     publisher
         .stream
         .set_read_timeout(Some(Duration::from_secs(10)))

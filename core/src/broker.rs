@@ -11,6 +11,8 @@ use triad_store::store::Store;
 
 use crate::access::{Permission, TopicPermission, VhostAccess};
 use crate::alarm::Alarms;
+use crate::auth::AuthDb;
+use crate::conns::Registry;
 use crate::error::CoreError;
 use crate::link::{Authenticated, Credentials, Link, LoginRefused, LoginStage, Peer, Protocol};
 use crate::password::PasswordHash;
@@ -79,6 +81,10 @@ pub struct CoreConfig {
     pub max_message_size: usize,
     /// Ready entries a queue keeps in memory; the rest wait in the store.
     pub queue_window: usize,
+    /// The configuration's default user and its plaintext password, whose hash is made
+    /// with a fresh salt at each start: [`crate::auth::AuthDb`] checks whether the
+    /// password it seeded last time still verifies, to tell whether the file changed.
+    pub default_password: Option<(String, String)>,
 }
 
 impl Default for CoreConfig {
@@ -94,6 +100,7 @@ impl Default for CoreConfig {
             max_queues_per_vhost: 0,
             max_message_size: 16 << 20,
             queue_window: 2048,
+            default_password: None,
         }
     }
 }
@@ -153,8 +160,10 @@ pub struct Broker {
     vhosts: RwLock<HashMap<String, Arc<Vhost>>>,
     next_conn: AtomicU64,
     alarms: tokio::sync::watch::Sender<Alarms>,
-    /// (user, vhost) -> rights, built once from `cfg.permissions`.
-    access: HashMap<(String, String), Arc<VhostAccess>>,
+    /// Users and rights, changed at run time and persisted in the journal.
+    auth: AuthDb,
+    /// Open client connections (the management API's `/api/connections`).
+    conns: Arc<Registry>,
     /// Open connections per user, for `max_connections_per_user`.
     user_conns: Arc<Mutex<HashMap<String, u32>>>,
     /// Failed logins per source address and user name.
@@ -206,6 +215,7 @@ impl Broker {
             }
         }
         store.journal().commit(added)?;
+        let auth = AuthDb::open(Arc::clone(&store), &cfg)?;
         let mut vhosts = HashMap::new();
         for name in &list {
             let vh = Vhost::open(
@@ -226,23 +236,14 @@ impl Broker {
         // every entity is loaded: the journal's copy of the metadata is not needed in
         // memory any more (a vhost added later reads it back from the files)
         store.journal().release_state();
-        let access = cfg
-            .permissions
-            .iter()
-            .map(|p| {
-                (
-                    (p.user.clone(), p.vhost.clone()),
-                    Arc::new(VhostAccess::new(p.clone()).with_topics(&cfg.topic_permissions)),
-                )
-            })
-            .collect();
         Ok(Arc::new(Broker {
             store,
             cfg,
             vhosts: RwLock::new(vhosts),
             next_conn: AtomicU64::new(1),
             alarms: tokio::sync::watch::Sender::new(Alarms::default()),
-            access,
+            auth,
+            conns: Arc::new(Registry::default()),
             user_conns: Arc::new(Mutex::new(HashMap::new())),
             logins: LoginThrottle::default(),
         }))
@@ -273,10 +274,10 @@ impl Broker {
                 "login refused for user '{user}': invalid credentials"
             )));
         }
-        let found = self.cfg.users.iter().find(|u| u.name == user);
+        let found = self.auth.user(user);
         // An unknown user costs the same hash as a known one: no timing oracle for
         // which user names exist.
-        let ok = match found {
+        let ok = match &found {
             Some(u) => u.password_hash.verify(pass),
             None => {
                 let _ = std::hint::black_box(PasswordHash::with_salt([0; 4], pass));
@@ -284,7 +285,7 @@ impl Broker {
             }
         };
         match found {
-            Some(u) if ok => self.admit(u, peer),
+            Some(u) if ok => self.admit(&u, peer),
             _ => Err(CoreError::AccessRefused(format!(
                 "login refused for user '{user}': invalid credentials"
             ))),
@@ -388,8 +389,8 @@ impl Broker {
         user: &str,
         peer: IpAddr,
     ) -> Result<User, CoreError> {
-        match self.cfg.users.iter().find(|u| u.name == user) {
-            Some(u) => self.admit(u, peer),
+        match self.auth.user(user) {
+            Some(u) => self.admit(&u, peer),
             None => Err(CoreError::AccessRefused(format!(
                 "login refused for certificate user '{user}': no such user"
             ))),
@@ -404,8 +405,8 @@ impl Broker {
         user: &str,
         peer: IpAddr,
     ) -> Result<User, CoreError> {
-        match self.cfg.users.iter().find(|u| u.name == user) {
-            Some(u) => self.admit(u, peer),
+        match self.auth.user(user) {
+            Some(u) => self.admit(&u, peer),
             None => Err(CoreError::AccessRefused(format!(
                 "anonymous login refused: no user '{user}'"
             ))),
@@ -419,6 +420,7 @@ impl Broker {
                 u.name
             )));
         }
+        crate::conns::note_user(&u.name);
         Ok(User {
             name: u.name.clone(),
             tags: u.tags.clone(),
@@ -443,10 +445,9 @@ impl Broker {
         if !self.has_vhost(vhost) {
             return Err(refused());
         }
-        self.access
-            .get(&(user.name.clone(), vhost.to_owned()))
-            .cloned()
-            .ok_or_else(refused)
+        let access = self.auth.access(&user.name, vhost).ok_or_else(refused)?;
+        crate::conns::note_vhost(&user.name, vhost);
+        Ok(access)
     }
 
     /// Counts a new connection of `user` against `max_connections_per_user`;
@@ -517,6 +518,43 @@ impl Broker {
         Ok(vh)
     }
 
+    /// Deletes a vhost with everything in it and every permission for it; the
+    /// connections that opened it are closed. `false` when there was no such vhost.
+    pub fn delete_vhost(&self, name: &str) -> Result<bool, CoreError> {
+        let Some(vh) = self
+            .vhosts
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
+        else {
+            return Ok(false);
+        };
+        self.store
+            .journal()
+            .commit(vec![MetaOp::delete(vhost_key(name))])?;
+        vh.delete_everything()?;
+        self.auth.vhost_deleted(name)?;
+        for c in self.conns.list() {
+            if c.login().and_then(|l| l.vhost).as_deref() == Some(name) {
+                c.close();
+            }
+        }
+        Ok(true)
+    }
+
+    /// Every vhost's name, sorted.
+    pub fn vhost_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .vhosts
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Watches the resource alarms (adapters block publishers while any is raised).
     pub fn alarms(&self) -> tokio::sync::watch::Receiver<Alarms> {
         self.alarms.subscribe()
@@ -544,7 +582,19 @@ impl Broker {
 
     /// A fresh connection id.
     pub fn next_connection_id(&self) -> ConnectionId {
-        self.next_conn.fetch_add(1, Ordering::Relaxed)
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        crate::conns::note_core_id(id);
+        id
+    }
+
+    /// Users and rights (the management API changes them at run time).
+    pub fn auth(&self) -> &AuthDb {
+        &self.auth
+    }
+
+    /// Open client connections.
+    pub fn connections(&self) -> &Arc<Registry> {
+        &self.conns
     }
 
     /// A connection closed: its exclusive queues go.

@@ -12,6 +12,9 @@
 //! - [`error`]: [`CoreError`], one variant per condition the adapters map.
 //! - [`alarm`]: memory and disk [`Alarms`] that block publishers.
 //! - [`broker`]: the [`Broker`]: users, vhosts, connections, timers.
+//! - [`auth`]: users, permissions and topic permissions changed at run time, persisted
+//!   in the metadata journal and seeded from the configuration.
+//! - [`conns`]: the registry of open connections (listing, closing from outside).
 //! - [`access`]: permissions ([`VhostAccess`]): RabbitMQ's configure / write / read
 //!   regexes per user and vhost, checked per operation by every adapter.
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
@@ -42,7 +45,9 @@
 
 pub mod access;
 pub mod alarm;
+pub mod auth;
 pub mod broker;
+pub mod conns;
 pub mod durability;
 mod encoding;
 pub mod envelope;

@@ -12,6 +12,9 @@
 //! record: body length (bits 0-31), priority (32-39), "has a per-message TTL" (40),
 //! persistent (41).
 
+mod info;
+pub use info::{ConsumerInfo, QueueStats};
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

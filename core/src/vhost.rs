@@ -1199,6 +1199,20 @@ impl Vhost {
         Ok(self.queue_for(queue, conn)?.get(no_ack))
     }
 
+    /// Deletes every queue, exchange and binding of the vhost, journaled (the vhost
+    /// itself is being deleted).
+    pub(crate) fn delete_everything(&self) -> Result<(), CoreError> {
+        for name in self.queue_names() {
+            if let Some(q) = self.queue(&name) {
+                let owner = q.exclusive_owner().unwrap_or(0);
+                self.delete_queue(&name, false, false, owner)?;
+            }
+        }
+        let ops = [TAG_EXCHANGE, TAG_QUEUE, TAG_BINDING]
+            .map(|t| MetaOp::delete_prefix(KeyBuilder::new(t).part(self.name.as_bytes()).build()));
+        Self::durable(self.journal(ops.to_vec())?)
+    }
+
     /// The exchange definitions (for listings).
     pub fn exchanges(&self) -> Vec<ExchangeDef> {
         self.topology_read().exchanges().cloned().collect()

@@ -1,0 +1,652 @@
+//! The management HTTP API against a running broker: auth and tags, queues and
+//! bindings, publish / get / purge, connections listed and closed, runtime users,
+//! vhosts and permissions surviving a restart, definitions round trip.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use common::{TestBroker, TEST_CONFIG};
+
+/// A test config with a short failed-login delay (refusals are answered after it).
+fn config() -> String {
+    format!("{TEST_CONFIG}\n[auth]\nfailed_login_delay = \"10ms\"\n")
+}
+
+/// One request with basic auth (`user = None`: without); (status, headers, body).
+fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    user: Option<(&str, &str)>,
+    body: Option<&Value>,
+) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    if let Some((u, p)) = user {
+        let cred = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+        req.push_str(&format!("Authorization: Basic {cred}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).expect("send");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).expect("read");
+    let text = String::from_utf8(out).expect("utf8");
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"));
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let head = head.to_ascii_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, head, body)
+}
+
+/// The body of a chunked response.
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, tail) = rest.split_once("\r\n").expect("chunk size line");
+        let n = usize::from_str_radix(size.trim(), 16).expect("chunk size");
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&tail[..n]);
+        rest = &tail[n + 2..];
+    }
+}
+
+const GUEST: Option<(&str, &str)> = Some(("guest", "guest"));
+
+fn get(addr: SocketAddr, path: &str, user: Option<(&str, &str)>) -> (u16, Value) {
+    let (status, _, body) = call(addr, "GET", path, user, None);
+    let v = serde_json::from_str(&body).unwrap_or(Value::Null);
+    (status, v)
+}
+
+fn status(addr: SocketAddr, method: &str, path: &str, body: Value) -> u16 {
+    call(addr, method, path, GUEST, Some(&body)).0
+}
+
+/// Polls `f` until it holds or the deadline passes.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn auth_answers_401_as_rabbitmq_and_tags_limit_what_a_user_sees() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let (code, head, _) = call(http, "GET", "/api/overview", None, None);
+    assert_eq!(code, 401);
+    assert!(head.contains("www-authenticate: basic realm="), "{head}");
+    let (code, _, body) = call(http, "GET", "/api/overview", Some(("guest", "nope")), None);
+    assert_eq!((code, body.contains("Login failed")), (401, true), "{body}");
+    assert_eq!(
+        get(http, "/api/whoami", GUEST),
+        (200, json!({"name": "guest", "tags": ["administrator"]}))
+    );
+
+    // a user without a management tag, one with `management` and rights in one vhost
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/plain",
+            json!({"password": "pw", "tags": ""})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/mgr",
+            json!({"password": "pw", "tags": "management"})
+        ),
+        201
+    );
+    assert_eq!(status(http, "PUT", "/api/vhosts/v2", json!({})), 201);
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/permissions/v2/mgr",
+            json!({"configure": "^a", "write": ".*", "read": ".*"})
+        ),
+        201
+    );
+    assert_eq!(
+        status(http, "PUT", "/api/queues/%2F/hidden", json!({})),
+        201
+    );
+    let (code, _, body) = call(http, "GET", "/api/overview", Some(("plain", "pw")), None);
+    assert_eq!(code, 401);
+    assert!(body.contains("Not management user"), "{body}");
+    let mgr = Some(("mgr", "pw"));
+    let (code, v) = get(http, "/api/vhosts", mgr);
+    assert_eq!(code, 200);
+    let names: Vec<&str> = v
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|x| x["name"].as_str())
+        .collect();
+    assert_eq!(names, ["v2"], "a management user sees only its vhosts");
+    assert_eq!(get(http, "/api/queues", mgr), (200, json!([])));
+    assert_eq!(get(http, "/api/queues/%2F", mgr).0, 401);
+    assert_eq!(
+        get(http, "/api/users", mgr).0,
+        401,
+        "users are for administrators"
+    );
+    // declares need the configure permission, as over AMQP
+    let put = |path: &str| call(http, "PUT", path, mgr, Some(&json!({}))).0;
+    assert_eq!(put("/api/queues/v2/a1"), 201);
+    assert_eq!(put("/api/queues/v2/b1"), 401);
+    assert_eq!(put("/api/queues/%2F/a1"), 401, "no rights in /");
+    assert_eq!(get(http, "/api/queues/nope", GUEST).0, 404);
+}
+
+#[test]
+fn queues_bindings_publish_get_and_purge() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let q = json!({"durable": "true", "arguments": {"x-max-length": 10}});
+    assert_eq!(status(http, "PUT", "/api/queues/%2F/q1", q.clone()), 201);
+    assert_eq!(status(http, "PUT", "/api/queues/%2F/q1", q), 204);
+    let (code, _, body) = call(
+        http,
+        "PUT",
+        "/api/queues/%2F/q1",
+        GUEST,
+        Some(&json!({"durable": true})),
+    );
+    assert_eq!(code, 400, "inequivalent redeclare");
+    assert!(body.contains("x-max-length"), "{body}");
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/exchanges/%2F/ex",
+            json!({"type": "topic"})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/exchanges/%2F/ex2",
+            json!({"type": "nonsense"})
+        ),
+        400
+    );
+    let (code, head, _) = call(
+        http,
+        "POST",
+        "/api/bindings/%2F/e/ex/q/q1",
+        GUEST,
+        Some(&json!({"routing_key": "a.#"})),
+    );
+    assert_eq!(code, 201);
+    assert!(
+        head.contains("location: /api/bindings/%2f/e/ex/q/q1/a%2e%23"),
+        "{head}"
+    );
+    let (_, b) = get(http, "/api/bindings/%2F/e/ex/q/q1", GUEST);
+    assert_eq!(b[0]["properties_key"], "a.#");
+
+    for i in 0..3 {
+        let body = json!({"routing_key": "a.b", "payload": format!("m{i}"), "payload_encoding": "string",
+                          "properties": {"delivery_mode": 2, "headers": {"n": i}}});
+        let (code, _, r) = call(
+            http,
+            "POST",
+            "/api/exchanges/%2F/ex/publish",
+            GUEST,
+            Some(&body),
+        );
+        assert_eq!((code, r.as_str()), (200, r#"{"routed":true}"#));
+    }
+    let (_, r) = {
+        let body = json!({"routing_key": "x.y", "payload": "lost", "payload_encoding": "string", "properties": {}});
+        let (c, _, r) = call(
+            http,
+            "POST",
+            "/api/exchanges/%2F/ex/publish",
+            GUEST,
+            Some(&body),
+        );
+        (c, r)
+    };
+    assert_eq!(r, r#"{"routed":false}"#);
+    let (_, queue) = get(http, "/api/queues/%2F/q1", GUEST);
+    assert_eq!(
+        (queue["messages"].as_u64(), queue["messages_ready"].as_u64()),
+        (Some(3), Some(3))
+    );
+    assert_eq!(queue["arguments"], json!({"x-max-length": 10}));
+    assert_eq!(queue["message_stats"], json!({"publish": 3}));
+
+    // get with requeue leaves them; without removes one
+    let got = |mode: &str, count: u32| {
+        let (c, _, r) = call(
+            http,
+            "POST",
+            "/api/queues/%2F/q1/get",
+            GUEST,
+            Some(&json!({"count": count.to_string(), "ackmode": mode, "encoding": "auto"})),
+        );
+        assert_eq!(c, 200, "{r}");
+        serde_json::from_str::<Value>(&r).expect("json")
+    };
+    let two = got("ack_requeue_true", 2);
+    assert_eq!(two[0]["payload"], "m0");
+    assert_eq!(two[0]["properties"]["headers"], json!({"n": 0}));
+    assert_eq!(two.as_array().map(Vec::len), Some(2));
+    let one = got("ack_requeue_false", 1);
+    assert_eq!(one[0]["payload"], "m0");
+    assert_eq!(one[0]["redelivered"], true);
+    eventually("2 messages left", || {
+        get(http, "/api/queues/%2F/q1", GUEST).1["messages"] == 2
+    });
+
+    assert_eq!(
+        call(http, "DELETE", "/api/queues/%2F/q1/contents", GUEST, None).0,
+        204
+    );
+    eventually("purged", || {
+        get(http, "/api/queues/%2F/q1", GUEST).1["messages"] == 0
+    });
+    assert_eq!(
+        call(
+            http,
+            "DELETE",
+            "/api/bindings/%2F/e/ex/q/q1/a.%23",
+            GUEST,
+            None
+        )
+        .0,
+        204
+    );
+    assert_eq!(get(http, "/api/bindings/%2F/e/ex/q/q1", GUEST).1, json!([]));
+    assert_eq!(
+        call(http, "DELETE", "/api/exchanges/%2F/ex", GUEST, None).0,
+        204
+    );
+    assert_eq!(
+        call(http, "DELETE", "/api/queues/%2F/q1", GUEST, None).0,
+        204
+    );
+    assert_eq!(get(http, "/api/queues/%2F/q1", GUEST).0, 404);
+    // policies are refused, not accepted and ignored
+    let (code, _, body) = call(
+        http,
+        "PUT",
+        "/api/policies/%2F/p",
+        GUEST,
+        Some(&json!({"pattern": ".*", "definition": {"max-length": 1}})),
+    );
+    assert_eq!(code, 501);
+    assert!(body.contains("policies are not implemented"), "{body}");
+}
+
+#[test]
+fn paginates_like_rabbitmq() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    for i in 0..12 {
+        assert_eq!(
+            status(http, "PUT", &format!("/api/queues/%2F/p{i:02}"), json!({})),
+            201
+        );
+    }
+    let (code, v) = get(
+        http,
+        "/api/queues/%2F?page=2&page_size=5&columns=name",
+        GUEST,
+    );
+    assert_eq!(code, 200);
+    assert_eq!(v["total_count"], 12);
+    assert_eq!(v["page_count"], 3);
+    assert_eq!(
+        v["items"],
+        json!([{"name": "p05"}, {"name": "p06"}, {"name": "p07"}, {"name": "p08"}, {"name": "p09"}])
+    );
+    assert_eq!(get(http, "/api/queues?page=9&page_size=5", GUEST).0, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_listed_with_their_login_and_closed_on_request() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let conn = common::amqp::connect(broker.amqp_addr())
+        .await
+        .expect("amqp");
+    let list = move || {
+        let (c, v) = get(http, "/api/connections", GUEST);
+        assert_eq!(c, 200);
+        v.as_array().cloned().unwrap_or_default()
+    };
+    let mut listed = Vec::new();
+    eventually("the AMQP connection listed with its vhost", || {
+        listed = list();
+        listed.len() == 1 && listed[0]["vhost"] == "/"
+    });
+    let c = &listed[0];
+    assert_eq!(c["protocol"], "AMQP 0-9-1");
+    assert_eq!(c["user"], "guest");
+    assert_eq!(c["peer_host"], "127.0.0.1");
+    assert_eq!(c["ssl"], false);
+    let name = c["name"].as_str().expect("name").to_owned();
+
+    // its consumer is listed with the connection's name
+    let ch = conn.create_channel().await.expect("channel");
+    common::amqp::declare_durable(&ch, "watched")
+        .await
+        .expect("declare");
+    let _consumer = ch
+        .basic_consume(
+            "watched".into(),
+            "tag-1".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let (code, consumers) = get(http, "/api/consumers", GUEST);
+    assert_eq!(code, 200);
+    assert_eq!(consumers[0]["consumer_tag"], "tag-1");
+    assert_eq!(
+        consumers[0]["queue"],
+        json!({"name": "watched", "vhost": "/"})
+    );
+    assert_eq!(
+        consumers[0]["channel_details"]["connection_name"],
+        json!(name)
+    );
+    assert_eq!(
+        get(http, "/api/queues/%2F/watched", GUEST).1["consumers"],
+        1
+    );
+
+    let path = format!(
+        "/api/connections/{}",
+        percent_encoding::utf8_percent_encode(&name, percent_encoding::NON_ALPHANUMERIC)
+    );
+    assert_eq!(get(http, &path, GUEST).0, 200);
+    assert_eq!(call(http, "DELETE", &path, GUEST, None).0, 204);
+    eventually("the client sees the close", || !conn.status().connected());
+    eventually("the connection unlisted", || list().is_empty());
+    assert_eq!(call(http, "DELETE", &path, GUEST, None).0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_users_vhosts_and_permissions_survive_a_restart() {
+    let mut broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    assert_eq!(status(http, "PUT", "/api/vhosts/prod", json!({})), 201);
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/alice",
+            json!({"password": "s3cret", "tags": ["monitoring"]})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/permissions/prod/alice",
+            json!({"configure": ".*", "write": ".*", "read": ".*"})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/bob",
+            json!({"password": "x", "tags": ""})
+        ),
+        201
+    );
+    assert_eq!(call(http, "DELETE", "/api/users/bob", GUEST, None).0, 204);
+    assert_eq!(status(http, "PUT", "/api/vhosts/gone", json!({})), 201);
+    assert_eq!(
+        status(http, "PUT", "/api/queues/gone/q", json!({"durable": true})),
+        201
+    );
+    assert_eq!(call(http, "DELETE", "/api/vhosts/gone", GUEST, None).0, 204);
+    // the configuration's default user changed through the API: kept over a restart
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/guest",
+            json!({"password": "changed", "tags": "administrator"})
+        ),
+        204
+    );
+
+    broker.restart();
+    let http = broker.http_addr();
+    let guest = Some(("guest", "changed"));
+    let (code, who) = get(http, "/api/whoami", Some(("alice", "s3cret")));
+    assert_eq!((code, &who["tags"]), (200, &json!(["monitoring"])));
+    assert_eq!(
+        get(http, "/api/users/bob", guest).0,
+        404,
+        "a deleted user stays deleted"
+    );
+    assert_eq!(
+        get(http, "/api/vhosts/gone", guest).0,
+        404,
+        "a deleted vhost stays deleted"
+    );
+    let (_, perms) = get(http, "/api/users/alice/permissions", guest);
+    assert_eq!(
+        perms,
+        json!([{"user": "alice", "vhost": "prod", "configure": ".*", "write": ".*", "read": ".*"}])
+    );
+    // and the protocols use them: alice opens `prod` over AMQP
+    let uri = format!("amqp://alice:s3cret@{}/prod", broker.amqp_addr());
+    let conn = lapin::Connection::connect(&uri, lapin::ConnectionProperties::default())
+        .await
+        .expect("alice logs in to prod");
+    conn.close(200, "bye".into()).await.expect("close");
+    let uri = format!("amqp://guest:guest@{}/%2f", broker.amqp_addr());
+    assert!(
+        lapin::Connection::connect(&uri, lapin::ConnectionProperties::default())
+            .await
+            .is_err(),
+        "guest's old password no longer works"
+    );
+}
+
+#[test]
+fn definitions_export_and_import_round_trip() {
+    let a = TestBroker::start_with_config(&config());
+    let http = a.http_addr();
+    assert_eq!(status(http, "PUT", "/api/vhosts/app", json!({})), 201);
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/app",
+            json!({"password": "pw", "tags": "management"})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/permissions/app/app",
+            json!({"configure": ".*", "write": ".*", "read": "^r"})
+        ),
+        201
+    );
+    // the creator of a vhost has full permissions in it already, as in RabbitMQ
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/permissions/app/guest",
+            json!({"configure": ".*", "write": ".*", "read": ".*"})
+        ),
+        204
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/exchanges/app/events",
+            json!({"type": "fanout", "durable": true})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/queues/app/inbox",
+            json!({"durable": true, "arguments": {"x-message-ttl": 60000}})
+        ),
+        201
+    );
+    assert_eq!(
+        call(
+            http,
+            "POST",
+            "/api/bindings/app/e/events/q/inbox",
+            GUEST,
+            Some(&json!({}))
+        )
+        .0,
+        201
+    );
+    let (code, defs) = get(http, "/api/definitions", GUEST);
+    assert_eq!(code, 200);
+
+    let b = TestBroker::start_with_config(&config());
+    let http_b = b.http_addr();
+    assert_eq!(
+        call(http_b, "POST", "/api/definitions", GUEST, Some(&defs)).0,
+        204
+    );
+    let (_, again) = get(http_b, "/api/definitions", GUEST);
+    for k in ["vhosts", "permissions", "queues", "exchanges", "bindings"] {
+        assert_eq!(again[k], defs[k], "{k}");
+    }
+    // password hashes are carried over: `app` logs in on the new broker
+    assert_eq!(get(http_b, "/api/whoami", Some(("app", "pw"))).0, 200);
+    // what is not implemented is refused before anything changes
+    let mut with_policy = defs.clone();
+    with_policy["policies"] =
+        json!([{"vhost": "/", "name": "p", "pattern": ".*", "definition": {}}]);
+    with_policy["queues"] = json!([{"vhost": "/", "name": "never", "durable": true, "auto_delete": false, "arguments": {}}]);
+    assert_eq!(
+        call(
+            http_b,
+            "POST",
+            "/api/definitions",
+            GUEST,
+            Some(&with_policy)
+        )
+        .0,
+        501
+    );
+    assert_eq!(get(http_b, "/api/queues/%2F/never", GUEST).0, 404);
+    let mut md5 = defs;
+    md5["users"] = json!([{"name": "x", "password_hash": "abc", "hashing_algorithm": "rabbit_password_hashing_md5", "tags": ""}]);
+    assert_eq!(
+        call(http_b, "POST", "/api/definitions", GUEST, Some(&md5)).0,
+        400
+    );
+}
+
+#[test]
+fn bodies_are_bounded_and_keep_alive_serves_several_requests() {
+    let broker = TestBroker::start_with_config(&format!(
+        "{}\n[http]\nmax_body_size = \"1 KiB\"\n",
+        config()
+    ));
+    let http = broker.http_addr();
+    let big =
+        json!({"payload": "x".repeat(2000), "routing_key": "k", "payload_encoding": "string"});
+    assert_eq!(
+        status(http, "POST", "/api/exchanges/%2F/amq.default/publish", big),
+        413
+    );
+    // two requests on one connection
+    let mut s = TcpStream::connect(http).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    assert_eq!(out.matches("HTTP/1.1 200 OK").count(), 2, "{out}");
+}
+
+#[test]
+fn health_checks_name_the_listeners() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    assert_eq!(
+        get(http, "/api/health/checks/alarms", GUEST),
+        (200, json!({"status": "ok"}))
+    );
+    let amqp = broker.amqp_addr().port();
+    assert_eq!(
+        get(
+            http,
+            &format!("/api/health/checks/port-listener/{amqp}"),
+            GUEST
+        ),
+        (200, json!({"status": "ok", "port": amqp}))
+    );
+    let (code, v) = get(http, "/api/health/checks/port-listener/1", GUEST);
+    assert_eq!((code, &v["status"]), (503, &json!("failed")));
+    assert!(
+        v["ports"]
+            .as_array()
+            .is_some_and(|p| p.contains(&json!(amqp))),
+        "{v}"
+    );
+    let (_, overview) = get(http, "/api/overview", GUEST);
+    let listeners = overview["listeners"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        listeners
+            .iter()
+            .any(|l| l["protocol"] == "amqp" && l["port"] == amqp),
+        "{overview}"
+    );
+}
