@@ -252,8 +252,7 @@ fn publish(api: &Api, vhost: &str, exchange: &str, body: &Value) -> ApiResult {
         conn: API_CONN,
     })?;
     if let Some(d) = published.durable {
-        d.wait()
-            .map_err(ApiError::from)?;
+        d.wait().map_err(ApiError::from)?;
     }
     ok_json(&json!({"routed": published.routed && !published.rejected}))
 }
