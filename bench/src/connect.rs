@@ -353,11 +353,27 @@ async fn run_async(a: ConnectArgs) -> Result<Value, String> {
     } else {
         a.warmup
     };
-    if warmup > 0 {
+    // One warm-up connect per client first when each client needs its own (its MQTT
+    // session, or a TLS session to resume): a shared count let one client take two and
+    // leave another with none.
+    let per_client = if a.resume || persistent {
+        for i in 0..a.parallel {
+            match tokio::time::timeout(CONNECT_TIMEOUT, connect_once(&c, i, false)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("warm-up: client {i}: {e}")),
+                Err(_) => return Err(format!("warm-up: client {i}: connect timed out")),
+            }
+        }
+        a.parallel as u64
+    } else {
+        0
+    };
+    let rest = warmup.saturating_sub(per_client);
+    if rest > 0 {
         let (w, _) = phase(
             c.clone(),
             a.parallel,
-            Some(warmup),
+            Some(rest),
             Instant::now() + Duration::from_secs(120),
             a.quiet,
             "warm-up",
