@@ -531,3 +531,135 @@ def test_expiration_header_sets_per_message_ttl(stomp_clients, uid):
     c.subscribe(dest, "s")
     got = c.messages(2, timeout=1)
     assert [m.body for m in got] == ["long"]
+
+
+# --- boolean headers as stomp.py writes them (Python's True / False) ---------------------
+
+
+def _rabbit_subscription_queue(name, sid):
+    """RabbitMQ's STOMP plugin's durable subscription queue name for routing key `name`
+    and id `sid`: md5 of term_to_binary({Name, Id}) (two Erlang strings), base64url."""
+    import base64
+    import hashlib
+    import struct
+
+    def erl_string(s):
+        b = s.encode()
+        return b"\x6a" if not b else b"\x6b" + struct.pack(">H", len(b)) + b
+
+    term = b"\x83\x68\x02" + erl_string(name) + erl_string(sid)
+    digest = hashlib.md5(term).digest()
+    return "stomp-subscription-" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def _queue_exists(broker, name):
+    import pika.exceptions
+
+    conn = pika_connect(broker)
+    try:
+        ch = conn.channel()
+        try:
+            ch.queue_declare(name, passive=True)
+            return True
+        except pika.exceptions.ChannelClosedByBroker as e:
+            assert e.reply_code == 404, e
+            return False
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_nack_requeue_python_false_dead_letters(broker, stomp_clients, uid):
+    """stomp.py sends requeue=False as `requeue:False`: dropped (dead-lettered), not
+    redelivered."""
+    dlx, dlq, q = f"dlx-{uid}", f"dlq-{uid}", f"q-{uid}"
+    conn = pika_connect(broker)
+    try:
+        ch = conn.channel()
+        ch.exchange_declare(dlx, "fanout")
+        ch.queue_declare(dlq)
+        ch.queue_bind(dlq, dlx)
+        ch.queue_declare(q, arguments={"x-dead-letter-exchange": dlx})
+        ch.basic_publish("", q, b"bad message")
+        c = stomp_clients()
+        c.subscribe(f"/amq/queue/{q}", "s", ack="client-individual")
+        m = c.message()
+        assert m is not None and m.body == "bad message"
+        rid = c.receipt()
+        c.conn.nack(m.headers["ack"], receipt=rid, requeue=False)
+        c.wait_receipt(rid)
+        assert c.message(0.5) is None, "requeue:False must not redeliver"
+        deadline = time.monotonic() + 5
+        got = (None, None, None)
+        while got[0] is None and time.monotonic() < deadline:
+            got = ch.basic_get(dlq, auto_ack=True)
+        assert got[2] == b"bad message"
+        assert got[1].headers["x-death"][0]["reason"] == "rejected"
+    finally:
+        conn.close()
+
+
+def test_durable_python_true_keeps_messages_between_unsubscribe_and_resubscribe(
+        broker, stomp_clients, uid):
+    dest, sid = f"/topic/pyb.{uid}", f"dur-{uid}"
+    hdrs = {"durable": True, "auto-delete": False}
+    c = stomp_clients()
+    c.subscribe(dest, sid, **hdrs)
+    # RabbitMQ's name for the queue, durable and not auto-delete
+    assert _queue_exists(broker, _rabbit_subscription_queue(f"pyb.{uid}", sid))
+    rid = c.receipt()
+    c.conn.unsubscribe(sid, headers={"receipt": rid})
+    c.wait_receipt(rid)
+    p = stomp_clients()
+    p.send(dest, "between", persistent=True)
+    c.subscribe(dest, sid, **hdrs)
+    m = c.message()
+    assert m is not None and m.body == "between"
+    # UNSUBSCRIBE with durable:True deletes the queue
+    rid = c.receipt()
+    c.conn.unsubscribe(sid, headers={"receipt": rid, "durable": True})
+    c.wait_receipt(rid)
+    assert not _queue_exists(broker, _rabbit_subscription_queue(f"pyb.{uid}", sid))
+
+
+def test_durable_same_id_on_two_topics_does_not_mix(broker, stomp_clients, uid):
+    sid = f"same-{uid}"
+    hdrs = {"durable": "true", "auto-delete": "false"}
+    a, b, p = stomp_clients(), stomp_clients(), stomp_clients()
+    a.subscribe(f"/topic/mixa.{uid}", sid, **hdrs)
+    b.subscribe(f"/topic/mixb.{uid}", sid, **hdrs)
+    p.send(f"/topic/mixa.{uid}", "for a")
+    p.send(f"/topic/mixb.{uid}", "for b")
+    assert [m.body for m in a.messages(2, timeout=1)] == ["for a"]
+    assert [m.body for m in b.messages(2, timeout=1)] == ["for b"]
+    # a second connection with the same id and topic shares a's queue
+    a2 = stomp_clients()
+    a2.subscribe(f"/topic/mixa.{uid}", sid, **hdrs)
+    for i in range(4):
+        p.send(f"/topic/mixa.{uid}", f"s{i}")
+    got = a.messages(4, timeout=1) + a2.messages(4, timeout=1)
+    assert sorted(m.body for m in got) == ["s0", "s1", "s2", "s3"]
+    assert b.message(0.3) is None
+
+
+def test_durable_subscribe_without_id_is_refused(stomp_clients, uid):
+    c = stomp_clients()
+    c.conn.send_frame("SUBSCRIBE", {"destination": f"/topic/noid.{uid}", "durable": "true",
+                                    "auto-delete": "false", "receipt": "r"})
+    err = c.error()
+    assert err is not None, "a durable SUBSCRIBE without id must get an ERROR"
+    assert err.headers["message"] == "Missing Header"
+    assert "Header 'id' is required for durable subscriptions" in err.body
+    assert c.listener.receipts.empty()
+
+
+def test_non_boolean_durable_header_is_refused(broker, stomp_clients, uid):
+    if getattr(broker, "external", False):
+        pytest.skip("RabbitMQ answers durable:yes with 'Processing error'")
+    c = stomp_clients()
+    c.conn.send_frame("SUBSCRIBE", {"destination": f"/topic/yes.{uid}", "id": "s",
+                                    "durable": "yes", "auto-delete": "false", "receipt": "r"})
+    err = c.error()
+    assert err is not None
+    assert err.headers["message"] == "invalid durable header"
+    assert "'yes'" in err.body

@@ -1223,6 +1223,17 @@ impl Vhost {
         self.topology_read().bindings()
     }
 
+    /// Whether queue `queue` is bound to `exchange` with `key` and no arguments: one
+    /// lookup, no scan of the vhost's bindings.
+    pub fn has_queue_binding(&self, exchange: &str, queue: &str, key: &str) -> bool {
+        self.topology_read().has_binding(
+            exchange,
+            &Destination::queue(queue),
+            key,
+            &FieldTable::new(),
+        )
+    }
+
     /// Whether an exchange exists.
     pub fn has_exchange(&self, name: &str) -> bool {
         self.topology_read().exchange(name).is_some()

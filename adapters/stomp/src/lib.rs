@@ -9,6 +9,7 @@
 //!   limits checked before buffering.
 //! - [`destination`]: `/queue/`, `/topic/`, `/exchange/`, `/amq/queue/`, `/temp-queue/`,
 //!   `/reply-queue/` ⇄ exchange and routing key.
+//! - [`queue_name`]: durable subscription queue names, as RabbitMQ's plugin makes them.
 //! - [`mapping`]: STOMP headers ⇄ core `Properties`, core errors → ERROR frames.
 //! - [`session`]: the sans-IO protocol state machine ([`Session`]): frames and core
 //!   deliveries in, [`Action`]s out.
@@ -27,6 +28,7 @@ pub mod destination;
 pub mod driver;
 pub mod frame;
 pub mod mapping;
+pub mod queue_name;
 pub mod session;
 
 pub use codec::{decode, encode, DecodeError, Dialect, Limits};

@@ -55,6 +55,23 @@ fn number<T: std::str::FromStr>(frame: &Frame, name: &'static str) -> Result<Opt
     }
 }
 
+/// Reads boolean header `name`: `true` / `false` in any case (stomp.py writes Python's
+/// `True` / `False`, which RabbitMQ takes), `None` when absent. Any other value is
+/// refused, naming the header, rather than read as the default: `durable:yes` must not
+/// quietly make a non-durable subscription. The one parser for every boolean header the
+/// adapter reads (`durable`, `persistent`, `auto-delete`, `exclusive`, `requeue`).
+pub fn bool_header(frame: &Frame, name: &'static str) -> Result<Option<bool>, BadHeader> {
+    match frame.header(name) {
+        None => Ok(None),
+        Some(v) if v.eq_ignore_ascii_case("true") => Ok(Some(true)),
+        Some(v) if v.eq_ignore_ascii_case("false") => Ok(Some(false)),
+        Some(v) => Err(BadHeader {
+            name,
+            reason: format!("'{v}' is not a boolean: {name} must be true or false (in any case)"),
+        }),
+    }
+}
+
 /// Builds the properties of a SEND frame. `user` is the logged-in user (a `user-id`
 /// header must match it, as in RabbitMQ).
 pub fn properties_from_send(frame: &Frame, user: &str) -> Result<Properties, BadHeader> {
@@ -81,7 +98,7 @@ pub fn properties_from_send(frame: &Frame, user: &str) -> Result<Properties, Bad
         }
         p.expiration = Some(e.to_string());
     }
-    if frame.header("persistent") == Some("true") {
+    if bool_header(frame, "persistent")? == Some(true) {
         p.delivery_mode = Some(2);
     }
     if let Some(u) = &p.user_id {
@@ -267,6 +284,39 @@ mod tests {
         assert!(
             properties_from_send(&Frame::new(Command::Send).with("priority", "x"), "guest")
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn booleans_in_any_case_and_nothing_else() {
+        let f = |v: &str| Frame::new(Command::Send).with("persistent", v);
+        for (v, want) in [
+            ("true", true),
+            ("True", true),
+            ("TRUE", true),
+            ("false", false),
+            ("False", false),
+            ("fAlSe", false),
+        ] {
+            assert_eq!(bool_header(&f(v), "persistent"), Ok(Some(want)), "{v}");
+        }
+        assert_eq!(
+            bool_header(&Frame::new(Command::Send), "persistent"),
+            Ok(None)
+        );
+        for v in ["yes", "1", "", " true", "truee"] {
+            let e = bool_header(&f(v), "persistent").unwrap_err();
+            assert_eq!(e.name, "persistent");
+            assert!(e.reason.contains(&format!("'{v}'")), "{}", e.reason);
+        }
+        // SEND: `persistent:True` is delivery mode 2, `persistent:yes` refused
+        let p = properties_from_send(&f("True").with("destination", "/queue/a"), "guest").unwrap();
+        assert_eq!(p.delivery_mode, Some(2));
+        let p = properties_from_send(&f("FALSE"), "guest").unwrap();
+        assert_eq!(p.delivery_mode, None);
+        assert_eq!(
+            properties_from_send(&f("yes"), "guest").unwrap_err().name,
+            "persistent"
         );
     }
 

@@ -20,7 +20,8 @@ use triad_core::{
 use crate::codec::{DecodeError, Dialect, Limits};
 use crate::destination::Destination;
 use crate::frame::{Command, Frame};
-use crate::mapping::{self, MessageMeta};
+use crate::mapping::{self, bool_header, MessageMeta};
+use crate::queue_name;
 
 /// What the driver must do.
 pub enum Action {
@@ -727,6 +728,7 @@ impl Session {
         let dest_s = required(f, "destination")?;
         let dest = Destination::parse(dest_s)
             .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
+        let opts = SubscribeOptions::parse(f)?;
         let id = match (f.header("id"), self.version) {
             (Some(id), _) => id.to_string(),
             (None, Version::V10) => dest_s.to_string(),
@@ -773,7 +775,7 @@ impl Session {
         };
         let prefetch = opt_number::<u32>(f, "prefetch-count")?.unwrap_or(0);
         let priority = opt_number::<i32>(f, "x-priority")?.unwrap_or(0);
-        let exclusive = f.header("exclusive") == Some("true");
+        let exclusive = opts.exclusive;
         let args = queue_arguments(f)?;
         let mut durable_queue = None;
         let mut destination_override = None;
@@ -805,7 +807,7 @@ impl Session {
                 ok.name
             }
             Destination::Topic(key) => {
-                let (q, d) = self.binding_queue(f, &id, "amq.topic", &key, args)?;
+                let (q, d) = self.binding_queue(f, &opts, &id, "amq.topic", &key, args)?;
                 durable_queue = d;
                 q
             }
@@ -813,7 +815,7 @@ impl Session {
                 if !self.linked()?.vhost().has_exchange(&exchange) {
                     return Err(CoreError::exchange_not_found(&exchange).into());
                 }
-                let (q, d) = self.binding_queue(f, &id, &exchange, &key, args)?;
+                let (q, d) = self.binding_queue(f, &opts, &id, &exchange, &key, args)?;
                 durable_queue = d;
                 q
             }
@@ -842,21 +844,26 @@ impl Session {
 
     /// The queue behind a topic or exchange subscription: a durable named one for
     /// `durable:true` + `auto-delete:false`, else a private server-named one.
+    ///
+    /// The durable one is named from the routing key and the id as RabbitMQ names it
+    /// ([`queue_name::durable_subscription`]), unless `x-queue-name` names it. A queue
+    /// under the name Triad used before (`stomp-subscription-<id>`) that is bound to
+    /// this exchange with this key is still used when the new name does not exist yet,
+    /// so a durable subscription made by an older version keeps its messages.
     fn binding_queue(
         &self,
         f: &Frame,
+        opts: &SubscribeOptions,
         id: &str,
         exchange: &str,
         key: &str,
         arguments: FieldTable,
     ) -> Res<(String, Option<String>)> {
-        let durable = f.header("durable") == Some("true") || f.header("persistent") == Some("true");
-        let auto_delete = f.header("auto-delete") != Some("false");
-        let (decl, durable_name) = if durable && !auto_delete {
-            let name = f
-                .header("x-queue-name")
-                .map(str::to_string)
-                .unwrap_or_else(|| format!("stomp-subscription-{id}"));
+        let (decl, durable_name) = if opts.durable && !opts.auto_delete {
+            let name = match f.header("x-queue-name") {
+                Some(n) => n.to_string(),
+                None => self.durable_subscription_queue(id, exchange, key)?,
+            };
             (
                 QueueDeclare {
                     name: name.clone(),
@@ -884,7 +891,24 @@ impl Session {
         Ok((name, durable_name))
     }
 
+    /// The name of the durable subscription queue for `id` on `exchange` / `key`.
+    fn durable_subscription_queue(&self, id: &str, exchange: &str, key: &str) -> Res<String> {
+        let name = queue_name::durable_subscription(key, id);
+        let vhost = self.linked()?.vhost();
+        if vhost.queue(&name).is_none() {
+            let legacy = queue_name::legacy(id);
+            if vhost.queue(&legacy).is_some() && vhost.has_queue_binding(exchange, &legacy, key) {
+                return Ok(legacy);
+            }
+        }
+        Ok(name)
+    }
+
     fn unsubscribe(&mut self, f: &Frame) -> Res {
+        let durable = durable_header(f)?;
+        if durable && !f.has("id") {
+            return Err(missing_durable_id());
+        }
         let id = match (f.header("id"), f.header("destination")) {
             (Some(id), _) => id,
             (None, Some(d)) if self.version == Version::V10 => d,
@@ -902,8 +926,7 @@ impl Session {
             )
         })?;
         sub.consumer.cancel();
-        let delete = f.header("durable") == Some("true") || f.header("persistent") == Some("true");
-        if let (true, Some(q)) = (delete, sub.durable_queue) {
+        if let (true, Some(q)) = (durable, sub.durable_queue) {
             self.linked()?.delete_queue(&q, false, false)?;
         }
         Ok(())
@@ -919,6 +942,8 @@ impl Session {
                     "ACK/NACK needs an 'id' (1.2) or 'message-id' header",
                 )
             })?;
+        // checked now, also for a NACK held in a transaction
+        bool_header(&f, "requeue")?;
         if !self.ids.contains_key(id) {
             return Err(Fail::new(
                 "Unknown message id",
@@ -959,7 +984,8 @@ impl Session {
         for p in &taken {
             self.ids.remove(&p.message_id);
         }
-        let requeue = f.header("requeue") != Some("false");
+        // checked in `ack_frame`
+        let requeue = bool_header(f, "requeue").ok().flatten().unwrap_or(true);
         triad_core::link::settle(taken.iter().map(|p| (&p.queue, p.offset)), ack, requeue);
     }
 
@@ -1138,6 +1164,47 @@ impl Session {
         // last: the exclusive queues and the connection slot go with the link
         self.link = None;
     }
+}
+
+/// The boolean SUBSCRIBE headers, read (and refused when not booleans) before anything
+/// is declared.
+struct SubscribeOptions {
+    /// `durable` or `persistent` (RabbitMQ's older name for it).
+    durable: bool,
+    /// `auto-delete`, true unless given.
+    auto_delete: bool,
+    /// `exclusive`: an exclusive consumer.
+    exclusive: bool,
+}
+
+impl SubscribeOptions {
+    fn parse(f: &Frame) -> Res<SubscribeOptions> {
+        let durable = durable_header(f)?;
+        if durable && !f.has("id") {
+            return Err(missing_durable_id());
+        }
+        Ok(SubscribeOptions {
+            durable,
+            auto_delete: bool_header(f, "auto-delete")?.unwrap_or(true),
+            exclusive: bool_header(f, "exclusive")?.unwrap_or(false),
+        })
+    }
+}
+
+/// `durable:true` or `persistent:true` on SUBSCRIBE / UNSUBSCRIBE.
+fn durable_header(f: &Frame) -> Res<bool> {
+    let durable = bool_header(f, "durable")?.unwrap_or(false);
+    let persistent = bool_header(f, "persistent")?.unwrap_or(false);
+    Ok(durable || persistent)
+}
+
+/// RabbitMQ's refusal of a durable SUBSCRIBE or UNSUBSCRIBE without `id` (whatever the
+/// version: the id names the durable queue).
+fn missing_durable_id() -> Fail {
+    Fail::new(
+        "Missing Header",
+        "Header 'id' is required for durable subscriptions",
+    )
 }
 
 fn receipt_frame(r: &str) -> Frame {

@@ -188,8 +188,315 @@ async fn durable_topic_subscription_survives_reconnect() {
         .broker
         .vhost("/")
         .unwrap()
-        .queue("stomp-subscription-news")
+        .queue(&triad_stomp::queue_name::durable_subscription(
+            "news.#", "news"
+        ))
         .is_none());
+}
+
+/// stomp.py writes Python's `True` / `False`: they count, in any case.
+#[tokio::test]
+async fn boolean_headers_are_read_in_any_case() {
+    let s = start().await;
+    let vh = s.broker.vhost("/").unwrap();
+    let durable = [("durable", "True"), ("auto-delete", "False")];
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("d", "/topic/cased", &durable).await;
+    let name = triad_stomp::queue_name::durable_subscription("cased", "d");
+    let q = vh.queue(&name).expect("a durable subscription queue");
+    assert!(q.durable() && !q.auto_delete());
+    c.disconnect().await;
+    // messages sent while away wait in it
+    let mut p = Client::connect(s.addr).await;
+    p.publish("/topic/cased", "kept", &[("persistent", "TRUE")])
+        .await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("d", "/topic/cased", &durable).await;
+    assert_eq!(body(&c.expect(Command::Message).await), "kept");
+    // UNSUBSCRIBE with durable:True deletes it
+    c.send(
+        Frame::new(Command::Unsubscribe)
+            .with("id", "d")
+            .with("durable", "True")
+            .with("receipt", "u"),
+    )
+    .await;
+    c.expect(Command::Receipt).await;
+    assert!(vh.queue(&name).is_none());
+
+    // NACK with requeue:False drops the message
+    c.subscribe("n", "/queue/cased-nack", &[("ack", "client-individual")])
+        .await;
+    c.publish("/queue/cased-nack", "drop me", &[]).await;
+    let m = c.expect(Command::Message).await;
+    c.send(
+        Frame::new(Command::Nack)
+            .with("id", m.header("ack").unwrap())
+            .with("requeue", "False")
+            .with("receipt", "n"),
+    )
+    .await;
+    c.expect(Command::Receipt).await;
+    let q = vh.queue("cased-nack").unwrap();
+    eventually(
+        "the nacked message to be dropped",
+        Duration::from_secs(5),
+        || q.message_count() == 0 && q.unacked_count() == 0,
+    )
+    .await;
+
+    // exclusive:True makes an exclusive consumer: a second one is refused
+    c.subscribe("x", "/queue/cased-x", &[("exclusive", "True")])
+        .await;
+    let mut other = Client::connect(s.addr).await;
+    other
+        .send(
+            Frame::new(Command::Subscribe)
+                .with("id", "x")
+                .with("destination", "/queue/cased-x"),
+        )
+        .await;
+    other.expect_error().await;
+}
+
+/// A boolean header that is neither true nor false, in any case, is refused with an
+/// ERROR naming it, not read as its default.
+#[tokio::test]
+async fn non_boolean_values_are_refused_naming_the_header() {
+    let s = start().await;
+    let sub = |extra: &[(&'static str, &'static str)]| {
+        let mut f = Frame::new(Command::Subscribe)
+            .with("id", "b")
+            .with("destination", "/topic/bools")
+            .with("receipt", "r");
+        for (k, v) in extra {
+            f.push(*k, *v);
+        }
+        f
+    };
+    let send = |h: &'static str, v: &'static str| {
+        Frame::new(Command::Send)
+            .with("destination", "/queue/bools")
+            .with(h, v)
+            .with("receipt", "r")
+    };
+    for (frame, header) in [
+        (sub(&[("durable", "yes")]), "durable"),
+        (sub(&[("persistent", "1")]), "persistent"),
+        (
+            sub(&[("durable", "true"), ("auto-delete", "no")]),
+            "auto-delete",
+        ),
+        (sub(&[("exclusive", "y")]), "exclusive"),
+        (send("persistent", "yes"), "persistent"),
+    ] {
+        let mut c = Client::connect(s.addr).await;
+        c.send(frame).await;
+        let e = c.expect_error().await;
+        assert_eq!(
+            e.header("message"),
+            Some(format!("invalid {header} header").as_str()),
+            "{e:?}"
+        );
+        assert_eq!(e.header("receipt-id"), Some("r"));
+        c.expect_closed().await;
+    }
+    // NACK requeue:maybe, also inside a transaction, is refused before anything moves
+    for tx in [false, true] {
+        let mut c = Client::connect(s.addr).await;
+        c.subscribe("n", "/queue/bools-nack", &[("ack", "client-individual")])
+            .await;
+        c.publish("/queue/bools-nack", "m", &[]).await;
+        let m = c.expect(Command::Message).await;
+        if tx {
+            c.send(Frame::new(Command::Begin).with("transaction", "t"))
+                .await;
+        }
+        let mut nack = Frame::new(Command::Nack)
+            .with("id", m.header("ack").unwrap())
+            .with("requeue", "maybe");
+        if tx {
+            nack.push("transaction", "t");
+        }
+        c.send(nack).await;
+        let e = c.expect_error().await;
+        assert_eq!(e.header("message"), Some("invalid requeue header"));
+        c.expect_closed().await;
+        // the connection is gone: the message is back for the next subscriber
+        let q = s.broker.vhost("/").unwrap().queue("bools-nack").unwrap();
+        eventually("the message to be back", Duration::from_secs(5), || {
+            q.unacked_count() == 0 && q.message_count() == 1
+        })
+        .await;
+        let mut d = Client::connect(s.addr).await;
+        d.subscribe("n", "/queue/bools-nack", &[]).await;
+        d.expect(Command::Message).await;
+        d.disconnect().await;
+    }
+}
+
+/// RabbitMQ's queue per (destination, id): the same id on two topics does not mix, the
+/// same id on the same topic shares one queue between connections.
+#[tokio::test]
+async fn durable_subscriptions_are_per_destination_and_id() {
+    let s = start().await;
+    let vh = s.broker.vhost("/").unwrap();
+    let durable = [("durable", "true"), ("auto-delete", "false")];
+    let mut a = Client::connect(s.addr).await;
+    a.subscribe("same", "/topic/mix.a", &durable).await;
+    let mut b = Client::connect(s.addr).await;
+    b.subscribe("same", "/topic/mix.b", &durable).await;
+    let qa = triad_stomp::queue_name::durable_subscription("mix.a", "same");
+    let qb = triad_stomp::queue_name::durable_subscription("mix.b", "same");
+    assert_ne!(qa, qb);
+    assert!(vh.queue(&qa).is_some() && vh.queue(&qb).is_some());
+    let mut p = Client::connect(s.addr).await;
+    p.publish("/topic/mix.a", "for a", &[]).await;
+    p.publish("/topic/mix.b", "for b", &[]).await;
+    let m = a.expect(Command::Message).await;
+    assert_eq!(
+        (body(&m), m.header("destination")),
+        ("for a".into(), Some("/topic/mix.a"))
+    );
+    let m = b.expect(Command::Message).await;
+    assert_eq!(
+        (body(&m), m.header("destination")),
+        ("for b".into(), Some("/topic/mix.b"))
+    );
+    // a third connection on the same id and topic as `a` shares a's queue: each
+    // message goes to one of them
+    let mut a2 = Client::connect(s.addr).await;
+    a2.subscribe("same", "/topic/mix.a", &durable).await;
+    assert_eq!(vh.queue(&qa).unwrap().consumer_count(), 2);
+    for i in 0..4 {
+        p.publish("/topic/mix.a", &format!("s{i}"), &[]).await;
+    }
+    // however the core spreads them, the two get the four between them, each once
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while got.len() < 4 && tokio::time::Instant::now() < deadline {
+        for c in [&mut a, &mut a2] {
+            if let Ok(Some(m)) = c.recv_within(Duration::from_millis(20)).await {
+                assert_eq!(m.command, Command::Message);
+                got.push(body(&m));
+            }
+        }
+    }
+    got.sort();
+    assert_eq!(got, ["s0", "s1", "s2", "s3"]);
+    // and b saw none of them
+    b.send(Frame::new(Command::Disconnect).with("receipt", "bye"))
+        .await;
+    assert_eq!(
+        b.expect(Command::Receipt).await.header("receipt-id"),
+        Some("bye")
+    );
+    assert_eq!(vh.queue(&qb).unwrap().message_count(), 0);
+}
+
+/// RabbitMQ refuses a durable SUBSCRIBE (or UNSUBSCRIBE) without `id`: the id names
+/// the queue. STOMP 1.0, where the id may otherwise default to the destination,
+/// included.
+#[tokio::test]
+async fn durable_subscribe_without_id_is_missing_header() {
+    let s = start().await;
+    for (version, durable) in [
+        ("1.2", ("durable", "true")),
+        ("1.2", ("persistent", "True")),
+        ("1.0", ("durable", "TRUE")),
+    ] {
+        let mut c = Client::connect_with(s.addr, &[("accept-version", version)]).await;
+        c.send(
+            Frame::new(Command::Subscribe)
+                .with("destination", "/topic/noid")
+                .with(durable.0, durable.1)
+                .with("auto-delete", "false")
+                .with("receipt", "r"),
+        )
+        .await;
+        let e = c.expect_error().await;
+        assert_eq!(e.header("message"), Some("Missing Header"), "{e:?}");
+        assert_eq!(
+            body(&e).trim_end(),
+            "Header 'id' is required for durable subscriptions"
+        );
+        c.expect_closed().await;
+    }
+    let mut c = Client::connect(s.addr).await;
+    c.send(
+        Frame::new(Command::Unsubscribe)
+            .with("destination", "/topic/noid")
+            .with("durable", "true"),
+    )
+    .await;
+    assert_eq!(
+        c.expect_error().await.header("message"),
+        Some("Missing Header")
+    );
+    // nothing was declared
+    assert!(s
+        .broker
+        .vhost("/")
+        .unwrap()
+        .queue_names()
+        .iter()
+        .all(|q| !q.starts_with(triad_stomp::queue_name::PREFIX)));
+}
+
+/// A durable subscription made before the RabbitMQ naming (queue
+/// `stomp-subscription-<id>`) is still found for the same id and topic, with the
+/// messages it kept; another topic under the same id gets its own queue.
+#[tokio::test]
+async fn legacy_durable_subscription_queue_is_still_used() {
+    let s = start().await;
+    let vh = s.broker.vhost("/").unwrap();
+    let legacy = "stomp-subscription-old";
+    let mut c = Client::connect(s.addr).await;
+    // what an older Triad made: x-queue-name gives the same queue and binding
+    c.subscribe(
+        "old",
+        "/topic/legacy.t",
+        &[
+            ("durable", "true"),
+            ("auto-delete", "false"),
+            ("x-queue-name", legacy),
+        ],
+    )
+    .await;
+    c.disconnect().await;
+    let mut p = Client::connect(s.addr).await;
+    p.publish("/topic/legacy.t", "kept", &[("persistent", "true")])
+        .await;
+    let durable = [("durable", "true"), ("auto-delete", "false")];
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("old", "/topic/legacy.t", &durable).await;
+    assert_eq!(body(&c.expect(Command::Message).await), "kept");
+    assert!(vh
+        .queue(&triad_stomp::queue_name::durable_subscription(
+            "legacy.t", "old"
+        ))
+        .is_none());
+    assert_eq!(vh.queue(legacy).unwrap().consumer_count(), 1);
+    // the same id on another topic does not join the legacy queue
+    let mut d = Client::connect(s.addr).await;
+    d.subscribe("old", "/topic/legacy.other", &durable).await;
+    assert!(vh
+        .queue(&triad_stomp::queue_name::durable_subscription(
+            "legacy.other",
+            "old"
+        ))
+        .is_some());
+    assert_eq!(vh.queue(legacy).unwrap().consumer_count(), 1);
+    // UNSUBSCRIBE durable deletes the queue the subscription used
+    c.send(
+        Frame::new(Command::Unsubscribe)
+            .with("id", "old")
+            .with("durable", "true")
+            .with("receipt", "u"),
+    )
+    .await;
+    c.expect(Command::Receipt).await;
+    assert!(vh.queue(legacy).is_none());
 }
 
 async fn three_messages(s: &common::Server, q: &str) {

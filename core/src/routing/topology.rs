@@ -317,6 +317,19 @@ impl Topology {
             .collect()
     }
 
+    /// Whether this exact binding exists (false when the exchange does not).
+    pub fn has_binding(
+        &self,
+        exchange: &str,
+        destination: &Destination,
+        key: &str,
+        args: &FieldTable,
+    ) -> bool {
+        self.exchanges
+            .get(exchange)
+            .is_some_and(|x| x.bindings.contains(destination, key, args))
+    }
+
     /// The bindings whose source is `exchange`.
     pub fn bindings_from(&self, exchange: &str) -> Result<Vec<Binding>, CoreError> {
         let x = self
@@ -683,6 +696,11 @@ mod tests {
         );
         assert_eq!(t.bindings_from("amq.direct").unwrap().len(), 2);
         assert_eq!(t.bindings_to(&Destination::queue("q")).len(), 2);
+        let q = Destination::queue("q");
+        assert!(t.has_binding("amq.direct", &q, "k", &none()));
+        assert!(!t.has_binding("amq.direct", &q, "other", &none()));
+        assert!(!t.has_binding("amq.topic", &q, "k", &none()));
+        assert!(!t.has_binding("nope", &q, "k", &none()));
         let (removed, deleted) = t
             .unbind("amq.direct", &Destination::queue("q"), "k", &none(), &qs)
             .unwrap();
