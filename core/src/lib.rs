@@ -71,7 +71,9 @@ pub use alarm::Alarms;
 pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig};
 pub use durability::Durability;
 pub use error::{CoreError, ResourceKind};
-pub use link::{Authenticated, Credentials, Link, LoginRefused, LoginStage, Peer, Protocol};
+pub use link::{
+    Authenticated, Credentials, Link, LoginRefused, LoginStage, Peer, Protocol, PublishTo,
+};
 pub use message::Properties;
 pub use outbox::{Backpressure, CreditGate, Delivery, OutEvent, Outbox};
 pub use password::{HashError, PasswordHash};

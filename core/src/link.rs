@@ -30,9 +30,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::access::VhostAccess;
 use crate::broker::{ConnectionSlot, User};
 use crate::error::CoreError;
+use crate::message::Properties;
 use crate::outbox::Delivery;
 use crate::queue::{ConsumeRequest, ConsumerHandle, Queue};
 use crate::routing::ExchangeDef;
@@ -65,6 +68,40 @@ impl Protocol {
 impl std::fmt::Display for Protocol {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// An exchange and routing key the connection's user may publish to, checked by
+/// [`Link::check_publish`]; only a `Link` makes one.
+#[derive(Debug)]
+pub struct PublishTo {
+    exchange: String,
+    routing_key: String,
+    conn: ConnectionId,
+}
+
+impl PublishTo {
+    /// The exchange.
+    pub fn exchange(&self) -> &str {
+        &self.exchange
+    }
+
+    /// The routing key.
+    pub fn routing_key(&self) -> &str {
+        &self.routing_key
+    }
+
+    /// The message, as the connection publishes it (a transaction's publishes are
+    /// checked again when they commit, by [`Link::publish_all`]).
+    pub fn into_publish(self, mandatory: bool, properties: Properties, body: Bytes) -> Publish {
+        Publish {
+            exchange: self.exchange,
+            routing_key: self.routing_key,
+            mandatory,
+            properties,
+            body,
+            conn: self.conn,
+        }
     }
 }
 
@@ -227,16 +264,47 @@ impl Link {
         &self.access
     }
 
-    /// Whether the user may publish to `exchange` with `key` (write permission, topic
-    /// permission, reserved names); AMQP asks at `basic.publish`, before the content.
-    pub fn check_publish(&self, exchange: &str, key: &str) -> Result<(), CoreError> {
-        self.access.publish_to(&self.vhost, exchange, key)
+    /// Checks that the user may publish to `exchange` with `routing_key` and returns
+    /// the permission as a [`PublishTo`], for a message whose body comes later (AMQP's
+    /// content frames) or that has work to do before it is published (MQTT's retained
+    /// message): [`Link::publish_checked`] then publishes it without checking again,
+    /// so a message is checked once.
+    pub fn check_publish(
+        &self,
+        exchange: String,
+        routing_key: String,
+    ) -> Result<PublishTo, CoreError> {
+        self.access
+            .publish_to(&self.vhost, &exchange, &routing_key)?;
+        Ok(PublishTo {
+            exchange,
+            routing_key,
+            conn: self.conn,
+        })
+    }
+
+    /// Publishes to what [`Link::check_publish`] allowed this connection.
+    pub fn publish_checked(
+        &self,
+        to: PublishTo,
+        mandatory: bool,
+        properties: Properties,
+        body: Bytes,
+    ) -> Result<Published, CoreError> {
+        if to.conn != self.conn {
+            return Err(CoreError::Internal(
+                "a publish checked by another connection".into(),
+            ));
+        }
+        self.vhost
+            .publish(to.into_publish(mandatory, properties, body))
     }
 
     /// Publishes `p` as this connection, once the user may write to its exchange
     /// with its routing key.
     pub fn publish(&self, mut p: Publish) -> Result<Published, CoreError> {
-        self.check_publish(&p.exchange, &p.routing_key)?;
+        self.access
+            .publish_to(&self.vhost, &p.exchange, &p.routing_key)?;
         p.conn = self.conn;
         self.vhost.publish(p)
     }
@@ -245,7 +313,8 @@ impl Link {
     /// routed before any is stored ([`Vhost::publish_all`]).
     pub fn publish_all(&self, mut batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
         for p in &mut batch {
-            self.check_publish(&p.exchange, &p.routing_key)?;
+            self.access
+                .publish_to(&self.vhost, &p.exchange, &p.routing_key)?;
             p.conn = self.conn;
         }
         self.vhost.publish_all(batch)

@@ -9,7 +9,7 @@ use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPC
 use bytes::{Bytes, BytesMut};
 use triad_core::{
     ConsumeRequest, ConsumerHandle, CreditGate, Delivery, ExchangeDef, ExchangeKind, FieldValue,
-    Link, Properties, Publish, Queue, QueueDeclare,
+    Link, Properties, Publish, PublishTo, Queue, QueueDeclare,
 };
 
 use crate::codec::{Frame, FRAME_OVERHEAD};
@@ -43,8 +43,8 @@ enum Mode {
 
 #[derive(Debug)]
 struct Content {
-    exchange: String,
-    routing_key: String,
+    /// Exchange and routing key, checked at `basic.publish`.
+    to: PublishTo,
     mandatory: bool,
     properties: Option<Properties>,
     size: u64,
@@ -479,12 +479,13 @@ impl Session {
             basic::AMQPMethod::Publish(p) => {
                 // Refused here, the channel closes and the content frames that follow
                 // are dropped.
-                self.open_link()?
-                    .check_publish(p.exchange.as_str(), p.routing_key.as_str())?;
+                let to = self.open_link()?.check_publish(
+                    p.exchange.as_str().to_owned(),
+                    p.routing_key.as_str().to_owned(),
+                )?;
                 let ch = self.chan(id)?;
                 ch.content = Some(Content {
-                    exchange: p.exchange.as_str().to_owned(),
-                    routing_key: p.routing_key.as_str().to_owned(),
+                    to,
                     mandatory: p.mandatory,
                     properties: None,
                     size: 0,
@@ -916,14 +917,6 @@ impl Session {
             Some(b) => b,
             None => c.body.freeze(),
         };
-        let p = Publish {
-            exchange: c.exchange,
-            routing_key: c.routing_key,
-            mandatory: c.mandatory,
-            properties,
-            body,
-            conn: link.id(),
-        };
         let seq = match &mut ch.mode {
             Mode::Tx { .. } => None,
             Mode::Confirm { next_seq } => {
@@ -933,24 +926,28 @@ impl Session {
             }
             Mode::Normal => None,
         };
-        if matches!(ch.mode, Mode::Tx { .. }) {
-            if !link.vhost().has_exchange(&p.exchange) {
-                return Err(triad_core::CoreError::exchange_not_found(&p.exchange).into());
+        let to = c.to;
+        if let Mode::Tx { ops } = &mut ch.mode {
+            if !link.vhost().has_exchange(to.exchange()) {
+                return Err(triad_core::CoreError::exchange_not_found(to.exchange()).into());
             }
-            if let Mode::Tx { ops } = &mut ch.mode {
-                ops.push(TxOp::Publish(Box::new(p)));
-            }
+            ops.push(TxOp::Publish(Box::new(to.into_publish(
+                c.mandatory,
+                properties,
+                body,
+            ))));
             return Ok(());
         }
-        let ret = p.mandatory.then(|| {
+        let ret = c.mandatory.then(|| {
             (
-                p.exchange.clone(),
-                p.routing_key.clone(),
-                p.properties.clone(),
-                p.body.clone(),
+                to.exchange().to_owned(),
+                to.routing_key().to_owned(),
+                properties.clone(),
+                body.clone(),
             )
         });
-        let res = link.publish(p)?;
+        // checked at basic.publish: not again
+        let res = link.publish_checked(to, c.mandatory, properties, body)?;
         if let (false, Some((ex, rk, props, body))) = (res.routed, ret) {
             self.send_return(id, &ex, &rk, &props, &body);
         }

@@ -26,7 +26,7 @@ use triad_core::queue::Queue;
 use triad_core::{
     Backpressure, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials, Durability,
     FieldTable, FieldValue, Link, LoginRefused, OutEvent, Outbox, Peer, Properties, Protocol,
-    Publish, QueueDeclare, ReplyQueue,
+    QueueDeclare, ReplyQueue,
 };
 
 use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
@@ -1100,8 +1100,8 @@ impl Conn {
             tracing::debug!(topic, "PUBLISH to a $SYS topic dropped");
             return Ok((Vec::new(), None));
         }
-        // checked before the retained message is set (and again by the publish)
-        self.link.check_publish("amq.topic", &routing_key)?;
+        // checked before the retained message is set, and once
+        let to = self.link.check_publish("amq.topic".into(), routing_key)?;
         let mut durables = Vec::new();
         if retain {
             // [MQTT-3.3.1-5], an empty payload clears [MQTT-3.3.1-10]
@@ -1111,18 +1111,12 @@ impl Conn {
         }
         let mut headers = FieldTable::default();
         headers.insert(QOS_HEADER, FieldValue::U8(qos));
-        let published = self.link.publish(Publish {
-            exchange: "amq.topic".into(),
-            routing_key,
-            mandatory: false,
-            properties: Properties {
-                delivery_mode: Some(if qos > 0 { 2 } else { 1 }),
-                headers: Some(headers),
-                ..Default::default()
-            },
-            body: payload,
-            conn: self.link.id(),
-        })?;
+        let properties = Properties {
+            delivery_mode: Some(if qos > 0 { 2 } else { 1 }),
+            headers: Some(headers),
+            ..Default::default()
+        };
+        let published = self.link.publish_checked(to, false, properties, payload)?;
         durables.extend(published.durable);
         self.state.stats.received.fetch_add(1, Ordering::Relaxed);
         Ok((durables, published.backpressure))
