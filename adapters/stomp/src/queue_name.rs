@@ -33,16 +33,8 @@ pub fn durable_subscription(name: &str, id: &str) -> String {
 
 /// Unpadded base64url (RFC 4648 §5), as `rabbit_misc:base64url/1`.
 fn base64url(bytes: &[u8], out: &mut String) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let sym = |i: u32| char::from(ALPHABET.get((i & 63) as usize).copied().unwrap_or(b'A'));
-    for group in bytes.chunks(3) {
-        let b = |i: usize| u32::from(group.get(i).copied().unwrap_or(0));
-        let n = (b(0) << 16) | (b(1) << 8) | b(2);
-        // 1 byte gives 2 symbols, 2 give 3, 3 give 4
-        for k in 0..=group.len() {
-            out.push(sym(n >> (18 - 6 * k as u32)));
-        }
-    }
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(bytes, out);
 }
 
 /// The name Triad used before, kept for existing subscriptions.
