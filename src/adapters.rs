@@ -3,18 +3,15 @@
 //! over any [`Stream`]: plain TCP or TLS. The unit types [`Amqp`], [`Stomp`] and
 //! [`Mqtt`] are the same functions as [`Service`]s, for the TLS listeners.
 //!
-//! Each connection is registered in the broker's connection registry
-//! ([`triad_core::conns`]) for as long as it is served, with a shutdown token of its
-//! own (a child of the broker's): cancelling it is how the management API closes one
-//! connection, and the adapter closes it as it does at broker shutdown.
+//! `ctx.shutdown` is the connection's own shutdown token (the listener registered the
+//! connection, see [`crate::listener`]): cancelling it is how the management API closes
+//! one connection, and the adapter closes it as it does at broker shutdown.
 
 use std::borrow::Cow;
 use std::future::Future;
 use std::net::SocketAddr;
 
 use futures_util::FutureExt;
-use tokio_util::sync::CancellationToken;
-use triad_core::conns::{NewConn, Registration};
 
 use crate::listener::{ConnContext, ConnResult, Service, Stream};
 
@@ -34,7 +31,7 @@ impl Service for Amqp {
         stream: S,
         peer: SocketAddr,
         ctx: ConnContext,
-    ) -> impl Future<Output = ConnResult> + Send + 'static {
+    ) -> impl Future<Output = ConnResult> + Send + 'static + use<S> {
         amqp(stream, peer, ctx)
     }
 }
@@ -45,7 +42,7 @@ impl Service for Stomp {
         stream: S,
         peer: SocketAddr,
         ctx: ConnContext,
-    ) -> impl Future<Output = ConnResult> + Send + 'static {
+    ) -> impl Future<Output = ConnResult> + Send + 'static + use<S> {
         stomp(stream, peer, ctx)
     }
 }
@@ -56,7 +53,7 @@ impl Service for Mqtt {
         stream: S,
         peer: SocketAddr,
         ctx: ConnContext,
-    ) -> impl Future<Output = ConnResult> + Send + 'static {
+    ) -> impl Future<Output = ConnResult> + Send + 'static + use<S> {
         mqtt(stream, peer, ctx)
     }
 }
@@ -71,34 +68,6 @@ fn closed<E: Into<crate::listener::BoxError>>(
 ) -> impl Future<Output = ConnResult> + Send + 'static {
     // `map`, not an async block: awaiting a captured future moves it into a second slot
     serve.map(|r| r.map(|()| Cow::Borrowed("closed")).map_err(|e| e.into()))
-}
-
-/// Registers a connection; returns the registration and the connection's own
-/// shutdown token.
-fn register(
-    ctx: &ConnContext,
-    protocol: &'static str,
-    peer: SocketAddr,
-) -> (Registration, CancellationToken) {
-    let token = ctx.shutdown.child_token();
-    let reg = ctx.broker.connections().register(NewConn {
-        protocol,
-        tls: ctx.proto.is_tls(),
-        websocket: ctx.proto.plain() == crate::listener::Proto::Http,
-        peer,
-        peer_cert_cn: ctx.peer_cert_cn.clone(),
-        close: token.clone(),
-    });
-    (reg, token)
-}
-
-/// Runs `serve` as the registered connection `reg`, which is dropped (unregistered)
-/// when it ends.
-fn registered<F: Future>(reg: Registration, serve: F) -> impl Future<Output = F::Output> {
-    reg.scope(serve).map(move |r| {
-        drop(reg);
-        r
-    })
 }
 
 /// Serves one AMQP 0-9-1 connection.
@@ -118,13 +87,12 @@ pub fn amqp<S: Stream>(
         peer_cert_cn: ctx.peer_cert_cn.clone(),
         ..triad_amqp::AmqpConfig::default()
     };
-    let (reg, shutdown) = register(&ctx, "amqp", peer);
     let actx = triad_amqp::AmqpContext {
         broker: ctx.broker.clone(),
         config,
-        shutdown,
+        shutdown: ctx.shutdown.clone(),
     };
-    closed(registered(reg, triad_amqp::serve(stream, peer, actx)))
+    closed(triad_amqp::serve(stream, peer, actx))
 }
 
 /// The user a login without credentials from `peer` becomes (`auth.anonymous`); a
@@ -140,8 +108,7 @@ pub fn stomp<S: Stream>(
     peer: SocketAddr,
     ctx: ConnContext,
 ) -> impl Future<Output = ConnResult> + Send + 'static {
-    let (reg, shutdown) = register(&ctx, "stomp", peer);
-    let mut sctx = triad_stomp::StompContext::new(ctx.broker.clone(), shutdown);
+    let mut sctx = triad_stomp::StompContext::new(ctx.broker.clone(), ctx.shutdown.clone());
     sctx.anonymous_user = anonymous_user(&ctx, peer);
     sctx.handshake_timeout = ctx.config.limits.handshake_timeout.get();
     sctx.limits.max_frame =
@@ -159,7 +126,7 @@ pub fn stomp<S: Stream>(
         max_subscriptions: n(st.max_subscriptions),
         max_id_length: n(st.max_id_length),
     };
-    closed(registered(reg, triad_stomp::serve(stream, peer, sctx)))
+    closed(triad_stomp::serve(stream, peer, sctx))
 }
 
 /// Serves one MQTT 3.1.1 connection.
@@ -168,7 +135,6 @@ pub fn mqtt<S: Stream>(
     peer: SocketAddr,
     ctx: ConnContext,
 ) -> impl Future<Output = ConnResult> + Send + 'static {
-    let (reg, shutdown) = register(&ctx, "mqtt", peer);
     let mctx = triad_mqtt::MqttContext {
         broker: ctx.broker.clone(),
         state: ctx.mqtt.clone(),
@@ -181,12 +147,12 @@ pub fn mqtt<S: Stream>(
                 .unwrap_or(usize::MAX),
             ..triad_mqtt::MqttLimits::default()
         },
-        shutdown,
+        shutdown: ctx.shutdown.clone(),
         login: triad_mqtt::MqttLogin {
             failed_login_delay: ctx.config.auth.failed_login_delay.get(),
             ssl_cert_login: ctx.config.auth.ssl_cert_login,
             peer_cert_cn: ctx.peer_cert_cn.clone(),
         },
     };
-    closed(registered(reg, triad_mqtt::serve(stream, peer, mctx)))
+    closed(triad_mqtt::serve(stream, peer, mctx))
 }

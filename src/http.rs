@@ -201,7 +201,7 @@ impl Service for Http {
         stream: S,
         peer: SocketAddr,
         ctx: ConnContext,
-    ) -> impl std::future::Future<Output = ConnResult> + Send + 'static {
+    ) -> impl std::future::Future<Output = ConnResult> + Send + 'static + use<S> {
         serve(stream, peer, ctx)
     }
 }

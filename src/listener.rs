@@ -6,10 +6,16 @@
 //!   10 ms up to 1 s, and never end the loop: a broker must outlive a file-descriptor
 //!   storm. The backoff resets after the next successful accept.
 //! - Each connection runs in its own task, tracked by the broker's [`TaskTracker`]
-//!   so that shutdown can wait for it, inside a `conn` span carrying `proto`, `peer`,
-//!   and (filled in by the adapter) `user`, `vhost` and MQTT's `client`. It is the
-//!   connection's only span: each span is a registry slot and a formatted field string
-//!   held as long as the connection, idle or not.
+//!   so that shutdown can wait for it. A protocol connection (not HTTP) is registered
+//!   in the broker's connection registry ([`triad_core::conns`]) as it is accepted,
+//!   with a shutdown token of its own (a child of the broker's: cancelling it is how
+//!   the management API closes one connection); its one INFO line, at its close, names
+//!   `proto`, `peer` (and `via`), `user`, `vhost` and MQTT's `client` from there.
+//! - The task runs inside a `conn` span (the same fields, filled in by the adapter) only
+//!   while `debug` is enabled: a span is a registry slot, an extension map and a
+//!   formatted field string (about 450 bytes) held as long as the connection, idle or
+//!   not, and creating and closing it was the largest share of a plain connect's user
+//!   CPU. At `info`, the lines a connection logs name their peer or client themselves.
 //! - The accept loop never awaits per-peer work: deadlines (handshake, TLS) belong to
 //!   the handler, inside the spawned task.
 //! - With `listeners.proxy_protocol` (not on HTTP), the task first reads the PROXY
@@ -37,7 +43,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, info, info_span, warn, Instrument};
+use tracing::{debug, debug_span, info, warn, Instrument};
+use triad_core::conns::{ConnInfo, NewConn, Registration};
 
 use crate::config::Config;
 
@@ -119,6 +126,9 @@ pub struct ConnContext {
     pub broker: Arc<triad_core::Broker>,
     /// MQTT's broker-wide state: client-id registry, retained messages, `$SYS`.
     pub mqtt: Arc<triad_mqtt::MqttState>,
+    /// The connection's entry in the broker's registry (`None` in a listener's own
+    /// context and over HTTP, whose WebSockets register when they upgrade).
+    pub conn: Option<Arc<ConnInfo>>,
     /// The subject CN of the client certificate the TLS handshake verified (`None` over
     /// plain TCP, without `tls.verify_peer`, or when the client sent no certificate).
     /// AMQP offers SASL EXTERNAL with it; STOMP and MQTT log in as it with
@@ -137,7 +147,7 @@ pub trait Handler: Send + Sync + 'static {
         stream: TcpStream,
         peer: SocketAddr,
         ctx: ConnContext,
-    ) -> impl Future<Output = ConnResult> + Send + 'static;
+    ) -> impl Future<Output = ConnResult> + Send + 'static + use<Self>;
 }
 
 impl<F, Fut> Handler for F
@@ -150,7 +160,7 @@ where
         stream: TcpStream,
         peer: SocketAddr,
         ctx: ConnContext,
-    ) -> impl Future<Output = ConnResult> + Send + 'static {
+    ) -> impl Future<Output = ConnResult> + Send + 'static + use<F, Fut> {
         self(stream, peer, ctx)
     }
 }
@@ -168,7 +178,7 @@ pub trait Service: Clone + Send + Sync + 'static {
         stream: S,
         peer: SocketAddr,
         ctx: ConnContext,
-    ) -> impl Future<Output = ConnResult> + Send + 'static;
+    ) -> impl Future<Output = ConnResult> + Send + 'static + use<Self, S>;
 }
 
 /// A handler that closes at once (tests of the listener itself).
@@ -252,7 +262,7 @@ impl<H: Handler> Listener<H> {
                 self.spawn_proxied(stream, peer, permit);
                 continue;
             }
-            let span = info_span!(
+            let span = debug_span!(
                 "conn",
                 %proto,
                 %peer,
@@ -260,20 +270,16 @@ impl<H: Handler> Listener<H> {
                 vhost = tracing::field::Empty,
                 client = tracing::field::Empty
             );
-            // One INFO line per connection, at its close (see `log_close`).
             span.in_scope(|| debug!("connection opened"));
+            let (ctx, reg) = connection(&self.ctx, peer, None);
             // The handler's future with `map`, not inside an async block: a future an
             // async block awaits is moved into a second slot beside the one it was
             // captured in, and the task is as large as both for the whole connection.
-            let serve = self.handler.serve(stream, peer, self.ctx.clone());
-            self.tracker.spawn(
-                serve
-                    .map(move |result| {
-                        log_close(proto, result);
-                        drop::<Option<OwnedSemaphorePermit>>(permit);
-                    })
-                    .instrument(span),
-            );
+            let serve = self.handler.serve(stream, peer, ctx);
+            spawn_conn(&self.tracker, span, reg, serve, move |result, info| {
+                log_close(proto, peer, info, result);
+                drop::<Option<OwnedSemaphorePermit>>(permit);
+            });
         }
     }
 
@@ -287,7 +293,7 @@ impl<H: Handler> Listener<H> {
         permit: Option<OwnedSemaphorePermit>,
     ) {
         let proto = self.ctx.proto;
-        let span = info_span!(
+        let span = debug_span!(
             "conn",
             %proto,
             peer = tracing::field::Empty,
@@ -312,23 +318,23 @@ impl<H: Handler> Listener<H> {
             Ok(peer) => {
                 tracing::Span::current().record("peer", tracing::field::display(peer));
                 debug!("connection opened");
-                // An async block owning the handler (the future `serve` returns may borrow
-                // it); its captures cost a proxied connection about 150 bytes.
-                Either::Left(async move {
-                    let result = handler.serve(stream, peer, ctx).await;
-                    log_close(proto, result);
-                })
+                let (ctx, reg) = connection(&ctx, peer, Some(via));
+                let serve = handler.serve(stream, peer, ctx);
+                Either::Left(registered(reg, serve).map(move |(result, reg)| {
+                    log_close(proto, peer, reg.as_ref().map(|r| &**r.info()), result);
+                }))
             }
             Err(e) => {
                 info!(%via, %proto, error = %e, "connection refused: PROXY protocol header");
                 Either::Right(std::future::ready(()))
             }
         });
-        self.tracker.spawn(
-            serve
-                .map(move |()| drop::<Option<OwnedSemaphorePermit>>(permit))
-                .instrument(span),
-        );
+        let serve = serve.map(move |()| drop::<Option<OwnedSemaphorePermit>>(permit));
+        if span.is_disabled() {
+            self.tracker.spawn(serve);
+        } else {
+            self.tracker.spawn(serve.instrument(span));
+        }
     }
 
     /// Accepts one connection, backing off on errors for as long as they last.
@@ -360,21 +366,87 @@ impl<H: Handler> Listener<H> {
     }
 }
 
-/// Logs `connection closed reason="<why>"` inside the connection's span, which carries
-/// `proto`, `peer` (and `via` behind a PROXY header), `user`, `vhost` and MQTT's
-/// `client`: the one INFO line a connection writes (`connection opened` is `debug`;
-/// two INFO lines per connection were about a fifth of the broker's CPU per plain MQTT
-/// connect). HTTP requests only at `debug`, so that health probes do not flood the log.
-fn log_close(proto: Proto, result: ConnResult) {
+/// The context of one accepted connection, and its registration: a protocol
+/// connection gets an entry in the broker's registry and a shutdown token of its own
+/// (a child of the broker's); HTTP keeps the listener's (its WebSockets register when
+/// they upgrade, see [`crate::websocket`]).
+fn connection(
+    ctx: &ConnContext,
+    peer: SocketAddr,
+    via: Option<SocketAddr>,
+) -> (ConnContext, Option<Registration>) {
+    let mut ctx = ctx.clone();
+    let protocol = match ctx.proto.plain() {
+        Proto::Amqp => "amqp",
+        Proto::Stomp => "stomp",
+        Proto::Mqtt => "mqtt",
+        _ => return (ctx, None),
+    };
+    ctx.shutdown = ctx.shutdown.child_token();
+    let reg = ctx.broker.connections().register(NewConn {
+        protocol,
+        tls: ctx.proto.is_tls(),
+        websocket: false,
+        peer,
+        via,
+        close: ctx.shutdown.clone(),
+    });
+    ctx.conn = Some(Arc::clone(reg.info()));
+    (ctx, Some(reg))
+}
+
+/// `serve` run as the registered connection `reg` (if any), which it hands back with
+/// the result; dropping it unregisters.
+pub(crate) fn registered<F: Future>(
+    reg: Option<Registration>,
+    serve: F,
+) -> impl Future<Output = (F::Output, Option<Registration>)> {
+    match reg {
+        Some(reg) => Either::Left(reg.scope(serve).map(move |r| (r, Some(reg)))),
+        None => Either::Right(serve.map(|r| (r, None))),
+    }
+}
+
+/// Spawns a connection's task: `serve` as the registered connection `reg`, in `span`
+/// when it is enabled (the span is not kept at all otherwise), then `done` with the
+/// result and the registration's entry.
+fn spawn_conn<F>(
+    tracker: &TaskTracker,
+    span: tracing::Span,
+    reg: Option<Registration>,
+    serve: F,
+    done: impl FnOnce(ConnResult, Option<&ConnInfo>) + Send + 'static,
+) where
+    F: Future<Output = ConnResult> + Send + 'static,
+{
+    let task = registered(reg, serve).map(move |(result, reg)| {
+        done(result, reg.as_ref().map(|r| &**r.info()));
+    });
+    if span.is_disabled() {
+        tracker.spawn(task);
+    } else {
+        tracker.spawn(task.instrument(span));
+    }
+}
+
+/// Logs `connection closed` with `proto`, `peer`, `via` (behind a PROXY header), `user`,
+/// `vhost`, MQTT's `client` and `reason`: the one INFO line a connection writes
+/// (`connection opened` is `debug`; two INFO lines per connection were about a fifth of
+/// the broker's CPU per plain MQTT connect). HTTP connections only at `debug`, so that
+/// health probes do not flood the log.
+fn log_close(proto: Proto, peer: SocketAddr, info: Option<&ConnInfo>, result: ConnResult) {
     let reason: Cow<'_, str> = match &result {
         Ok(r) => Cow::Borrowed(r.as_ref()),
         Err(e) => Cow::Owned(e.to_string()),
     };
-    if proto.plain() == Proto::Http {
-        debug!(reason = ?reason, "connection closed");
-    } else {
-        info!(reason = ?reason, "connection closed");
-    }
+    let Some(info) = info else {
+        debug!(%proto, %peer, reason = ?reason, "connection closed");
+        return;
+    };
+    let via = info.via.map(tracing::field::display);
+    info.with_login(|user, vhost, client| {
+        info!(%proto, %peer, via, user, vhost, client, reason = ?reason, "connection closed");
+    });
 }
 
 /// A broker over a store in a fresh temporary directory (kept: tests are short-lived).
@@ -397,6 +469,7 @@ pub(crate) fn test_ctx(proto: Proto, config: Config, shutdown: &CancellationToke
         shutdown: shutdown.clone(),
         mqtt: triad_mqtt::MqttState::new(broker.clone()).expect("mqtt state"),
         broker,
+        conn: None,
         peer_cert_cn: None,
         http: Arc::new(crate::websocket::Slots::new(&Config::default(), None)),
     }

@@ -281,6 +281,7 @@ async fn serve(
             shutdown: shutdown.clone(),
             broker: Arc::clone(&broker),
             mqtt: Arc::clone(&mqtt),
+            conn: None,
             peer_cert_cn: None,
             http: Arc::clone(&http_slots),
         };

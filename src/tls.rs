@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use futures_util::future::Either;
+use futures_util::FutureExt;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{
     ClientHello, NoServerSessionStorage, ProducesTickets, ResolvesServerCert,
@@ -375,29 +377,33 @@ impl<T: Service> Handler for TlsHandler<T> {
         stream: TcpStream,
         peer: SocketAddr,
         mut ctx: ConnContext,
-    ) -> impl Future<Output = ConnResult> + Send + 'static {
+    ) -> impl Future<Output = ConnResult> + Send + 'static + use<T> {
         let config = self.configs.current();
         let service = self.service.clone();
-        async move {
-            // Boxed (the handshake and the stream after it): a connection's task is sized
-            // for its largest state, and rustls' connection state (1.2 KiB) and the
-            // handshake's temporaries would otherwise widen it several times over for as
-            // long as the connection lives.
-            let (tls, established) = match Box::pin(handshake(config, stream, &ctx.shutdown)).await
-            {
-                Ok(tls) => tls,
-                Err(end) => return end,
-            };
-            ctx.peer_cert_cn = established.peer_cert.as_deref().and_then(subject_cn);
-            debug!(
-                version = ?established.version,
-                suite = ?established.suite,
-                peer_cert_cn = ?ctx.peer_cert_cn,
-                "TLS established"
-            );
-            drop(established);
-            service.serve(tls, peer, ctx).await
-        }
+        // Boxed (the handshake and the stream after it): a connection's task is sized
+        // for its largest state, and rustls' connection state (1.2 KiB) and the
+        // handshake's temporaries would otherwise widen it several times over for as
+        // long as the connection lives. `then`, not an async block: it holds either the
+        // handshake (with what the service needs next) or the service's future, and an
+        // async block would keep its captures beside the service's future.
+        let shutdown = ctx.shutdown.clone();
+        let handshake = Box::pin(async move { handshake(config, stream, &shutdown).await });
+        handshake.then(move |r| match r {
+            Ok((tls, established)) => {
+                ctx.peer_cert_cn = established.peer_cert.as_deref().and_then(subject_cn);
+                if let (Some(conn), Some(cn)) = (&ctx.conn, &ctx.peer_cert_cn) {
+                    conn.set_peer_cert_cn(cn);
+                }
+                debug!(
+                    version = ?established.version,
+                    suite = ?established.suite,
+                    peer_cert_cn = ?ctx.peer_cert_cn,
+                    "TLS established"
+                );
+                Either::Left(service.serve(tls, peer, ctx))
+            }
+            Err(end) => Either::Right(std::future::ready(end)),
+        })
     }
 }
 

@@ -23,6 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Message, Role, WebSocketConfig};
 use tokio_tungstenite::WebSocketStream;
+use triad_core::conns::NewConn;
 
 use crate::listener::{ConnContext, ConnResult, Stream};
 
@@ -225,10 +226,32 @@ pub async fn serve<S: Stream>(
     let (adapter_side, pump_side) = tokio::io::duplex(PIPE);
     let text = u.target == Target::Stomp;
     let pump = tokio::spawn(bridge(ws, pump_side, text));
+    // registered as the protocol it speaks, with a shutdown token of its own
+    let mut ctx = ctx;
+    ctx.shutdown = ctx.shutdown.child_token();
+    let reg = ctx.broker.connections().register(NewConn {
+        protocol: match u.target {
+            Target::Stomp => "stomp",
+            Target::Mqtt => "mqtt",
+        },
+        tls: ctx.proto.is_tls(),
+        websocket: true,
+        peer,
+        via: None,
+        close: ctx.shutdown.clone(),
+    });
+    ctx.conn = Some(Arc::clone(reg.info()));
     let served = match u.target {
-        Target::Stomp => crate::adapters::stomp(adapter_side, peer, ctx).await,
-        Target::Mqtt => crate::adapters::mqtt(adapter_side, peer, ctx).await,
+        Target::Stomp => {
+            reg.scope(crate::adapters::stomp(adapter_side, peer, ctx))
+                .await
+        }
+        Target::Mqtt => {
+            reg.scope(crate::adapters::mqtt(adapter_side, peer, ctx))
+                .await
+        }
     };
+    drop(reg);
     // the adapter dropped its end: the bridge sees EOF, closes the WebSocket and ends
     let _ = pump.await;
     drop(held);

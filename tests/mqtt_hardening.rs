@@ -641,7 +641,7 @@ fn ipv4_mapped_loopback_is_loopback_on_a_dual_stack_listener() {
     StompClient::connect(v4, T).expect("anonymous STOMP from 127.0.0.1 via [::]");
     // the connection's log line (one, at close) names its peer as plain IPv4
     wait_until("a peer logged as plain IPv4", T, || {
-        b.log().contains("conn{proto=stomp peer=127.0.0.1:")
+        b.log().contains("proto=stomp peer=127.0.0.1:")
     });
     assert!(!b.log().contains("::ffff:"), "{}", b.log());
 }

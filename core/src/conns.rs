@@ -1,22 +1,21 @@
 //! The connection registry: what the management API lists as `/api/connections` and
-//! how it closes one.
+//! how it closes one, and what the connection's one INFO log line (at its close) says.
 //!
 //! The shell registers every client connection (AMQP, STOMP, MQTT, over TCP, TLS or
-//! WebSocket) as it starts serving it, and holds the returned [`Registration`] for the
-//! connection's life; dropping it unregisters. The adapter's task runs inside
+//! WebSocket) as it accepts it, and holds the returned [`Registration`] for the
+//! connection's life; dropping it unregisters. The connection's task runs inside
 //! [`Registration::scope`], so that the broker fills in what only the login knows
 //! (user, vhost, the core's [`ConnectionId`]) from the calls every adapter already makes
 //! ([`crate::Broker::vhost_access`], [`crate::Broker::connection_slot`],
-//! [`crate::Broker::next_connection_id`]) without the adapters knowing of it. When the
-//! connection model moves login into one per-connection object, that object holds the
-//! registration instead.
+//! [`crate::Broker::next_connection_id`]) without the adapters knowing of it; MQTT adds
+//! its client id with [`note_client`].
 //!
-//! Cost per connection: one [`ConnInfo`] allocation (about 130 bytes), one more for the
-//! user and vhost names once logged in, one map slot, and the connection's own shutdown
-//! token (a child of the broker's, about 100 bytes); register and unregister are O(1)
-//! under one short lock. Measured with `triad-bench mqtt-idle` (15,000 connections):
-//! see BENCHMARKS.md. Listing copies the map's `Arc`s (O(connections)), never on a hot
-//! path.
+//! Cost per connection: one [`ConnInfo`] allocation (about 150 bytes), one more for the
+//! user, vhost and client id once logged in, one map slot, and the connection's own
+//! shutdown token (a child of the broker's, about 100 bytes); register and unregister
+//! are O(1) under one short lock. Measured with `triad-bench mqtt-idle` (15,000
+//! connections): see BENCHMARKS.md. Listing copies the map's `Arc`s (O(connections)),
+//! never on a hot path.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -39,13 +38,45 @@ pub struct Login {
     pub user: String,
     /// The vhost opened, once known.
     pub vhost: Option<String>,
+    /// MQTT's client id, once known.
+    pub client: Option<String>,
 }
 
-/// The login as held: user and vhost in one allocation, `user_len` bytes of user first.
+/// The login as held, in one allocation: the user, then the vhost, then the client id;
+/// `ends` are where the user and the vhost end, and a missing part has no bytes.
 struct Held {
     text: Box<str>,
-    user_len: usize,
+    ends: [u32; 2],
     has_vhost: bool,
+    has_client: bool,
+}
+
+impl Held {
+    fn new(user: &str, vhost: Option<&str>, client: Option<&str>) -> Held {
+        let (v, c) = (vhost.unwrap_or(""), client.unwrap_or(""));
+        let mut text = String::with_capacity(user.len() + v.len() + c.len());
+        text.push_str(user);
+        text.push_str(v);
+        text.push_str(c);
+        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Held {
+            text: text.into_boxed_str(),
+            ends: [len(user.len()), len(user.len() + v.len())],
+            has_vhost: vhost.is_some(),
+            has_client: client.is_some(),
+        }
+    }
+
+    /// User, vhost and client id (an empty part is absent unless it was noted).
+    fn parts(&self) -> (&str, Option<&str>, Option<&str>) {
+        let [u, v] = self.ends.map(|e| e as usize);
+        let part = |from: usize, to: usize| self.text.get(from..to).unwrap_or("");
+        (
+            part(0, u),
+            self.has_vhost.then(|| part(u, v)),
+            self.has_client.then(|| part(v, self.text.len())),
+        )
+    }
 }
 
 /// One open connection.
@@ -61,8 +92,10 @@ pub struct ConnInfo {
     pub websocket: bool,
     /// The client's address.
     pub peer: SocketAddr,
-    /// The verified client certificate's subject CN, if any.
-    pub peer_cert_cn: Option<Box<str>>,
+    /// The balancer's address, for a connection behind a PROXY protocol header.
+    pub via: Option<SocketAddr>,
+    /// The verified client certificate's subject CN, once the TLS handshake is done.
+    peer_cert_cn: OnceLock<Box<str>>,
     /// Unix time of the connection, ms.
     pub connected_at: u64,
     login: Mutex<Option<Held>>,
@@ -82,32 +115,53 @@ impl std::fmt::Debug for ConnInfo {
 }
 
 impl ConnInfo {
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+        self.login.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The login, once it happened.
     pub fn login(&self) -> Option<Login> {
-        let l = self.login.lock().unwrap_or_else(|e| e.into_inner());
-        let h = l.as_ref()?;
-        let (user, vhost) = h.text.split_at(h.user_len.min(h.text.len()));
+        let l = self.held();
+        let (user, vhost, client) = l.as_ref()?.parts();
         Some(Login {
             user: user.to_owned(),
-            vhost: h.has_vhost.then(|| vhost.to_owned()),
+            vhost: vhost.map(str::to_owned),
+            client: client.map(str::to_owned),
         })
     }
 
-    fn set_login(&self, user: &str, vhost: Option<&str>) {
-        let mut text = String::with_capacity(user.len() + vhost.map_or(0, str::len));
-        text.push_str(user);
-        text.push_str(vhost.unwrap_or(""));
-        *self.login.lock().unwrap_or_else(|e| e.into_inner()) = Some(Held {
-            text: text.into_boxed_str(),
-            user_len: user.len(),
-            has_vhost: vhost.is_some(),
-        });
+    /// Calls `f` with the user, vhost and client id noted so far, without copying them
+    /// (the close log line).
+    pub fn with_login<R>(
+        &self,
+        f: impl FnOnce(Option<&str>, Option<&str>, Option<&str>) -> R,
+    ) -> R {
+        let l = self.held();
+        match l.as_ref().map(Held::parts) {
+            Some((user, vhost, client)) => f(Some(user), vhost, client),
+            None => f(None, None, None),
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(Option<(&str, Option<&str>, Option<&str>)>) -> Option<Held>) {
+        let mut l = self.held();
+        if let Some(new) = f(l.as_ref().map(Held::parts)) {
+            *l = Some(new);
+        }
     }
 
     fn user_is(&self, user: &str) -> bool {
-        let l = self.login.lock().unwrap_or_else(|e| e.into_inner());
-        l.as_ref()
-            .is_some_and(|h| h.text.get(..h.user_len) == Some(user))
+        self.held().as_ref().is_some_and(|h| h.parts().0 == user)
+    }
+
+    /// The verified client certificate's subject CN, if any.
+    pub fn peer_cert_cn(&self) -> Option<&str> {
+        self.peer_cert_cn.get().map(|cn| &**cn)
+    }
+
+    /// Notes the client certificate's CN (once the TLS handshake verified it).
+    pub fn set_peer_cert_cn(&self, cn: &str) {
+        let _ = self.peer_cert_cn.set(cn.into());
     }
 
     /// The core's id of this connection (exclusive queues, consumers), once known.
@@ -138,8 +192,8 @@ pub struct NewConn {
     pub websocket: bool,
     /// The client's address.
     pub peer: SocketAddr,
-    /// The verified client certificate's CN.
-    pub peer_cert_cn: Option<String>,
+    /// The balancer's address, behind a PROXY protocol header.
+    pub via: Option<SocketAddr>,
     /// The connection's own shutdown token (cancelled to close it).
     pub close: CancellationToken,
 }
@@ -168,7 +222,8 @@ impl Registry {
             tls: c.tls,
             websocket: c.websocket,
             peer: c.peer,
-            peer_cert_cn: c.peer_cert_cn.map(String::into_boxed_str),
+            via: c.via,
+            peer_cert_cn: OnceLock::new(),
             connected_at: crate::queue::now_ms(),
             login: Mutex::new(None),
             core_id: OnceLock::new(),
@@ -242,8 +297,8 @@ impl Registration {
         &self.info
     }
 
-    /// Runs `fut` (the connection's adapter) with this connection as the current one,
-    /// so the broker can note its login.
+    /// Runs `fut` (the connection's task) with this connection as the current one, so
+    /// the broker can note its login.
     pub fn scope<F: Future>(&self, fut: F) -> impl Future<Output = F::Output> {
         CURRENT.scope(Arc::clone(&self.info), fut)
     }
@@ -261,15 +316,31 @@ impl Drop for Registration {
 /// registered connection's scope).
 pub(crate) fn note_user(user: &str) {
     let _ = CURRENT.try_with(|c| {
-        if !c.user_is(user) {
-            c.set_login(user, None);
-        }
+        c.update(|l| match l {
+            Some((u, _, _)) if u == user => None,
+            _ => Some(Held::new(user, None, None)),
+        })
     });
 }
 
 /// Notes the vhost the current connection opened.
 pub(crate) fn note_vhost(user: &str, vhost: &str) {
-    let _ = CURRENT.try_with(|c| c.set_login(user, Some(vhost)));
+    let _ = CURRENT.try_with(|c| {
+        c.update(|l| {
+            let client = l.and_then(|(_, _, client)| client);
+            Some(Held::new(user, Some(vhost), client))
+        })
+    });
+}
+
+/// Notes MQTT's client id of the current connection (after its login).
+pub fn note_client(client: &str) {
+    let _ = CURRENT.try_with(|c| {
+        c.update(|l| {
+            let (user, vhost) = l.map_or(("", None), |(u, v, _)| (u, v));
+            Some(Held::new(user, vhost, Some(client)))
+        })
+    });
 }
 
 /// Notes the core's id of the current connection (the first one it takes).
@@ -287,7 +358,7 @@ mod tests {
             tls: false,
             websocket: false,
             peer: "127.0.0.1:5000".parse().unwrap(),
-            peer_cert_cn: None,
+            via: None,
             close,
         }
     }
@@ -305,15 +376,25 @@ mod tests {
             note_core_id(8);
             note_user("alice");
             note_vhost("alice", "/");
+            note_client("sensor-1");
         })
         .await;
         let c = r.by_name(&name).expect("found");
         assert_eq!(c.core_id(), Some(7));
         let login = c.login().expect("login");
         assert_eq!(
-            (login.user.as_str(), login.vhost.as_deref()),
-            ("alice", Some("/"))
+            (
+                login.user.as_str(),
+                login.vhost.as_deref(),
+                login.client.as_deref()
+            ),
+            ("alice", Some("/"), Some("sensor-1"))
         );
+        reg.info().with_login(|u, v, c| {
+            assert_eq!((u, v, c), (Some("alice"), Some("/"), Some("sensor-1")))
+        });
+        reg.info().set_peer_cert_cn("device");
+        assert_eq!(reg.info().peer_cert_cn(), Some("device"));
         assert!(r.by_core_id(7).is_some());
         assert!(r.by_name("127.0.0.1:5000 (2)").is_none());
         assert!(r.by_name("garbage").is_none());

@@ -149,7 +149,7 @@ pub fn connection_json(c: &ConnInfo) -> Value {
         "ssl": c.tls,
         "connected_at": c.connected_at,
     });
-    if let Some(cn) = &c.peer_cert_cn {
+    if let Some(cn) = c.peer_cert_cn() {
         v["peer_cert_subject"] = json!(format!("CN={cn}"));
     }
     v

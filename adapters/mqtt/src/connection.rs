@@ -293,6 +293,7 @@ where
         return Ok(None);
     }
     tracing::Span::current().record("client", client_id.as_str());
+    triad_core::conns::note_client(&client_id);
 
     let vs = match ctx.state.vhost_state(&vhost_name) {
         Ok(v) => v,
