@@ -735,6 +735,23 @@ def test_direct_reply_to_rpc(broker, conn, ch, uid):
         server.close()
 
 
+def test_publish_immediate_is_540_not_implemented(conn, ch, uid):
+    """RabbitMQ refuses immediate=true with connection.close 540 and this exact text.
+    pika's basic_publish has no `immediate`, so the frames go out through its channel."""
+    import pika.spec as spec
+
+    ch._impl.connection._send_message(  # pylint: disable=protected-access
+        ch.channel_number,
+        spec.Basic.Publish(exchange="", routing_key=f"q-{uid}", immediate=True),
+        (spec.BasicProperties(), b"x"),
+    )
+    with pytest.raises(pex.ConnectionClosedByBroker) as e:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+    assert (e.value.reply_code, e.value.reply_text) == (540, "NOT_IMPLEMENTED - immediate=true")
+
+
 def test_requeued_message_keeps_its_position(conn, ch, uid):
     q = f"q-{uid}"
     declare(ch, q)

@@ -476,6 +476,11 @@ impl Session {
                 }
                 Ok(())
             }
+            // as RabbitMQ (since 3.0): immediate delivery is not offered, and saying so
+            // closes the connection (540 NOT_IMPLEMENTED - immediate=true)
+            basic::AMQPMethod::Publish(p) if p.immediate => {
+                Err(AmqpError::connection(errors::NOT_IMPLEMENTED, "immediate=true").on(60, 40))
+            }
             basic::AMQPMethod::Publish(p) => {
                 // Refused here, the channel closes and the content frames that follow
                 // are dropped.
