@@ -700,13 +700,6 @@ def test_transient_messages_do_not_survive_restart(own_broker, uid):
 # --- more of what applications lean on ----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="direct reply-to unsupported: basic.consume on the pseudo-queue "
-    "'amq.rabbitmq.reply-to' closes the channel with 404 NOT_FOUND \"no queue "
-    "'amq.rabbitmq.reply-to'\"; RabbitMQ accepts it (no-ack consumer) and rewrites reply_to "
-    "of messages published on that channel to 'amq.rabbitmq.reply-to.<token>'",
-)
 def test_direct_reply_to_rpc(broker, conn, ch, uid):
     """RPC over RabbitMQ's pseudo-queue amq.rabbitmq.reply-to (pika's RPC tutorial)."""
     service = f"rpc-{uid}"
@@ -731,6 +724,74 @@ def test_direct_reply_to_rpc(broker, conn, ch, uid):
         while not replies and time.monotonic() < deadline:
             conn.process_data_events(time_limit=0.05)
         assert [(p.correlation_id, b) for p, b in replies] == [("rpc-1", b"42")]
+    finally:
+        server.close()
+
+
+def test_direct_reply_to_refusals_as_rabbitmq(conn, uid):
+    """RabbitMQ's 406s: an acking reply consumer, a second one on a channel, and a
+    publish with reply_to=amq.rabbitmq.reply-to on a channel that does not consume
+    replies."""
+    ch = conn.channel()
+    with pytest.raises(pex.ChannelClosedByBroker) as e:
+        ch.basic_consume("amq.rabbitmq.reply-to", lambda *a: None, auto_ack=False)
+    assert (e.value.reply_code, e.value.reply_text) == (
+        406, "PRECONDITION_FAILED - reply consumer cannot acknowledge")
+    ch = conn.channel()
+    ch.basic_consume("amq.rabbitmq.reply-to", lambda *a: None, auto_ack=True)
+    with pytest.raises(pex.ChannelClosedByBroker) as e:
+        ch.basic_consume("amq.rabbitmq.reply-to", lambda *a: None, auto_ack=True)
+    assert (e.value.reply_code, e.value.reply_text) == (
+        406, "PRECONDITION_FAILED - reply consumer already set")
+    ch = conn.channel()
+    ch.queue_declare(f"q-{uid}", exclusive=True)
+    ch.basic_publish("", f"q-{uid}", b"x", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    with pytest.raises(pex.ChannelClosedByBroker) as e:
+        ch.queue_declare(f"q-{uid}", passive=True)
+    assert (e.value.reply_code, e.value.reply_text) == (
+        406, "PRECONDITION_FAILED - fast reply consumer does not exist")
+    # nothing of the refused publish reached the queue
+    assert count(conn, f"q-{uid}") == 0
+
+
+def test_direct_reply_to_names_die_with_their_consumer(broker, conn, uid):
+    """The pseudo-queue declares ok with one consumer; replies arrive with the reply name as
+    routing key; after basic.cancel, replies to that name are unroutable (returned when
+    mandatory), as are replies to a made-up name."""
+    ch = conn.channel()
+    got = []
+    tag = ch.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: got.append((m, b)),
+                           auto_ack=True)
+    ok = ch.queue_declare("amq.rabbitmq.reply-to", passive=True).method
+    assert (ok.queue, ok.message_count, ok.consumer_count) == ("amq.rabbitmq.reply-to", 0, 1)
+    q = f"svc-{uid}"
+    ch.queue_declare(q, exclusive=True)
+    ch.basic_publish("", q, b"req", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    m, props, _ = None, None, None
+    deadline = time.monotonic() + 5
+    while m is None and time.monotonic() < deadline:
+        m, props, _ = ch.basic_get(q, auto_ack=True)
+    name = props.reply_to
+    assert name.startswith("amq.rabbitmq.reply-to.") and len(name) > 40, name
+    server = pika_connect(broker)
+    try:
+        sch = server.channel()
+        sch.basic_publish("", name, b"one")
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        assert [(m.exchange, m.routing_key, m.redelivered, b) for m, b in got] == [
+            ("", name, False, b"one")]
+        ch.basic_cancel(tag)
+        with pytest.raises(pex.UnroutableError):
+            sch.confirm_delivery()
+            sch.basic_publish("", name, b"two", mandatory=True)
+        with pytest.raises(pex.UnroutableError):
+            # the same connection part, another key
+            head, key = name.rsplit(".", 1)
+            sch.basic_publish("", f"{head}.{'A' * len(key)}", b"x", mandatory=True)
+        conn.process_data_events(time_limit=0.2)
+        assert len(got) == 1
     finally:
         server.close()
 

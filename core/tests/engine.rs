@@ -113,7 +113,7 @@ fn drain(o: &Outbox) -> Vec<Delivery> {
     evs.into_iter()
         .filter_map(|e| match e {
             OutEvent::Deliver(d) => Some(d),
-            OutEvent::Cancelled { .. } => None,
+            OutEvent::Cancelled { .. } | OutEvent::Reply(_) => None,
         })
         .collect()
 }

@@ -121,7 +121,7 @@ fn server_properties() -> WireTable {
         ("authentication_failure_close", true),
         ("per_consumer_qos", true),
         ("consumer_priorities", true),
-        ("direct_reply_to", false),
+        ("direct_reply_to", true),
     ] {
         caps.insert(cap.into(), AMQPValue::Boolean(on));
     }
@@ -626,6 +626,7 @@ impl Session {
         for ev in events {
             match ev {
                 OutEvent::Deliver(d) => self.deliver(d),
+                OutEvent::Reply(r) => self.deliver_reply(r),
                 OutEvent::Cancelled { tag } => self.server_cancel(&tag),
             }
         }

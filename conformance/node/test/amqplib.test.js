@@ -190,3 +190,27 @@ test('a burst of sendToQueue then connection.close() closes cleanly', async () =
     await ch2.close();
   }
 });
+
+test('direct reply-to: an RPC round trip through amq.rabbitmq.reply-to', async () => {
+  const client = await conn.createChannel();
+  const server = await conn.createChannel();
+  const svc = uid('rpc');
+  await server.assertQueue(svc, { exclusive: true });
+  await server.consume(svc, (msg) => {
+    server.sendToQueue(msg.properties.replyTo, Buffer.from(`${Number(msg.content) * 2}`), {
+      correlationId: msg.properties.correlationId,
+    });
+  }, { noAck: true });
+  let gotReply;
+  const reply = new Promise((resolve) => { gotReply = resolve; });
+  await client.consume('amq.rabbitmq.reply-to', (msg) => gotReply(msg), { noAck: true });
+  client.sendToQueue(svc, Buffer.from('21'), {
+    replyTo: 'amq.rabbitmq.reply-to', correlationId: 'c-1',
+  });
+  const m = await within(5000, 'reply', reply);
+  assert.equal(m.content.toString(), '42');
+  assert.equal(m.properties.correlationId, 'c-1');
+  assert.match(m.fields.routingKey, /^amq\.rabbitmq\.reply-to\./);
+  await client.close();
+  await server.close();
+});
