@@ -1026,13 +1026,6 @@ def test_thousands_of_messages_none_lost(conn, ch, uid):
     assert [int(b) for _, _, b in got] == list(range(n))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="x-single-active-consumer=true is accepted by queue.declare but ignored: two "
-    "consumers get round-robin deliveries (first consumer got [m0, m2]); RabbitMQ delivers "
-    "only to the first consumer and fails over to the next when it cancels. Either implement "
-    "it or refuse the argument (406) instead of silently ignoring it",
-)
 def test_single_active_consumer(conn, ch, uid):
     q = f"q-{uid}"
     declare(ch, q, arguments={"x-single-active-consumer": True})
@@ -1051,6 +1044,45 @@ def test_single_active_consumer(conn, ch, uid):
     while not b and time.monotonic() < deadline:
         conn.process_data_events(time_limit=0.05)
     assert b == [b"after failover"]
+
+
+def test_single_active_consumer_channel_close_requeues_unacked_to_the_next(broker, conn, uid):
+    """The active consumer's channel closes with two messages unacked: the next consumer
+    in registration order gets them first (redelivered), then the rest, and a consumer
+    registered later gets nothing."""
+    q = f"q-{uid}"
+    ch = conn.channel()
+    declare(ch, q, durable=True, arguments={"x-single-active-consumer": True})
+    first = conn.channel()
+    first.basic_qos(prefetch_count=2)
+    held = []
+    first.basic_consume(q, lambda c, m, p, body: held.append(body))
+    other = pika_connect(broker)
+    try:
+        b, c = [], []
+        och = other.channel()
+        och.basic_consume(q, lambda ch_, m, p, body: b.append((m.redelivered, body)),
+                          auto_ack=True)
+        och.basic_consume(q, lambda ch_, m, p, body: c.append(body), auto_ack=True)
+        for i in range(4):
+            ch.basic_publish("", q, f"m{i}".encode())
+        deadline = time.monotonic() + 3
+        while len(held) < 2 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        other.process_data_events(time_limit=0.3)
+        assert held == [b"m0", b"m1"] and b == [] and c == []
+        first.close()
+        deadline = time.monotonic() + 5
+        while len(b) < 4 and time.monotonic() < deadline:
+            other.process_data_events(time_limit=0.05)
+        assert b == [(True, b"m0"), (True, b"m1"), (False, b"m2"), (False, b"m3")]
+        assert c == []
+        with pytest.raises(pex.ChannelClosedByBroker) as e:
+            conn.channel().queue_declare(q, durable=True)
+        assert e.value.reply_code == 406 and "x-single-active-consumer" in e.value.reply_text
+    finally:
+        other.close()
+        conn.channel().queue_delete(q)
 
 
 def test_global_qos_is_shared_by_the_channels_consumers(conn, ch, uid):

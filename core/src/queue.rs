@@ -107,6 +107,9 @@ pub struct QueueArgs {
     pub dead_letter_routing_key: Option<String>,
     /// `x-max-priority` (1-255).
     pub max_priority: Option<u8>,
+    /// `x-single-active-consumer`: only the earliest registered consumer gets messages;
+    /// when it goes, the next one takes over.
+    pub single_active_consumer: bool,
 }
 
 fn non_negative(args: &FieldTable, name: &str) -> Result<Option<u64>, CoreError> {
@@ -167,7 +170,16 @@ impl QueueArgs {
                 )))
             }
         }
+        let single_active_consumer = match args.get("x-single-active-consumer") {
+            None => false,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                CoreError::PreconditionFailed(format!(
+                    "invalid arg 'x-single-active-consumer' for queue: {v:?} is not a boolean"
+                ))
+            })?,
+        };
         Ok(QueueArgs {
+            single_active_consumer,
             message_ttl: non_negative(args, "x-message-ttl")?,
             expires,
             max_length: non_negative(args, "x-max-length")?,
@@ -754,11 +766,17 @@ impl Queue {
     }
 
     fn pick_consumer(&self, st: &State) -> Option<usize> {
-        let n = st.consumers.len();
+        // single active consumer: the earliest registered one only (consumers are kept
+        // in registration order), whatever the others' priorities
+        let n = if self.args.single_active_consumer {
+            st.consumers.len().min(1)
+        } else {
+            st.consumers.len()
+        };
         let me = self.me();
         let mut best: Option<(i32, usize)> = None;
         for k in 0..n {
-            let i = (st.rr + k) % n;
+            let i = if n == 1 { 0 } else { (st.rr + k) % n };
             let Some(c) = st.consumers.get(i) else {
                 continue;
             };
@@ -997,7 +1015,9 @@ impl Queue {
             let id = st.next_consumer;
             st.next_consumer += 1;
             let tag: Arc<str> = Arc::from(req.tag.as_str());
-            st.credit += self.credit_of(req.prefetch);
+            if !self.args.single_active_consumer || st.consumers.is_empty() {
+                st.credit += self.credit_of(req.prefetch);
+            }
             st.consumers.push(Consumer {
                 id,
                 conn: req.conn,
@@ -1031,16 +1051,27 @@ impl Queue {
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
+            let sac = self.args.single_active_consumer;
+            let was_active = st.consumers.first().map(|c| (c.id, c.unacked));
             let before = st.consumers.len();
             st.consumers.retain(|c| c.id != id);
+            let active = if sac { 1 } else { usize::MAX };
             st.credit = st
                 .consumers
                 .iter()
+                .take(active)
                 .map(|c| self.credit_of(c.prefetch))
                 .sum();
             if st.consumers.len() != before {
                 st.last_used = Instant::now();
                 after.cancelled_all = st.consumers.is_empty() && st.had_consumers && !st.deleted;
+            }
+            // Single active consumer: the active one went, the next registered takes
+            // over. Handed messages now only if the old one held none unacked: those go
+            // back to the queue first when its channel closes (the adapter requeues them
+            // right after cancelling), and the next ack, nack or publish hands on.
+            if sac && !st.deleted && was_active == Some((id, 0)) {
+                self.dispatch(&mut st, &mut after);
             }
             self.flow_check(&mut st, &mut after);
         }

@@ -814,6 +814,7 @@ impl Vhost {
             "x-dead-letter-routing-key",
             "x-max-priority",
             "x-queue-type",
+            "x-single-active-consumer",
         ] {
             let (a, b) = (d.arguments.get(key), q.arguments().get(key));
             let same = match (a, b) {
