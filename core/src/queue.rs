@@ -134,6 +134,28 @@ fn string_arg(args: &FieldTable, name: &str) -> Result<Option<String>, CoreError
 }
 
 impl QueueArgs {
+    /// [`QueueArgs::parse`] for a queue read back from the metadata at start. Arguments
+    /// that an earlier version accepted and ignored but declare now refuses
+    /// (`x-delivery-limit`, a non-boolean `x-single-active-consumer`) stay ignored for
+    /// that queue, with a warning, so that the broker still starts.
+    pub fn parse_stored(queue: &str, args: &FieldTable) -> Result<QueueArgs, CoreError> {
+        match Self::parse(args) {
+            Ok(a) => Ok(a),
+            Err(first) => {
+                let mut t = args.clone();
+                t.remove("x-delivery-limit");
+                if t.get("x-single-active-consumer")
+                    .is_some_and(|v| v.as_bool().is_none())
+                {
+                    t.remove("x-single-active-consumer");
+                }
+                let a = Self::parse(&t).map_err(|_| first.clone())?;
+                tracing::warn!(queue, error = %first, "stored queue has an argument declare now refuses; it stays ignored for this queue");
+                Ok(a)
+            }
+        }
+    }
+
     /// Parses and validates a queue's arguments as RabbitMQ does (unknown `x-` arguments
     /// are kept but ignored).
     pub fn parse(args: &FieldTable) -> Result<QueueArgs, CoreError> {
@@ -169,6 +191,13 @@ impl QueueArgs {
                     "invalid arg 'x-queue-type' for queue: '{other}' is not supported"
                 )))
             }
+        }
+        // RabbitMQ has it for quorum queues only; a per-message delivery count that
+        // survives restarts is not kept here yet, so it is refused rather than ignored
+        if args.contains("x-delivery-limit") {
+            return Err(CoreError::PreconditionFailed(
+                "invalid arg 'x-delivery-limit' for queue: not supported (per-message delivery counts are not implemented)".into(),
+            ));
         }
         let single_active_consumer = match args.get("x-single-active-consumer") {
             None => false,
@@ -1439,5 +1468,27 @@ mod tests {
         let mut bad = FieldTable::default();
         bad.insert("x-expires", FieldValue::I32(0));
         assert!(QueueArgs::parse(&bad).is_err());
+    }
+
+    #[test]
+    fn delivery_limit_is_refused_but_a_stored_one_still_opens() {
+        let mut t = FieldTable::default();
+        t.insert("x-delivery-limit", FieldValue::I32(3));
+        t.insert(
+            "x-single-active-consumer",
+            FieldValue::LongString(Bytes::from_static(b"yes")),
+        );
+        t.insert("x-max-length", FieldValue::I32(5));
+        match QueueArgs::parse(&t) {
+            Err(CoreError::PreconditionFailed(m)) => assert!(m.contains("x-delivery-limit"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // declared by an earlier version that ignored them: ignored still, the rest kept
+        let a = QueueArgs::parse_stored("q", &t).unwrap();
+        assert_eq!(a.max_length, Some(5));
+        assert!(!a.single_active_consumer);
+        // anything else that is wrong stays an error
+        t.insert("x-max-priority", FieldValue::I32(1000));
+        assert!(QueueArgs::parse_stored("q", &t).is_err());
     }
 }

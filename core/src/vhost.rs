@@ -347,7 +347,7 @@ impl Vhost {
         for (_, v) in journal.scan(&vhost_prefix(TAG_QUEUE))? {
             let q: QueueDoc = from_json(&v)?;
             let arguments = table_from_hex(&q.arguments)?;
-            let args = QueueArgs::parse(&arguments)?;
+            let args = QueueArgs::parse_stored(&q.name, &arguments)?;
             let id = store.create_queue(name, &q.name, true)?;
             wanted.insert(id);
             let queue = Queue::new(
