@@ -1036,3 +1036,62 @@ fn single_active_consumer_survives_a_restart() {
     assert_eq!(bodies(&drain(&a)), ["m0", "m1", "m2"]);
     assert!(drain(&o).is_empty());
 }
+
+#[test]
+fn direct_reply_names_route_only_in_their_vhost_and_only_while_consumed() {
+    let e = env();
+    let link = e
+        .broker
+        .login(
+            triad_core::Credentials::Password {
+                user: "guest",
+                password: "guest",
+            },
+            triad_core::Peer {
+                addr: "127.0.0.1".parse().unwrap(),
+                conn: e.broker.next_connection_id(),
+                failed_login_delay: Duration::ZERO,
+            },
+            "/",
+            triad_core::Protocol::Amqp,
+        )
+        .unwrap();
+    let out = Outbox::new(8);
+    let reply = link.consume_direct_reply(Arc::from("r"), &out).unwrap();
+    let name = reply.name().to_string();
+    let reply_to = |v: &Vhost, mandatory| {
+        v.publish(Publish {
+            exchange: String::new(),
+            routing_key: name.clone(),
+            mandatory,
+            body: Bytes::from_static(b"answer"),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    // the same name in another vhost reaches nothing
+    let other = e.broker.add_vhost("other").unwrap();
+    assert!(!reply_to(&other, true).routed);
+    // in its own vhost it reaches the consumer's outbox, stored nowhere
+    let home = vh(&e);
+    let p = reply_to(&home, false);
+    assert!(p.routed && p.durable.is_none());
+    let mut evs = Vec::new();
+    out.drain(&mut evs, 10);
+    assert!(
+        matches!(&evs[..], [OutEvent::Reply(r)] if &*r.tag == "r" && *r.routing_key == *name && &r.body[..] == b"answer")
+    );
+    // a transaction's publish to it too
+    let res = home
+        .publish_all(vec![Publish {
+            routing_key: name.clone(),
+            body: Bytes::from_static(b"tx"),
+            ..Default::default()
+        }])
+        .unwrap();
+    assert!(res[0].routed);
+    // retired with its consumer: unroutable, nothing left registered
+    drop(reply);
+    assert!(!reply_to(&home, true).routed);
+    assert!(home.direct_replies().is_empty());
+}
