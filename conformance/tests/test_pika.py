@@ -700,13 +700,6 @@ def test_transient_messages_do_not_survive_restart(own_broker, uid):
 # --- more of what applications lean on ----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="direct reply-to unsupported: basic.consume on the pseudo-queue "
-    "'amq.rabbitmq.reply-to' closes the channel with 404 NOT_FOUND \"no queue "
-    "'amq.rabbitmq.reply-to'\"; RabbitMQ accepts it (no-ack consumer) and rewrites reply_to "
-    "of messages published on that channel to 'amq.rabbitmq.reply-to.<token>'",
-)
 def test_direct_reply_to_rpc(broker, conn, ch, uid):
     """RPC over RabbitMQ's pseudo-queue amq.rabbitmq.reply-to (pika's RPC tutorial)."""
     service = f"rpc-{uid}"
@@ -733,6 +726,91 @@ def test_direct_reply_to_rpc(broker, conn, ch, uid):
         assert [(p.correlation_id, b) for p, b in replies] == [("rpc-1", b"42")]
     finally:
         server.close()
+
+
+def test_direct_reply_to_refusals_as_rabbitmq(conn, uid):
+    """RabbitMQ's 406s: an acking reply consumer, a second one on a channel, and a
+    publish with reply_to=amq.rabbitmq.reply-to on a channel that does not consume
+    replies."""
+    ch = conn.channel()
+    with pytest.raises(pex.ChannelClosedByBroker) as e:
+        ch.basic_consume("amq.rabbitmq.reply-to", lambda *a: None, auto_ack=False)
+    assert (e.value.reply_code, e.value.reply_text) == (
+        406, "PRECONDITION_FAILED - reply consumer cannot acknowledge")
+    ch = conn.channel()
+    ch.basic_consume("amq.rabbitmq.reply-to", lambda *a: None, auto_ack=True)
+    with pytest.raises(pex.ChannelClosedByBroker) as e:
+        ch.basic_consume("amq.rabbitmq.reply-to", lambda *a: None, auto_ack=True)
+    assert (e.value.reply_code, e.value.reply_text) == (
+        406, "PRECONDITION_FAILED - reply consumer already set")
+    ch = conn.channel()
+    ch.queue_declare(f"q-{uid}", exclusive=True)
+    ch.basic_publish("", f"q-{uid}", b"x", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    with pytest.raises(pex.ChannelClosedByBroker) as e:
+        ch.queue_declare(f"q-{uid}", passive=True)
+    assert (e.value.reply_code, e.value.reply_text) == (
+        406, "PRECONDITION_FAILED - fast reply consumer does not exist")
+    # nothing of the refused publish reached the queue
+    assert count(conn, f"q-{uid}") == 0
+
+
+def test_direct_reply_to_names_die_with_their_consumer(broker, conn, uid):
+    """The pseudo-queue declares ok with one consumer; replies arrive with the reply name as
+    routing key; after basic.cancel, replies to that name are unroutable (returned when
+    mandatory), as are replies to a made-up name."""
+    ch = conn.channel()
+    got = []
+    tag = ch.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: got.append((m, b)),
+                           auto_ack=True)
+    ok = ch.queue_declare("amq.rabbitmq.reply-to", passive=True).method
+    assert (ok.queue, ok.message_count, ok.consumer_count) == ("amq.rabbitmq.reply-to", 0, 1)
+    q = f"svc-{uid}"
+    ch.queue_declare(q, exclusive=True)
+    ch.basic_publish("", q, b"req", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    m, props, _ = None, None, None
+    deadline = time.monotonic() + 5
+    while m is None and time.monotonic() < deadline:
+        m, props, _ = ch.basic_get(q, auto_ack=True)
+    name = props.reply_to
+    assert name.startswith("amq.rabbitmq.reply-to.") and len(name) > 40, name
+    server = pika_connect(broker)
+    try:
+        sch = server.channel()
+        sch.basic_publish("", name, b"one")
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        assert [(m.exchange, m.routing_key, m.redelivered, b) for m, b in got] == [
+            ("", name, False, b"one")]
+        ch.basic_cancel(tag)
+        with pytest.raises(pex.UnroutableError):
+            sch.confirm_delivery()
+            sch.basic_publish("", name, b"two", mandatory=True)
+        with pytest.raises(pex.UnroutableError):
+            # the same connection part, another key
+            head, key = name.rsplit(".", 1)
+            sch.basic_publish("", f"{head}.{'A' * len(key)}", b"x", mandatory=True)
+        conn.process_data_events(time_limit=0.2)
+        assert len(got) == 1
+    finally:
+        server.close()
+
+
+def test_publish_immediate_is_540_not_implemented(conn, ch, uid):
+    """RabbitMQ refuses immediate=true with connection.close 540 and this exact text.
+    pika's basic_publish has no `immediate`, so the frames go out through its channel."""
+    import pika.spec as spec
+
+    ch._impl.connection._send_message(  # pylint: disable=protected-access
+        ch.channel_number,
+        spec.Basic.Publish(exchange="", routing_key=f"q-{uid}", immediate=True),
+        (spec.BasicProperties(), b"x"),
+    )
+    with pytest.raises(pex.ConnectionClosedByBroker) as e:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+    assert (e.value.reply_code, e.value.reply_text) == (540, "NOT_IMPLEMENTED - immediate=true")
 
 
 def test_requeued_message_keeps_its_position(conn, ch, uid):
@@ -948,13 +1026,6 @@ def test_thousands_of_messages_none_lost(conn, ch, uid):
     assert [int(b) for _, _, b in got] == list(range(n))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="x-single-active-consumer=true is accepted by queue.declare but ignored: two "
-    "consumers get round-robin deliveries (first consumer got [m0, m2]); RabbitMQ delivers "
-    "only to the first consumer and fails over to the next when it cancels. Either implement "
-    "it or refuse the argument (406) instead of silently ignoring it",
-)
 def test_single_active_consumer(conn, ch, uid):
     q = f"q-{uid}"
     declare(ch, q, arguments={"x-single-active-consumer": True})
@@ -973,6 +1044,56 @@ def test_single_active_consumer(conn, ch, uid):
     while not b and time.monotonic() < deadline:
         conn.process_data_events(time_limit=0.05)
     assert b == [b"after failover"]
+
+
+def test_single_active_consumer_channel_close_requeues_unacked_to_the_next(broker, conn, uid):
+    """The active consumer's channel closes with two messages unacked: the next consumer
+    in registration order gets them first (redelivered), then the rest, and a consumer
+    registered later gets nothing."""
+    q = f"q-{uid}"
+    ch = conn.channel()
+    declare(ch, q, durable=True, arguments={"x-single-active-consumer": True})
+    first = conn.channel()
+    first.basic_qos(prefetch_count=2)
+    held = []
+    first.basic_consume(q, lambda c, m, p, body: held.append(body))
+    other = pika_connect(broker)
+    try:
+        b, c = [], []
+        och = other.channel()
+        och.basic_consume(q, lambda ch_, m, p, body: b.append((m.redelivered, body)),
+                          auto_ack=True)
+        och.basic_consume(q, lambda ch_, m, p, body: c.append(body), auto_ack=True)
+        for i in range(4):
+            ch.basic_publish("", q, f"m{i}".encode())
+        deadline = time.monotonic() + 3
+        while len(held) < 2 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.05)
+        other.process_data_events(time_limit=0.3)
+        assert held == [b"m0", b"m1"] and b == [] and c == []
+        first.close()
+        deadline = time.monotonic() + 5
+        while len(b) < 4 and time.monotonic() < deadline:
+            other.process_data_events(time_limit=0.05)
+        assert b == [(True, b"m0"), (True, b"m1"), (False, b"m2"), (False, b"m3")]
+        assert c == []
+        with pytest.raises(pex.ChannelClosedByBroker) as e:
+            conn.channel().queue_declare(q, durable=True)
+        assert e.value.reply_code == 406 and "x-single-active-consumer" in e.value.reply_text
+    finally:
+        other.close()
+        conn.channel().queue_delete(q)
+
+
+def test_delivery_limit_is_refused_naming_it(broker, conn, uid):
+    """x-delivery-limit on a classic queue (RabbitMQ has it for quorum queues only and
+    ignores it here) is refused until Triad keeps per-message delivery counts, never
+    accepted and ignored."""
+    if getattr(broker, "external", False):
+        pytest.skip("Triad's own refusal; RabbitMQ ignores the argument on classic queues")
+    with pytest.raises(pex.ChannelClosedByBroker) as e:
+        conn.channel().queue_declare(f"q-{uid}", arguments={"x-delivery-limit": 3})
+    assert e.value.reply_code == 406 and "x-delivery-limit" in e.value.reply_text
 
 
 def test_global_qos_is_shared_by_the_channels_consumers(conn, ch, uid):

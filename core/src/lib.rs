@@ -15,6 +15,8 @@
 //! - [`auth`]: users, permissions and topic permissions changed at run time, persisted
 //!   in the metadata journal and seeded from the configuration.
 //! - [`conns`]: the registry of open connections (listing, closing from outside).
+//! - [`direct_reply`]: RabbitMQ's direct reply-to (`amq.rabbitmq.reply-to`): replies
+//!   handed to the requesting channel's consumer, without a queue.
 //! - [`access`]: permissions ([`VhostAccess`]): RabbitMQ's configure / write / read
 //!   regexes per user and vhost, checked per operation by every adapter.
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
@@ -48,6 +50,7 @@ pub mod alarm;
 pub mod auth;
 pub mod broker;
 pub mod conns;
+pub mod direct_reply;
 pub mod durability;
 mod encoding;
 pub mod envelope;
@@ -69,6 +72,7 @@ pub mod vhost;
 pub use access::{Access, Pattern, PatternError, Permission, TopicPermission, VhostAccess};
 pub use alarm::Alarms;
 pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig};
+pub use direct_reply::{DirectReply, ReplyConsumer};
 pub use durability::Durability;
 pub use error::{CoreError, ResourceKind};
 pub use link::{

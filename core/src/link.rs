@@ -320,6 +320,17 @@ impl Link {
         self.vhost.publish_all(batch)
     }
 
+    /// A direct reply-to consumer for one channel ([`crate::direct_reply`]): deliveries
+    /// come to `outbox` as [`crate::OutEvent::Reply`] with `tag`. As RabbitMQ, consuming
+    /// replies needs no permission (only this channel's name reaches it).
+    pub fn consume_direct_reply(
+        &self,
+        tag: Arc<str>,
+        outbox: &Arc<crate::Outbox>,
+    ) -> Result<crate::ReplyConsumer, CoreError> {
+        self.vhost.direct_replies().register(self.conn, tag, outbox)
+    }
+
     /// `exchange.declare`; a passive one needs no permission.
     pub fn declare_exchange(&self, def: ExchangeDef, passive: bool) -> Result<(), CoreError> {
         if !passive {

@@ -56,6 +56,9 @@ pub struct Delivery {
 pub enum OutEvent {
     /// A message for one of the connection's consumers.
     Deliver(Delivery),
+    /// A direct reply-to reply for the connection's reply consumer
+    /// ([`crate::direct_reply`]); only AMQP connections register one.
+    Reply(crate::direct_reply::DirectReply),
     /// The server cancelled a consumer (its queue was deleted).
     Cancelled {
         /// The cancelled consumer's tag.

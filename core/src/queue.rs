@@ -107,6 +107,9 @@ pub struct QueueArgs {
     pub dead_letter_routing_key: Option<String>,
     /// `x-max-priority` (1-255).
     pub max_priority: Option<u8>,
+    /// `x-single-active-consumer`: only the earliest registered consumer gets messages;
+    /// when it goes, the next one takes over.
+    pub single_active_consumer: bool,
 }
 
 fn non_negative(args: &FieldTable, name: &str) -> Result<Option<u64>, CoreError> {
@@ -131,6 +134,28 @@ fn string_arg(args: &FieldTable, name: &str) -> Result<Option<String>, CoreError
 }
 
 impl QueueArgs {
+    /// [`QueueArgs::parse`] for a queue read back from the metadata at start. Arguments
+    /// that an earlier version accepted and ignored but declare now refuses
+    /// (`x-delivery-limit`, a non-boolean `x-single-active-consumer`) stay ignored for
+    /// that queue, with a warning, so that the broker still starts.
+    pub fn parse_stored(queue: &str, args: &FieldTable) -> Result<QueueArgs, CoreError> {
+        match Self::parse(args) {
+            Ok(a) => Ok(a),
+            Err(first) => {
+                let mut t = args.clone();
+                t.remove("x-delivery-limit");
+                if t.get("x-single-active-consumer")
+                    .is_some_and(|v| v.as_bool().is_none())
+                {
+                    t.remove("x-single-active-consumer");
+                }
+                let a = Self::parse(&t).map_err(|_| first.clone())?;
+                tracing::warn!(queue, error = %first, "stored queue has an argument declare now refuses; it stays ignored for this queue");
+                Ok(a)
+            }
+        }
+    }
+
     /// Parses and validates a queue's arguments as RabbitMQ does (unknown `x-` arguments
     /// are kept but ignored).
     pub fn parse(args: &FieldTable) -> Result<QueueArgs, CoreError> {
@@ -167,7 +192,23 @@ impl QueueArgs {
                 )))
             }
         }
+        // RabbitMQ has it for quorum queues only; a per-message delivery count that
+        // survives restarts is not kept here yet, so it is refused rather than ignored
+        if args.contains("x-delivery-limit") {
+            return Err(CoreError::PreconditionFailed(
+                "invalid arg 'x-delivery-limit' for queue: not supported (per-message delivery counts are not implemented)".into(),
+            ));
+        }
+        let single_active_consumer = match args.get("x-single-active-consumer") {
+            None => false,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                CoreError::PreconditionFailed(format!(
+                    "invalid arg 'x-single-active-consumer' for queue: {v:?} is not a boolean"
+                ))
+            })?,
+        };
         Ok(QueueArgs {
+            single_active_consumer,
             message_ttl: non_negative(args, "x-message-ttl")?,
             expires,
             max_length: non_negative(args, "x-max-length")?,
@@ -754,11 +795,17 @@ impl Queue {
     }
 
     fn pick_consumer(&self, st: &State) -> Option<usize> {
-        let n = st.consumers.len();
+        // single active consumer: the earliest registered one only (consumers are kept
+        // in registration order), whatever the others' priorities
+        let n = if self.args.single_active_consumer {
+            st.consumers.len().min(1)
+        } else {
+            st.consumers.len()
+        };
         let me = self.me();
         let mut best: Option<(i32, usize)> = None;
         for k in 0..n {
-            let i = (st.rr + k) % n;
+            let i = if n == 1 { 0 } else { (st.rr + k) % n };
             let Some(c) = st.consumers.get(i) else {
                 continue;
             };
@@ -997,7 +1044,9 @@ impl Queue {
             let id = st.next_consumer;
             st.next_consumer += 1;
             let tag: Arc<str> = Arc::from(req.tag.as_str());
-            st.credit += self.credit_of(req.prefetch);
+            if !self.args.single_active_consumer || st.consumers.is_empty() {
+                st.credit += self.credit_of(req.prefetch);
+            }
             st.consumers.push(Consumer {
                 id,
                 conn: req.conn,
@@ -1031,16 +1080,27 @@ impl Queue {
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
+            let sac = self.args.single_active_consumer;
+            let was_active = st.consumers.first().map(|c| (c.id, c.unacked));
             let before = st.consumers.len();
             st.consumers.retain(|c| c.id != id);
+            let active = if sac { 1 } else { usize::MAX };
             st.credit = st
                 .consumers
                 .iter()
+                .take(active)
                 .map(|c| self.credit_of(c.prefetch))
                 .sum();
             if st.consumers.len() != before {
                 st.last_used = Instant::now();
                 after.cancelled_all = st.consumers.is_empty() && st.had_consumers && !st.deleted;
+            }
+            // Single active consumer: the active one went, the next registered takes
+            // over. Handed messages now only if the old one held none unacked: those go
+            // back to the queue first when its channel closes (the adapter requeues them
+            // right after cancelling), and the next ack, nack or publish hands on.
+            if sac && !st.deleted && was_active == Some((id, 0)) {
+                self.dispatch(&mut st, &mut after);
             }
             self.flow_check(&mut st, &mut after);
         }
@@ -1408,5 +1468,27 @@ mod tests {
         let mut bad = FieldTable::default();
         bad.insert("x-expires", FieldValue::I32(0));
         assert!(QueueArgs::parse(&bad).is_err());
+    }
+
+    #[test]
+    fn delivery_limit_is_refused_but_a_stored_one_still_opens() {
+        let mut t = FieldTable::default();
+        t.insert("x-delivery-limit", FieldValue::I32(3));
+        t.insert(
+            "x-single-active-consumer",
+            FieldValue::LongString(Bytes::from_static(b"yes")),
+        );
+        t.insert("x-max-length", FieldValue::I32(5));
+        match QueueArgs::parse(&t) {
+            Err(CoreError::PreconditionFailed(m)) => assert!(m.contains("x-delivery-limit"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // declared by an earlier version that ignored them: ignored still, the rest kept
+        let a = QueueArgs::parse_stored("q", &t).unwrap();
+        assert_eq!(a.max_length, Some(5));
+        assert!(!a.single_active_consumer);
+        // anything else that is wrong stays an error
+        t.insert("x-max-priority", FieldValue::I32(1000));
+        assert!(QueueArgs::parse_stored("q", &t).is_err());
     }
 }

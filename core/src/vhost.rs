@@ -279,6 +279,8 @@ pub struct Vhost {
     /// Exclusive queues by owning connection, so a closing connection finds its own
     /// without a scan of every queue. Guarded after `queues` in the lock order.
     exclusive: std::sync::Mutex<HashMap<ConnectionId, Vec<Arc<Queue>>>>,
+    /// Direct reply-to consumers' names ([`crate::direct_reply`]).
+    replies: Arc<crate::direct_reply::Registry>,
 }
 
 impl std::fmt::Debug for Vhost {
@@ -326,6 +328,7 @@ impl Vhost {
             max_queues,
             me: me.clone(),
             exclusive: Default::default(),
+            replies: Default::default(),
         });
         let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
         {
@@ -344,7 +347,7 @@ impl Vhost {
         for (_, v) in journal.scan(&vhost_prefix(TAG_QUEUE))? {
             let q: QueueDoc = from_json(&v)?;
             let arguments = table_from_hex(&q.arguments)?;
-            let args = QueueArgs::parse(&arguments)?;
+            let args = QueueArgs::parse_stored(&q.name, &arguments)?;
             let id = store.create_queue(name, &q.name, true)?;
             wanted.insert(id);
             let queue = Queue::new(
@@ -811,6 +814,7 @@ impl Vhost {
             "x-dead-letter-routing-key",
             "x-max-priority",
             "x-queue-type",
+            "x-single-active-consumer",
         ] {
             let (a, b) = (d.arguments.get(key), q.arguments().get(key));
             let same = match (a, b) {
@@ -1026,8 +1030,33 @@ impl Vhost {
         )
     }
 
+    /// The vhost's direct reply-to names.
+    pub fn direct_replies(&self) -> &Arc<crate::direct_reply::Registry> {
+        &self.replies
+    }
+
+    /// A publish to the default exchange with a direct reply-to name as routing key: to
+    /// that channel's consumer, or nowhere (unroutable) when it is gone.
+    fn publish_reply(&self, p: Publish) -> Result<Published, CoreError> {
+        self.check_size(&p)?;
+        let routed = self.replies.deliver(&p.routing_key, p.properties, &p.body);
+        Ok(Published {
+            routed,
+            rejected: false,
+            durable: None,
+            backpressure: None,
+        })
+    }
+
+    fn is_reply(p: &Publish) -> bool {
+        p.exchange.is_empty() && p.routing_key.starts_with(crate::direct_reply::REPLY_PREFIX)
+    }
+
     /// `basic.publish` (and STOMP SEND, MQTT PUBLISH).
     pub fn publish(&self, p: Publish) -> Result<Published, CoreError> {
+        if Self::is_reply(&p) {
+            return self.publish_reply(p);
+        }
         let targets = self.check_and_route(&p)?;
         self.publish_to(
             targets,
@@ -1045,12 +1074,20 @@ impl Vhost {
     pub fn publish_all(&self, batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
         let mut routed = Vec::with_capacity(batch.len());
         for p in batch {
+            if Self::is_reply(&p) {
+                self.check_size(&p)?;
+                routed.push((p, Vec::new()));
+                continue;
+            }
             let targets = self.check_and_route(&p)?;
             routed.push((p, targets));
         }
         routed
             .into_iter()
             .map(|(p, targets)| {
+                if Self::is_reply(&p) {
+                    return self.publish_reply(p);
+                }
                 self.publish_to(
                     targets,
                     &p.exchange,
@@ -1063,7 +1100,7 @@ impl Vhost {
             .collect()
     }
 
-    fn check_and_route(&self, p: &Publish) -> Result<Vec<Arc<Queue>>, CoreError> {
+    fn check_size(&self, p: &Publish) -> Result<(), CoreError> {
         if p.body.len() > self.max_message_size {
             return Err(CoreError::PreconditionFailed(format!(
                 "message size {} is larger than configured max size {}",
@@ -1071,6 +1108,11 @@ impl Vhost {
                 self.max_message_size
             )));
         }
+        Ok(())
+    }
+
+    fn check_and_route(&self, p: &Publish) -> Result<Vec<Arc<Queue>>, CoreError> {
+        self.check_size(p)?;
         self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())
     }
 

@@ -113,7 +113,7 @@ fn drain(o: &Outbox) -> Vec<Delivery> {
     evs.into_iter()
         .filter_map(|e| match e {
             OutEvent::Deliver(d) => Some(d),
-            OutEvent::Cancelled { .. } => None,
+            OutEvent::Cancelled { .. } | OutEvent::Reply(_) => None,
         })
         .collect()
 }
@@ -948,4 +948,150 @@ fn an_earlier_versions_metadata_documents_are_moved_into_the_journal() {
     let q = declare(&v, "new", true, FieldTable::default());
     assert!(b.store().find_queue("/", &q).unwrap() >= 3);
     assert!(b.store().meta().list().unwrap().is_empty());
+}
+
+#[test]
+fn single_active_consumer_fails_over_in_registration_order_with_unacked_first() {
+    let e = env();
+    let v = vh(&e);
+    let mut args = FieldTable::default();
+    args.insert("x-single-active-consumer", FieldValue::Bool(true));
+    let q = declare(&v, "sac", true, args.clone());
+    let (a, b, c) = (Outbox::new(100), Outbox::new(100), Outbox::new(100));
+    let ca = consume(&v, &q, "a", 2, &a);
+    let cb = consume(&v, &q, "b", 0, &b);
+    let _cc = consume(&v, &q, "c", 0, &c);
+    for i in 0..5 {
+        publish(&v, "", &q, &format!("m{i}"), Properties::default());
+    }
+    // only the first registered consumer gets messages (up to its prefetch)
+    let da = drain(&a);
+    assert_eq!(bodies(&da), ["m0", "m1"]);
+    assert!(drain(&b).is_empty() && drain(&c).is_empty());
+    // its channel closes: the adapter cancels it, then requeues what it had unacked;
+    // the next registered consumer (b, not c) takes over, the requeued messages first
+    ca.cancel();
+    let queue = v.queue(&q).unwrap();
+    queue.nack(&da.iter().map(|d| d.offset).collect::<Vec<_>>(), true);
+    let db = drain(&b);
+    assert_eq!(bodies(&db), ["m0", "m1", "m2", "m3", "m4"]);
+    assert!(db[0].redelivered && db[1].redelivered && !db[2].redelivered);
+    assert!(drain(&c).is_empty());
+    // a plain cancel with nothing unacked hands on at once
+    queue.ack(&db.iter().map(|d| d.offset).collect::<Vec<_>>());
+    publish(&v, "", &q, "m5", Properties::default());
+    assert_eq!(bodies(&drain(&b)), ["m5"]);
+    cb.cancel();
+    publish(&v, "", &q, "m6", Properties::default());
+    assert_eq!(bodies(&drain(&c)), ["m6"]);
+    // the argument is part of the queue's identity: a redeclare without it, or with
+    // another value, is refused
+    for other in [FieldTable::default(), {
+        let mut t = FieldTable::default();
+        t.insert("x-single-active-consumer", FieldValue::Bool(false));
+        t
+    }] {
+        let r = v.declare_queue(QueueDeclare {
+            name: "sac".into(),
+            durable: true,
+            arguments: other,
+            conn: 1,
+            ..Default::default()
+        });
+        assert!(
+            matches!(r, Err(CoreError::PreconditionFailed(ref m)) if m.contains("x-single-active-consumer")),
+            "{r:?}"
+        );
+    }
+    // a value that is not a boolean is refused
+    let mut bad = FieldTable::default();
+    bad.insert("x-single-active-consumer", s("yes"));
+    let r = v.declare_queue(QueueDeclare {
+        name: "sac-bad".into(),
+        arguments: bad,
+        conn: 1,
+        ..Default::default()
+    });
+    assert!(matches!(r, Err(CoreError::PreconditionFailed(_))), "{r:?}");
+}
+
+#[test]
+fn single_active_consumer_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let b = open(dir.path(), 64);
+        let mut args = FieldTable::default();
+        args.insert("x-single-active-consumer", FieldValue::Bool(true));
+        declare(&b.vhost("/").unwrap(), "sac", true, args);
+    }
+    let b = open(dir.path(), 64);
+    let v = b.vhost("/").unwrap();
+    assert!(v.queue("sac").unwrap().args().single_active_consumer);
+    let (a, o) = (Outbox::new(100), Outbox::new(100));
+    let _ca = consume(&v, "sac", "a", 0, &a);
+    let _co = consume(&v, "sac", "o", 0, &o);
+    for i in 0..3 {
+        publish(&v, "", "sac", &format!("m{i}"), Properties::default());
+    }
+    assert_eq!(bodies(&drain(&a)), ["m0", "m1", "m2"]);
+    assert!(drain(&o).is_empty());
+}
+
+#[test]
+fn direct_reply_names_route_only_in_their_vhost_and_only_while_consumed() {
+    let e = env();
+    let link = e
+        .broker
+        .login(
+            triad_core::Credentials::Password {
+                user: "guest",
+                password: "guest",
+            },
+            triad_core::Peer {
+                addr: "127.0.0.1".parse().unwrap(),
+                conn: e.broker.next_connection_id(),
+                failed_login_delay: Duration::ZERO,
+            },
+            "/",
+            triad_core::Protocol::Amqp,
+        )
+        .unwrap();
+    let out = Outbox::new(8);
+    let reply = link.consume_direct_reply(Arc::from("r"), &out).unwrap();
+    let name = reply.name().to_string();
+    let reply_to = |v: &Vhost, mandatory| {
+        v.publish(Publish {
+            exchange: String::new(),
+            routing_key: name.clone(),
+            mandatory,
+            body: Bytes::from_static(b"answer"),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    // the same name in another vhost reaches nothing
+    let other = e.broker.add_vhost("other").unwrap();
+    assert!(!reply_to(&other, true).routed);
+    // in its own vhost it reaches the consumer's outbox, stored nowhere
+    let home = vh(&e);
+    let p = reply_to(&home, false);
+    assert!(p.routed && p.durable.is_none());
+    let mut evs = Vec::new();
+    out.drain(&mut evs, 10);
+    assert!(
+        matches!(&evs[..], [OutEvent::Reply(r)] if &*r.tag == "r" && *r.routing_key == *name && &r.body[..] == b"answer")
+    );
+    // a transaction's publish to it too
+    let res = home
+        .publish_all(vec![Publish {
+            routing_key: name.clone(),
+            body: Bytes::from_static(b"tx"),
+            ..Default::default()
+        }])
+        .unwrap();
+    assert!(res[0].routed);
+    // retired with its consumer: unroutable, nothing left registered
+    drop(reply);
+    assert!(!reply_to(&home, true).routed);
+    assert!(home.direct_replies().is_empty());
 }

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use amq_protocol::frame::AMQPContentHeader;
 use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
 use bytes::{Bytes, BytesMut};
+use triad_core::direct_reply::{REPLY_PREFIX, REPLY_TO};
 use triad_core::{
-    ConsumeRequest, ConsumerHandle, CreditGate, Delivery, ExchangeDef, ExchangeKind, FieldValue,
-    Link, Properties, Publish, PublishTo, Queue, QueueDeclare,
+    ConsumeRequest, ConsumerHandle, CreditGate, Delivery, DirectReply, ExchangeDef, ExchangeKind,
+    FieldValue, Link, Properties, Publish, PublishTo, Queue, QueueDeclare, ReplyConsumer,
 };
 
 use crate::codec::{Frame, FRAME_OVERHEAD};
@@ -64,6 +65,8 @@ pub struct Channel {
     gate: Option<Arc<CreditGate>>,
     mode: Mode,
     last_queue: String,
+    /// The channel's direct reply-to consumer (`amq.rabbitmq.reply-to`), at most one.
+    reply: Option<ReplyConsumer>,
 }
 
 impl Channel {
@@ -78,6 +81,7 @@ impl Channel {
             gate: None,
             mode: Mode::Normal,
             last_queue: String::new(),
+            reply: None,
         }
     }
 
@@ -214,6 +218,7 @@ impl Session {
             return;
         };
         ch.content = None;
+        let reply = ch.reply.take();
         let consumers: Vec<_> = ch.consumers.drain().collect();
         let unacked: Vec<_> = std::mem::take(&mut ch.unacked).into_iter().collect();
         let tx_settles: Vec<_> = match std::mem::replace(&mut ch.mode, Mode::Normal) {
@@ -227,6 +232,10 @@ impl Session {
                 .collect(),
             _ => Vec::new(),
         };
+        if let Some(r) = reply {
+            // dropped: its name is retired
+            self.consumer_channels.remove(r.tag());
+        }
         for (tag, handle) in consumers {
             handle.cancel();
             self.consumer_channels.remove(&tag);
@@ -363,6 +372,26 @@ impl Session {
 
     fn queue_method(&mut self, id: u16, m: queue::AMQPMethod) -> Result<(), AmqpError> {
         let (reply, nowait) = match m {
+            // as RabbitMQ: the reply pseudo-queue, and a live channel's reply name, are
+            // there (0 messages, 1 consumer) for a passive or active declare
+            queue::AMQPMethod::Declare(d)
+                if d.queue.as_str() == REPLY_TO
+                    || (d.queue.as_str().starts_with(REPLY_PREFIX)
+                        && self
+                            .open_link()?
+                            .vhost()
+                            .direct_replies()
+                            .contains(d.queue.as_str())) =>
+            {
+                (
+                    queue::AMQPMethod::DeclareOk(queue::DeclareOk {
+                        queue: d.queue.clone(),
+                        message_count: 0,
+                        consumer_count: 1,
+                    }),
+                    d.nowait,
+                )
+            }
             queue::AMQPMethod::Declare(d) => {
                 let name = if d.passive && d.queue.as_str().is_empty() {
                     self.queue_name(id, "")?
@@ -465,6 +494,9 @@ impl Session {
                 if let Some(h) = ch.consumers.remove(&tag) {
                     h.cancel();
                     self.consumer_channels.remove(&tag);
+                } else if ch.reply.as_ref().is_some_and(|r| *r.tag() == tag) {
+                    ch.reply = None;
+                    self.consumer_channels.remove(&tag);
                 }
                 if !c.nowait {
                     self.send(
@@ -475,6 +507,11 @@ impl Session {
                     );
                 }
                 Ok(())
+            }
+            // as RabbitMQ (since 3.0): immediate delivery is not offered, and saying so
+            // closes the connection (540 NOT_IMPLEMENTED - immediate=true)
+            basic::AMQPMethod::Publish(p) if p.immediate => {
+                Err(AmqpError::connection(errors::NOT_IMPLEMENTED, "immediate=true").on(60, 40))
             }
             basic::AMQPMethod::Publish(p) => {
                 // Refused here, the channel closes and the content frames that follow
@@ -564,7 +601,9 @@ impl Session {
 
     fn consume(&mut self, id: u16, c: basic::Consume) -> Result<(), AmqpError> {
         let q = self.queue_name(id, c.queue.as_str())?;
-        self.open_link()?.access().consume(&q)?;
+        if q != REPLY_TO {
+            self.open_link()?.access().consume(&q)?;
+        }
         let tag = if c.consumer_tag.as_str().is_empty() {
             self.ctag_seq += 1;
             format!("amq.ctag-{}-{}", self.conn, self.ctag_seq)
@@ -576,6 +615,9 @@ impl Session {
                 errors::NOT_ALLOWED,
                 format!("attempt to reuse consumer tag '{tag}'"),
             ));
+        }
+        if q == REPLY_TO {
+            return self.consume_replies(id, tag, &c);
         }
         let args = table_from_wire(&c.arguments);
         let priority = args
@@ -620,6 +662,67 @@ impl Session {
         self.consumer_channels.insert(key.clone(), id);
         self.chan(id)?.consumers.insert(key, handle);
         Ok(())
+    }
+
+    /// basic.consume from `amq.rabbitmq.reply-to` (direct reply-to), with RabbitMQ's
+    /// refusals: an acking consumer, a second one on the channel (both 406).
+    fn consume_replies(
+        &mut self,
+        id: u16,
+        tag: String,
+        c: &basic::Consume,
+    ) -> Result<(), AmqpError> {
+        if !c.no_ack {
+            return Err(chan_err(
+                errors::PRECONDITION_FAILED,
+                "reply consumer cannot acknowledge",
+            ));
+        }
+        if self.chan(id)?.reply.is_some() {
+            return Err(chan_err(
+                errors::PRECONDITION_FAILED,
+                "reply consumer already set",
+            ));
+        }
+        let tag: Arc<str> = Arc::from(tag);
+        let reply = self
+            .open_link()?
+            .consume_direct_reply(tag.clone(), &self.outbox.clone())?;
+        self.chan(id)?.reply = Some(reply);
+        self.consumer_channels.insert(tag.clone(), id);
+        if !c.nowait {
+            self.send(
+                id,
+                AMQPClass::Basic(basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
+                    consumer_tag: short(&tag),
+                })),
+            );
+        }
+        Ok(())
+    }
+
+    /// A direct reply-to reply for this connection's reply consumer; dropped when that
+    /// consumer has gone meanwhile (as RabbitMQ, replies are at most once).
+    pub(crate) fn deliver_reply(&mut self, r: DirectReply) {
+        let Some(id) = self.consumer_channels.get(&r.tag).copied() else {
+            return;
+        };
+        let Some(ch) = self.channels.get_mut(&id).map(|c| &mut **c) else {
+            return;
+        };
+        if !ch.is_open() || ch.reply.as_ref().is_none_or(|c| *c.tag() != r.tag) {
+            return;
+        }
+        let tag = ch.next_tag;
+        ch.next_tag += 1;
+        let m = basic::AMQPMethod::Deliver(basic::Deliver {
+            consumer_tag: short(&r.tag),
+            delivery_tag: tag,
+            redelivered: false,
+            exchange: short(""),
+            routing_key: short(&r.routing_key),
+        });
+        self.send_content(id, m, &r.properties, &r.body);
     }
 
     fn settle_tags(
@@ -903,7 +1006,17 @@ impl Session {
         let Some(c) = ch.content.take() else {
             return Ok(());
         };
-        let properties = c.properties.unwrap_or_default();
+        let mut properties = c.properties.unwrap_or_default();
+        if properties.reply_to.as_deref() == Some(REPLY_TO) {
+            // direct reply-to: the channel's own reply name, if it consumes replies
+            let Some(r) = &ch.reply else {
+                return Err(chan_err(
+                    errors::PRECONDITION_FAILED,
+                    "fast reply consumer does not exist",
+                ));
+            };
+            properties.reply_to = Some(r.name().to_string());
+        }
         if let Some(uid) = &properties.user_id {
             let user = link.user();
             if uid != user {

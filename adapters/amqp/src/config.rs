@@ -15,7 +15,9 @@ pub struct AmqpConfig {
     pub max_message_size: u64,
     /// Deadline for the whole handshake (protocol header to connection.open-ok).
     pub handshake_timeout: Duration,
-    /// How long to wait for connection.close-ok after sending connection.close.
+    /// How long to wait for connection.close-ok after sending connection.close, and,
+    /// after sending close-ok, for the peer to close its socket (what it still sends
+    /// meanwhile is read and dropped). Default 3 s.
     pub close_timeout: Duration,
     /// Deliveries buffered per connection before queues stop handing it more.
     pub outbox_capacity: usize,

@@ -5,7 +5,9 @@
 //! heartbeats, close-ok wait). Every branch is cancel-safe. Output is encoded as a
 //! batch and written out before anything more is read, so a peer that does not read
 //! stops being read from; one that takes no bytes for twice the heartbeat is closed,
-//! as one that sends none is (also while a resource alarm holds it).
+//! as one that sends none is (also while a resource alarm holds it). After
+//! connection.close-ok the socket is read and dropped until the peer closes it
+//! (at most `close_timeout`), so a client with frames still in flight sees a clean close.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 use triad_core::Broker;
@@ -105,10 +107,41 @@ where
 
     let mut session = Session::new(ctx.broker.clone(), cfg.clone(), peer.ip());
     let result = connection_loop(stream, &mut rbuf, &mut session, ctx, handshake_deadline).await;
+    let drain = result.is_ok() && session.sent_close_ok();
     session.teardown();
+    drop(rbuf);
+    if drain {
+        drain_until_closed(stream, cfg.close_timeout, &ctx.shutdown).await;
+    }
     // bounded: a TLS close_notify cannot be written to a peer that does not read
     let _ = tokio::time::timeout(LAST_WORDS, stream.shutdown()).await;
     result
+}
+
+/// After connection.close-ok: reads and drops whatever the peer still sends until it
+/// closes its side, for at most `limit` (`close_timeout`, 3 s by default) or until the
+/// broker shuts down. A client may have written frames after its connection.close
+/// (amqplib queues its publishes behind it); closing the socket with them unread would
+/// reset the connection, and the client would see `EPIPE`/`ECONNRESET` instead of the
+/// close it asked for. RabbitMQ does the same (its reader drops frames in the `closed`
+/// state until the socket closes, for at most 30 s). The connection's core resources
+/// are already released; this holds an 8 KiB buffer on the task's stack and nothing else.
+async fn drain_until_closed<S>(stream: &mut S, limit: Duration, shutdown: &CancellationToken)
+where
+    S: AsyncRead + Unpin,
+{
+    let deadline = Instant::now() + limit;
+    let mut scratch = [0u8; WBUF];
+    loop {
+        tokio::select! {
+            r = stream.read(&mut scratch) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            },
+            _ = sleep_until(deadline) => return,
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 /// Writes `buf`. Once shutdown is requested the write gets [`LAST_WORDS`] more to

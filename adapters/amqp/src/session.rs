@@ -90,6 +90,9 @@ pub struct Session {
     blocked_capable: bool,
     published: bool,
     torn_down: bool,
+    /// connection.close-ok was sent (the peer closed): the driver reads and discards
+    /// until the peer closes its socket, as RabbitMQ does.
+    sent_close_ok: bool,
 }
 
 impl std::fmt::Debug for Session {
@@ -118,7 +121,7 @@ fn server_properties() -> WireTable {
         ("authentication_failure_close", true),
         ("per_consumer_qos", true),
         ("consumer_priorities", true),
-        ("direct_reply_to", false),
+        ("direct_reply_to", true),
     ] {
         caps.insert(cap.into(), AMQPValue::Boolean(on));
     }
@@ -183,6 +186,7 @@ impl Session {
             blocked_capable: false,
             published: false,
             torn_down: false,
+            sent_close_ok: false,
         }
     }
 
@@ -314,6 +318,14 @@ impl Session {
         self.send(0, AMQPClass::Connection(m));
     }
 
+    /// Whether connection.close-ok was sent to the peer: it closed the connection, and
+    /// frames it sent before it saw close-ok (amqplib writes connection.close ahead of
+    /// the publishes it still has buffered) are to be read and dropped until it closes
+    /// the socket, so that it sees a clean close and not a reset.
+    pub fn sent_close_ok(&self) -> bool {
+        self.sent_close_ok
+    }
+
     /// Whether this connection has published (alarms block reading from publishers).
     pub fn has_published(&self) -> bool {
         self.published
@@ -397,6 +409,7 @@ impl Session {
                                 connection::CloseOk {},
                             )),
                         );
+                        self.sent_close_ok = true;
                         self.state = State::Closed;
                     }
                     _ => {}
@@ -469,6 +482,7 @@ impl Session {
                     0,
                     AMQPClass::Connection(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
                 );
+                self.sent_close_ok = true;
                 self.state = State::Closed;
                 Ok(())
             }
@@ -612,6 +626,7 @@ impl Session {
         for ev in events {
             match ev {
                 OutEvent::Deliver(d) => self.deliver(d),
+                OutEvent::Reply(r) => self.deliver_reply(r),
                 OutEvent::Cancelled { tag } => self.server_cancel(&tag),
             }
         }

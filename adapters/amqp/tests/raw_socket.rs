@@ -79,6 +79,16 @@ async fn oversized_frame_before_tune_is_a_frame_error() {
 }
 
 async fn login(s: &Server, user: &str, pass: &str, vhost: &str) -> Option<u16> {
+    login_stream(s, user, pass, vhost).await.2
+}
+
+/// Logs in; the socket, its read buffer and the close code if the login was refused.
+async fn login_stream(
+    s: &Server,
+    user: &str,
+    pass: &str,
+    vhost: &str,
+) -> (TcpStream, BytesMut, Option<u16>) {
     let mut c = TcpStream::connect(s.addr).await.unwrap();
     c.write_all(PROTOCOL_HEADER).await.unwrap();
     let mut buf = BytesMut::new();
@@ -95,7 +105,7 @@ async fn login(s: &Server, user: &str, pass: &str, vhost: &str) -> Option<u16> {
     .await;
     let f = read_frame(&mut c, &mut buf).await.unwrap();
     if let Some(code) = close_code(&f) {
-        return Some(code);
+        return (c, buf, Some(code));
     }
     send(
         &mut c,
@@ -114,7 +124,76 @@ async fn login(s: &Server, user: &str, pass: &str, vhost: &str) -> Option<u16> {
     )
     .await;
     let f = read_frame(&mut c, &mut buf).await.unwrap();
-    close_code(&f)
+    let code = close_code(&f);
+    (c, buf, code)
+}
+
+fn is_close_ok(f: &Frame) -> bool {
+    matches!(f, Frame::Method(0, c) if matches!(c.as_ref(), AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))))
+}
+
+/// What amqplib does: connection.close written ahead of frames it still had buffered.
+/// The broker answers close-ok and reads and drops what follows until the client closes,
+/// so the client gets a clean end of stream, not a reset (EPIPE / ECONNRESET).
+#[tokio::test]
+async fn frames_after_connection_close_are_drained_until_the_peer_closes() {
+    let s = Server::start().await;
+    let (mut c, mut buf, refused) = login_stream(&s, "guest", "guest", "/").await;
+    assert_eq!(refused, None);
+    send(
+        &mut c,
+        conn_method(connection::AMQPMethod::Close(connection::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        })),
+    )
+    .await;
+    let f = read_frame(&mut c, &mut buf).await.unwrap();
+    assert!(is_close_ok(&f), "{f:?}");
+    // 8 MiB more: far beyond what the socket buffers hold, so every write below only
+    // completes if the broker keeps reading (and a closed socket would reset us).
+    let chunk = vec![0xCEu8; 64 << 10];
+    for _ in 0..128 {
+        tokio::time::timeout(T, c.write_all(&chunk))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    c.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(T, c.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n, 0, "nothing after close-ok: {rest:?}");
+}
+
+/// The drain is bounded: a client that neither sends nor closes after close-ok has its
+/// socket closed after `close_timeout`.
+#[tokio::test]
+async fn drain_after_close_ok_ends_at_close_timeout() {
+    let cfg = triad_amqp::AmqpConfig {
+        close_timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let s = Server::with_config(cfg).await;
+    let (mut c, mut buf, refused) = login_stream(&s, "guest", "guest", "/").await;
+    assert_eq!(refused, None);
+    send(
+        &mut c,
+        conn_method(connection::AMQPMethod::Close(connection::Close {
+            reply_code: 200,
+            reply_text: "bye".into(),
+            class_id: 0,
+            method_id: 0,
+        })),
+    )
+    .await;
+    assert!(is_close_ok(&read_frame(&mut c, &mut buf).await.unwrap()));
+    // end of stream from the broker while we keep our side open
+    assert!(read_frame(&mut c, &mut buf).await.is_none());
 }
 
 #[tokio::test]

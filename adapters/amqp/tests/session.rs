@@ -188,3 +188,40 @@ fn oversized_message_is_a_406_channel_error() {
     assert!(s.take_frames().is_empty());
     assert!(s.is_open());
 }
+
+#[test]
+fn publish_with_immediate_is_540_not_implemented() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open_session(broker(dir.path()));
+    s.handle(m(
+        1,
+        AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+    ));
+    s.take_frames();
+    s.handle(m(
+        1,
+        AMQPClass::Basic(basic::AMQPMethod::Publish(basic::Publish {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            mandatory: false,
+            immediate: true,
+        })),
+    ));
+    let frames = s.take_frames();
+    let close = frames.iter().find_map(|f| match f {
+        Frame::Method(0, c) => match c.as_ref() {
+            AMQPClass::Connection(connection::AMQPMethod::Close(c)) => Some(c.clone()),
+            _ => None,
+        },
+        _ => None,
+    });
+    let close = close.expect("connection.close");
+    // RabbitMQ's exact reply: code, text and the offending method (basic.publish)
+    assert_eq!(close.reply_code, 540);
+    assert_eq!(
+        close.reply_text.as_str(),
+        "NOT_IMPLEMENTED - immediate=true"
+    );
+    assert_eq!((close.class_id, close.method_id), (60, 40));
+    assert_eq!(s.state(), State::Closing);
+}

@@ -1131,6 +1131,8 @@ impl Conn {
         for ev in evs.drain(..) {
             let d = match ev {
                 OutEvent::Deliver(d) => d,
+                // direct reply-to consumers are AMQP's only
+                OutEvent::Reply(_) => continue,
                 OutEvent::Cancelled { .. } => {
                     result = Err(MqttError::Protocol("subscription queue deleted"));
                     continue;

@@ -1081,6 +1081,8 @@ impl Session {
     pub fn deliver(&mut self, ev: OutEvent, out: &mut Vec<Action>) {
         match ev {
             OutEvent::Deliver(d) => self.deliver_one(d, out),
+            // direct reply-to consumers are AMQP's only
+            OutEvent::Reply(_) => {}
             OutEvent::Cancelled { tag } => {
                 if self.subs.remove(&*tag).is_some() && self.phase == Phase::Connected {
                     self.fail(

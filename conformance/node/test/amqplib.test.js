@@ -165,3 +165,52 @@ test('republished x-death is not taken for a dead-letter cycle', async () => {
   }
   await ch.close();
 });
+
+test('a burst of sendToQueue then connection.close() closes cleanly', async () => {
+  // amqplib writes connection.close ahead of the publishes still in its buffers; the
+  // broker answers close-ok and drops what follows until the client closes (RabbitMQ
+  // does). Closing the socket at once made amqplib fail with EPIPE / ECONNRESET.
+  const body = Buffer.alloc(1000, 'x');
+  for (let round = 0; round < 3; round++) {
+    const c = await amqp.connect(URL, { timeout: 5000 });
+    const errors = [];
+    c.on('error', (e) => errors.push(e));
+    const ch = await c.createChannel();
+    ch.on('error', (e) => errors.push(e));
+    const q = uid('burst');
+    await ch.assertQueue(q, { autoDelete: false });
+    for (let i = 0; i < 5000; i++) ch.sendToQueue(q, body);
+    const closed = new Promise((resolve) => c.once('close', resolve));
+    await within(10000, `close() of round ${round}`, c.close());
+    const why = await within(10000, `close event of round ${round}`, closed);
+    assert.equal(why, undefined, `close event carries an error: ${why}`);
+    assert.deepEqual(errors.map(String), []);
+    const ch2 = await conn.createChannel();
+    await ch2.deleteQueue(q);
+    await ch2.close();
+  }
+});
+
+test('direct reply-to: an RPC round trip through amq.rabbitmq.reply-to', async () => {
+  const client = await conn.createChannel();
+  const server = await conn.createChannel();
+  const svc = uid('rpc');
+  await server.assertQueue(svc, { exclusive: true });
+  await server.consume(svc, (msg) => {
+    server.sendToQueue(msg.properties.replyTo, Buffer.from(`${Number(msg.content) * 2}`), {
+      correlationId: msg.properties.correlationId,
+    });
+  }, { noAck: true });
+  let gotReply;
+  const reply = new Promise((resolve) => { gotReply = resolve; });
+  await client.consume('amq.rabbitmq.reply-to', (msg) => gotReply(msg), { noAck: true });
+  client.sendToQueue(svc, Buffer.from('21'), {
+    replyTo: 'amq.rabbitmq.reply-to', correlationId: 'c-1',
+  });
+  const m = await within(5000, 'reply', reply);
+  assert.equal(m.content.toString(), '42');
+  assert.equal(m.properties.correlationId, 'c-1');
+  assert.match(m.fields.routingKey, /^amq\.rabbitmq\.reply-to\./);
+  await client.close();
+  await server.close();
+});
