@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{body, start, Client};
+use common::{body, start, start_sized, Client};
 use triad_core::{CoreError, FieldTable, FieldValue, QueueDeclare};
 use triad_stomp::{Command, Frame};
 
@@ -323,4 +323,56 @@ async fn queue_argument_headers_are_checked_never_ignored() {
     .await;
     let e = c.expect_error().await;
     assert_eq!(e.header("message"), Some("invalid x-expires header"));
+}
+
+/// A 16 MiB SEND to a topic with two subscribers reaches both, whole (it works on
+/// RabbitMQ; the 4 MiB frame limit refused it before).
+#[tokio::test]
+async fn a_16_mib_send_to_a_topic_with_two_subscribers() {
+    let s = start_sized(64 << 20, |_| {}).await;
+    let (mut a, mut b) = (Client::connect(s.addr).await, Client::connect(s.addr).await);
+    a.subscribe("a", "/topic/big", &[]).await;
+    b.subscribe("b", "/topic/big", &[]).await;
+    let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+    let mut p = Client::connect(s.addr).await;
+    p.send(
+        Frame::new(Command::Send)
+            .with("destination", "/topic/big")
+            .with("receipt", "r")
+            .with_body(data.clone()),
+    )
+    .await;
+    assert_eq!(
+        p.expect(Command::Receipt).await.header("receipt-id"),
+        Some("r")
+    );
+    for c in [&mut a, &mut b] {
+        let m = c.expect(Command::Message).await;
+        assert_eq!(m.body.len(), data.len());
+        assert!(m.body == data[..], "the body arrives intact");
+    }
+}
+
+/// Over the frame limit (the broker's `limits.max_message_size` plus head room): an
+/// ERROR naming the limit and close, decided from `content-length` before the body
+/// is read.
+#[tokio::test]
+async fn a_frame_over_the_limit_is_refused_before_its_body() {
+    let s = start_sized(64 << 20, |ctx| ctx.limits.max_frame = 1 << 20).await;
+    let mut c = Client::connect(s.addr).await;
+    c.send_raw(b"SEND\ndestination:/queue/big\ncontent-length:1048577\n\n")
+        .await;
+    let e = c.expect_error().await;
+    assert!(body(&e).contains("more than 1048576 bytes"), "{e:?}");
+    // just under it passes
+    let mut c = Client::connect(s.addr).await;
+    let data = vec![b'x'; (1 << 20) - 100];
+    c.send(
+        Frame::new(Command::Send)
+            .with("destination", "/queue/big")
+            .with("receipt", "r")
+            .with_body(data),
+    )
+    .await;
+    c.expect(Command::Receipt).await;
 }
