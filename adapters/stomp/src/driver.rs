@@ -370,6 +370,12 @@ where
                         }
                     }
                 }
+                if rbuf.is_empty() {
+                    // An empty buffer split from a frame that filled its allocation
+                    // still holds that allocation (a whole 64 MiB SEND, until the next
+                    // frame): let it go with the frame.
+                    rbuf = BytesMut::new();
+                }
             }
             r = alarms.changed() => {
                 if r.is_ok() {
