@@ -906,3 +906,43 @@ def test_message_over_max_message_size_is_error(configured_broker, uid):
             d.close()
     finally:
         c.close()
+
+
+def test_max_message_size_applies_to_every_protocol(configured_broker, uid):
+    """One key, limits.max_message_size, for AMQP bodies, STOMP frames and MQTT packets,
+    each refused with its protocol's own error (RabbitMQ's for AMQP: channel 406)."""
+    import pika.exceptions
+
+    from helpers import Mqtt
+
+    limit = 1 << 20
+    broker = configured_broker('[store]\nsegment_size = "4 MiB"\n'
+                               '[limits]\nmax_message_size = "1 MiB"\n')
+    q = f"mms-{uid}"
+    conn = pika_connect(broker)
+    try:
+        ch = conn.channel()
+        ch.queue_declare(q)
+        ch.basic_publish("", q, b"a" * limit)  # exactly the limit
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch.basic_publish("", q, b"a" * (limit + 1))
+            ch.queue_declare(q, passive=True)  # a round trip: the close comes first
+        assert e.value.reply_code == 406
+        assert f"larger than configured max size {limit}" in e.value.reply_text
+        assert conn.channel().queue_declare(q, passive=True).method.message_count == 1
+    finally:
+        conn.close()
+    # MQTT: a payload within the limit arrives; a packet past it closes the connection
+    sub = Mqtt(broker)
+    pub = Mqtt(broker)
+    try:
+        sub.subscribe(f"mms/{uid}", qos=1)
+        pub.publish(f"mms/{uid}", b"m" * limit, qos=1)
+        m = sub.message(10)
+        assert m is not None and len(m.payload) == limit
+        pub.c.publish(f"mms/{uid}", b"m" * (limit + (64 << 10) + 1), qos=1)
+        rc = pub.disconnects.get(timeout=10)
+        assert rc is not None, "an MQTT packet over the limit must close the connection"
+    finally:
+        sub.close()
+        pub.close()
