@@ -112,7 +112,7 @@ pub fn stomp<S: Stream>(
     sctx.anonymous_user = anonymous_user(&ctx, peer);
     sctx.handshake_timeout = ctx.config.limits.handshake_timeout.get();
     sctx.limits.max_frame =
-        usize::try_from(ctx.config.limits.stomp_frame_max.bytes()).unwrap_or(usize::MAX);
+        usize::try_from(ctx.config.limits.stomp_frame_max()).unwrap_or(usize::MAX);
     sctx.failed_login_delay = ctx.config.auth.failed_login_delay.get();
     sctx.ssl_cert_login = ctx.config.auth.ssl_cert_login;
     sctx.peer_cert_cn = ctx.peer_cert_cn.clone();
@@ -141,7 +141,7 @@ pub fn mqtt<S: Stream>(
         anonymous_user: anonymous_user(&ctx, peer),
         limits: triad_mqtt::MqttLimits {
             connect_timeout: ctx.config.limits.handshake_timeout.get(),
-            max_packet_size: usize::try_from(ctx.config.limits.mqtt_packet_max.bytes())
+            max_packet_size: usize::try_from(ctx.config.limits.mqtt_packet_max())
                 .unwrap_or(usize::MAX),
             max_subscriptions: usize::try_from(ctx.config.mqtt.max_subscriptions)
                 .unwrap_or(usize::MAX),

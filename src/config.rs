@@ -457,11 +457,17 @@ pub struct Limits {
     /// Largest AMQP frame accepted after connection.tune (the `frame_max` offered).
     pub frame_max: ByteSize,
     /// Largest STOMP frame (command, headers, body) after CONNECTED (RabbitMQ's
-    /// `stomp.max_frame_size`); before it, 64 KiB.
-    pub stomp_frame_max: ByteSize,
+    /// `stomp.max_frame_size`); before it, 64 KiB. Unset: `max_message_size` plus
+    /// [`STOMP_HEAD_ROOM`] for the headers ([`Limits::stomp_frame_max`]).
+    pub stomp_frame_max: Option<ByteSize>,
     /// Largest MQTT packet (remaining length) after CONNACK (RabbitMQ's
-    /// `mqtt.max_packet_size_authenticated`); before it, 64 KiB.
-    pub mqtt_packet_max: ByteSize,
+    /// `mqtt.max_packet_size_authenticated`); before it, 64 KiB. Unset:
+    /// `max_message_size` plus [`MQTT_HEAD_ROOM`], below MQTT's own 256 MiB
+    /// ([`Limits::mqtt_packet_max`]).
+    pub mqtt_packet_max: Option<ByteSize>,
+    /// Largest message body, in every protocol: AMQP bodies, STOMP SEND bodies and
+    /// MQTT payloads (RabbitMQ's `max_message_size`, its default of 128 MiB). The
+    /// STOMP frame and MQTT packet limits follow it unless set.
     pub max_message_size: ByteSize,
     /// Deadline for a connection to complete its protocol handshake and login.
     pub handshake_timeout: HumanDuration,
@@ -498,9 +504,9 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             frame_max: ByteSize::kib(128),
-            stomp_frame_max: ByteSize::mib(4),
-            mqtt_packet_max: ByteSize::mib(16),
-            max_message_size: ByteSize::mib(16),
+            stomp_frame_max: None,
+            mqtt_packet_max: None,
+            max_message_size: ByteSize::mib(128),
             handshake_timeout: HumanDuration::secs(10),
             heartbeat: HumanDuration::secs(60),
             channel_max: 2047,
@@ -510,6 +516,45 @@ impl Default for Limits {
             memory_high_watermark: Ratio(0.4),
             disk_free_limit: ByteSize::mib(50),
         }
+    }
+}
+
+/// Room for a STOMP frame's command and headers above `limits.max_message_size`.
+pub const STOMP_HEAD_ROOM: u64 = 1 << 20;
+/// Room for an MQTT PUBLISH's topic and packet id above `limits.max_message_size`
+/// (a topic is at most 255 bytes here).
+pub const MQTT_HEAD_ROOM: u64 = 64 << 10;
+/// MQTT 3.1.1's largest remaining length: 2^28 - 1.
+const MQTT_REMAINING_MAX: u64 = (1 << 28) - 1;
+/// RabbitMQ's ceiling for `max_message_size`.
+const MESSAGE_SIZE_MAX: u64 = 512 << 20;
+
+impl Limits {
+    /// The STOMP frame limit in force: `stomp_frame_max` when set, else
+    /// `max_message_size` plus [`STOMP_HEAD_ROOM`].
+    pub fn stomp_frame_max(&self) -> u64 {
+        self.stomp_frame_max.map_or_else(
+            || {
+                self.max_message_size
+                    .bytes()
+                    .saturating_add(STOMP_HEAD_ROOM)
+            },
+            |b| b.bytes(),
+        )
+    }
+
+    /// The MQTT packet limit in force: `mqtt_packet_max` when set, else
+    /// `max_message_size` plus [`MQTT_HEAD_ROOM`], at most MQTT's 2^28 - 1.
+    pub fn mqtt_packet_max(&self) -> u64 {
+        self.mqtt_packet_max.map_or_else(
+            || {
+                self.max_message_size
+                    .bytes()
+                    .saturating_add(MQTT_HEAD_ROOM)
+                    .min(MQTT_REMAINING_MAX)
+            },
+            |b| b.bytes(),
+        )
     }
 }
 
@@ -652,25 +697,32 @@ impl Config {
             ));
         }
         // Never below the pre-login limits; MQTT's remaining length is at most 2^28 - 1.
-        if m.stomp_frame_max.bytes() < 64 << 10 || m.stomp_frame_max.bytes() > 1 << 30 {
-            return Err(invalid(
-                "limits.stomp_frame_max",
-                m.stomp_frame_max,
-                "must be between 64 KiB and 1 GiB",
-            ));
+        if let Some(f) = m.stomp_frame_max {
+            if f.bytes() < 64 << 10 || f.bytes() > 1 << 30 {
+                return Err(invalid(
+                    "limits.stomp_frame_max",
+                    f,
+                    "must be between 64 KiB and 1 GiB",
+                ));
+            }
         }
-        if m.mqtt_packet_max.bytes() < 64 << 10 || m.mqtt_packet_max.bytes() >= 1 << 28 {
-            return Err(invalid(
-                "limits.mqtt_packet_max",
-                m.mqtt_packet_max,
-                "must be at least 64 KiB and below 256 MiB (MQTT's largest remaining length)",
-            ));
+        if let Some(p) = m.mqtt_packet_max {
+            if p.bytes() < 64 << 10 || p.bytes() > MQTT_REMAINING_MAX {
+                return Err(invalid(
+                    "limits.mqtt_packet_max",
+                    p,
+                    "must be at least 64 KiB and below 256 MiB (MQTT's largest remaining length)",
+                ));
+            }
         }
-        if m.max_message_size.bytes() == 0 {
+        if m.max_message_size.bytes() == 0 || m.max_message_size.bytes() > MESSAGE_SIZE_MAX {
             return Err(invalid(
                 "limits.max_message_size",
                 m.max_message_size,
-                "must be above zero",
+                format!(
+                    "must be above zero and at most {} (RabbitMQ's ceiling)",
+                    ByteSize(MESSAGE_SIZE_MAX)
+                ),
             ));
         }
         if m.handshake_timeout.get().is_zero() {
@@ -1055,6 +1107,28 @@ mod tests {
         Config::from_toml(text, Path::new("test.toml"))
     }
 
+    /// One key, `limits.max_message_size`, sizes all three protocols unless the STOMP
+    /// frame or MQTT packet limit is set on its own; MQTT stays below its 256 MiB.
+    #[test]
+    fn max_message_size_sizes_every_protocol() {
+        let l = Config::default().limits;
+        assert_eq!(l.max_message_size.bytes(), 128 << 20);
+        assert_eq!(l.stomp_frame_max(), (128 << 20) + STOMP_HEAD_ROOM);
+        assert_eq!(l.mqtt_packet_max(), (128 << 20) + MQTT_HEAD_ROOM);
+        let l = parse("[limits]\nmax_message_size = \"512 MiB\"\n")
+            .unwrap()
+            .limits;
+        assert_eq!(l.stomp_frame_max(), (512 << 20) + STOMP_HEAD_ROOM);
+        assert_eq!(l.mqtt_packet_max(), (1 << 28) - 1);
+        let l = parse(
+            "[limits]\nmax_message_size = \"1 MiB\"\nstomp_frame_max = \"4 MiB\"\nmqtt_packet_max = \"128 KiB\"\n",
+        )
+        .unwrap()
+        .limits;
+        assert_eq!(l.stomp_frame_max(), 4 << 20);
+        assert_eq!(l.mqtt_packet_max(), 128 << 10);
+    }
+
     #[test]
     fn example_file_is_the_defaults() {
         let text = include_str!("../triad.example.toml");
@@ -1402,6 +1476,10 @@ mod tests {
         check(
             "[limits]\nmqtt_packet_max = \"256 MiB\"\n",
             "limits.mqtt_packet_max",
+        );
+        check(
+            "[limits]\nmax_message_size = \"513 MiB\"\n",
+            "limits.max_message_size",
         );
         check("[limits]\nheartbeat = \"1500ms\"\n", "limits.heartbeat");
         check("[auth]\ndefault_vhost = \"\"\n", "auth.default_vhost");

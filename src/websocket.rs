@@ -27,8 +27,9 @@ use triad_core::conns::NewConn;
 
 use crate::listener::{ConnContext, ConnResult, Stream};
 
-/// Largest WebSocket message accepted (the adapters bound their own frames below it).
-const MAX_MESSAGE: usize = 16 << 20;
+/// Bytes a WebSocket message may hold beyond the protocol's own frame or packet limit
+/// (an MQTT packet's fixed header).
+const MESSAGE_SLACK: u64 = 16;
 /// Bytes buffered between the WebSocket and the adapter in each direction.
 const PIPE: usize = 64 << 10;
 
@@ -219,9 +220,18 @@ pub async fn serve<S: Stream>(
     ctx: ConnContext,
     held: Held,
 ) -> ConnResult {
+    // the largest message the protocol takes (`limits.max_message_size`, see the
+    // STOMP frame and MQTT packet limits); the adapter bounds its frames within it
+    let limits = &ctx.config.limits;
+    let max = match u.target {
+        Target::Stomp => limits.stomp_frame_max(),
+        Target::Mqtt => limits.mqtt_packet_max(),
+    }
+    .saturating_add(MESSAGE_SLACK);
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
     let mut config = WebSocketConfig::default();
-    config.max_message_size = Some(MAX_MESSAGE);
-    config.max_frame_size = Some(MAX_MESSAGE);
+    config.max_message_size = Some(max);
+    config.max_frame_size = Some(max);
     let ws = WebSocketStream::from_raw_socket(stream, Role::Server, Some(config)).await;
     let (adapter_side, pump_side) = tokio::io::duplex(PIPE);
     let text = u.target == Target::Stomp;

@@ -663,3 +663,286 @@ def test_non_boolean_durable_header_is_refused(broker, stomp_clients, uid):
     assert err is not None
     assert err.headers["message"] == "invalid durable header"
     assert "'yes'" in err.body
+
+
+# --- issue 16, items 3-7 ----------------------------------------------------------------
+
+
+def _raw_stomp(broker, timeout=5):
+    """A plain socket to the STOMP port, for frames stomp.py cannot send (STOMP 1.0)."""
+    import socket
+
+    host, port = broker.host_port("stomp")
+    s = socket.create_connection((host, int(port)), timeout=timeout)
+    return s
+
+
+def _read_frame(sock, timeout=5):
+    """Reads one frame (up to its NUL) from a raw socket; skips heart-beat EOLs."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\0" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no frame within {timeout}s; got {buf!r}")
+        sock.settimeout(left)
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"connection closed; got {buf!r}")
+        buf += chunk
+    head = buf.split(b"\0", 1)[0].lstrip(b"\r\n").split(b"\n\n", 1)[0].decode()
+    lines = head.split("\n")
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers.setdefault(k, v)
+    return lines[0], headers
+
+
+def test_connected_carries_heart_beat_also_for_stomp_1_0(broker):
+    # STOMP 1.0 CONNECT (no accept-version): RabbitMQ answers heart-beat:0,0
+    s = _raw_stomp(broker)
+    try:
+        vhost = "/" if getattr(broker, "external", False) else "localhost"
+        s.sendall(f"CONNECT\nlogin:guest\npasscode:guest\nhost:{vhost}\n\n\0".encode())
+        cmd, h = _read_frame(s)
+        assert cmd == "CONNECTED"
+        assert h.get("version") == "1.0"
+        assert h.get("heart-beat") == "0,0"
+    finally:
+        s.close()
+
+
+def test_connected_carries_heart_beat_when_none_is_agreed(broker):
+    c = Stomp(broker, connect=False)
+    try:
+        # stomp.py sends heart-beat:0,0 by default
+        frame = c.connect()
+        assert frame.headers.get("heart-beat") == "0,0"
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("command", ["ACK", "NACK"])
+def test_stomp_1_2_ack_with_message_id_but_no_id_is_error(stomp_clients, uid, command):
+    c = stomp_clients()
+    dest = f"/queue/q-{uid}"
+    c.subscribe(dest, "s", ack="client-individual")
+    c.send(dest, "m")
+    m = c.message()
+    assert m is not None
+    c.conn.send_frame(command, {"message-id": m.headers["message-id"], "subscription": "s"})
+    err = c.error()
+    assert err is not None, f"a 1.2 {command} without 'id' must get an ERROR, not silence"
+    assert err.headers["message"] == "Missing header"
+    assert f'"{command}" must include the "id" header' in err.body
+
+
+def test_receipts_for_sends_in_a_transaction_come_at_commit(stomp_clients, uid):
+    dest = f"/queue/q-{uid}"
+    c = stomp_clients()
+    tx = c.conn.begin()
+    sent = []
+    for i in range(3):
+        rid = c.receipt()
+        sent.append(rid)
+        c.conn.send(dest, f"m{i}", transaction=tx, headers={"receipt": rid},
+                    persistent="true")
+    # a receipt now would claim a message is stored that is only buffered
+    with pytest.raises(AssertionError):
+        c.wait_receipt(sent[0], timeout=0.5)
+    assert c.listener.receipts.empty()
+    crid = c.receipt()
+    c.conn.commit(tx, headers={"receipt": crid})
+    got = []
+    deadline = time.monotonic() + 5
+    while len(got) < 4 and time.monotonic() < deadline:
+        try:
+            got.append(c.listener.receipts.get(timeout=0.2).headers["receipt-id"])
+        except Exception:
+            pass
+    assert sorted(got) == sorted(sent + [crid])
+    # the three SENDs are stored once their receipts are out
+    d = stomp_clients()
+    d.subscribe(dest, "s")
+    assert [m.body for m in d.messages(3, timeout=2)] == ["m0", "m1", "m2"]
+
+
+def test_receipts_for_sends_in_an_aborted_transaction_never_come(stomp_clients, uid):
+    dest = f"/queue/q-{uid}"
+    c = stomp_clients()
+    tx = c.conn.begin()
+    srid = c.receipt()
+    c.conn.send(dest, "gone", transaction=tx, headers={"receipt": srid})
+    arid = c.receipt()
+    c.conn.abort(tx, headers={"receipt": arid})
+    c.wait_receipt(arid)
+    c.send(dest, "sync")  # a later receipt: anything owed would have come before it
+    seen = []
+    while not c.listener.receipts.empty():
+        seen.append(c.listener.receipts.get().headers["receipt-id"])
+    assert srid not in seen
+
+
+def test_queue_arguments_on_send_declare_the_queue_like_amqp(broker, stomp_clients, uid):
+    q = f"qa-{uid}"
+    c = stomp_clients()
+    c.send(f"/queue/{q}", "m", **{"x-max-length": "5", "x-message-ttl": "60000",
+                                  "x-dead-letter-exchange": "dlx-" + uid,
+                                  "x-queue-type": "classic"})
+    conn = pika_connect(broker)
+    try:
+        ch = conn.channel()
+        # the same arguments: declare-ok (pika sends ints as signed 32-bit)
+        ok = ch.queue_declare(q, durable=True, arguments={
+            "x-max-length": 5, "x-message-ttl": 60000,
+            "x-dead-letter-exchange": "dlx-" + uid, "x-queue-type": "classic"})
+        assert ok.method.message_count == 1
+        # a different one: 406 PRECONDITION_FAILED, as RabbitMQ
+        import pika.exceptions
+
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            conn.channel().queue_declare(q, durable=True, arguments={
+                "x-max-length": 6, "x-message-ttl": 60000,
+                "x-dead-letter-exchange": "dlx-" + uid, "x-queue-type": "classic"})
+        assert e.value.reply_code == 406
+        assert "x-max-length" in e.value.reply_text
+    finally:
+        conn.close()
+
+
+def test_queue_arguments_on_subscribe_declare_the_queue(broker, stomp_clients, uid):
+    q = f"qs-{uid}"
+    c = stomp_clients()
+    c.subscribe(f"/queue/{q}", "s", ack="client-individual",
+                **{"x-max-length": " 2 ", "x-max-priority": "5", "prefetch-count": "1"})
+    conn = pika_connect(broker)
+    try:
+        ch = conn.channel()
+        ok = ch.queue_declare(q, durable=True, arguments={
+            "x-max-length": 2, "x-max-priority": 5})
+        assert ok.method.consumer_count == 1
+    finally:
+        conn.close()
+
+
+def test_x_overflow_header_declares_the_queue(broker, stomp_clients, uid):
+    if getattr(broker, "external", False):
+        pytest.skip("the RabbitMQ 3.10 peer's STOMP plugin does not read x-overflow")
+    q = f"qo-{uid}"
+    c = stomp_clients()
+    c.subscribe(f"/queue/{q}", "s", **{"x-max-length": "1", "x-overflow": "reject-publish"})
+    conn = pika_connect(broker)
+    try:
+        ok = conn.channel().queue_declare(q, durable=True, arguments={
+            "x-max-length": 1, "x-overflow": "reject-publish"})
+        assert ok.method.consumer_count == 1
+    finally:
+        conn.close()
+
+
+def test_queue_arguments_that_differ_from_the_queue_are_refused(stomp_clients, uid):
+    q = f"qd-{uid}"
+    a = stomp_clients()
+    a.send(f"/queue/{q}", "m", **{"x-max-length": "5"})
+    b = stomp_clients()
+    b.conn.send(f"/queue/{q}", "m", headers={"x-max-length": "6", "receipt": "r"})
+    err = b.error()
+    assert err is not None
+    assert err.headers["message"] == "precondition_failed"
+    assert "x-max-length" in err.body
+
+
+def test_queue_argument_that_does_not_parse_names_the_header(broker, stomp_clients, uid):
+    if getattr(broker, "external", False):
+        pytest.skip("RabbitMQ answers a bad x-message-ttl with 'Processing error'")
+    c = stomp_clients()
+    c.conn.send(f"/queue/qb-{uid}", "m", headers={"x-message-ttl": "soon", "receipt": "r"})
+    err = c.error()
+    assert err is not None
+    assert err.headers["message"] == "invalid x-message-ttl header"
+    assert "'soon'" in err.body
+
+
+def test_queue_type_core_does_not_implement_is_refused(broker, stomp_clients, uid):
+    if getattr(broker, "external", False):
+        pytest.skip("RabbitMQ has quorum queues")
+    c = stomp_clients()
+    c.conn.subscribe(f"/queue/qq-{uid}", "s", headers={"x-queue-type": "quorum",
+                                                       "receipt": "r"})
+    err = c.error()
+    assert err is not None
+    assert err.headers["message"] == "precondition_failed"
+    assert "x-queue-type" in err.body
+
+
+def test_16_mib_send_to_a_topic_with_two_subscribers(stomp_clients, uid):
+    dest = f"/topic/big.{uid}"
+    a, b, p = stomp_clients(auto_decode=False), stomp_clients(auto_decode=False), stomp_clients()
+    a.subscribe(dest, "a")
+    b.subscribe(dest, "b")
+    body = b"\x01" * (16 << 20)
+    p.send(dest, body, wait=True)
+    for c in (a, b):
+        m = c.message(30)
+        assert m is not None and len(m.body) == len(body) and m.body == body
+
+
+def test_message_over_max_message_size_is_error(configured_broker, uid):
+    broker = configured_broker('[limits]\nmax_message_size = "1 MiB"\n')
+    c = Stomp(broker)
+    try:
+        c.conn.send(f"/queue/q-{uid}", "x" * ((1 << 20) + 1), headers={"receipt": "r"})
+        err = c.error(10)
+        assert err is not None, "a SEND over limits.max_message_size must get an ERROR"
+        assert err.headers["message"] == "precondition_failed"
+        assert "larger than configured max size 1048576" in err.body
+        assert c.listener.receipts.empty()
+        # exactly the limit is fine
+        d = Stomp(broker)
+        try:
+            d.send(f"/queue/q-{uid}", "y" * (1 << 20))
+        finally:
+            d.close()
+    finally:
+        c.close()
+
+
+def test_max_message_size_applies_to_every_protocol(configured_broker, uid):
+    """One key, limits.max_message_size, for AMQP bodies, STOMP frames and MQTT packets,
+    each refused with its protocol's own error (RabbitMQ's for AMQP: channel 406)."""
+    import pika.exceptions
+
+    from helpers import Mqtt
+
+    limit = 1 << 20
+    broker = configured_broker('[store]\nsegment_size = "4 MiB"\n'
+                               '[limits]\nmax_message_size = "1 MiB"\n')
+    q = f"mms-{uid}"
+    conn = pika_connect(broker)
+    try:
+        ch = conn.channel()
+        ch.queue_declare(q)
+        ch.basic_publish("", q, b"a" * limit)  # exactly the limit
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch.basic_publish("", q, b"a" * (limit + 1))
+            ch.queue_declare(q, passive=True)  # a round trip: the close comes first
+        assert e.value.reply_code == 406
+        assert f"larger than configured max size {limit}" in e.value.reply_text
+        assert conn.channel().queue_declare(q, passive=True).method.message_count == 1
+    finally:
+        conn.close()
+    # MQTT: a payload within the limit arrives; a packet past it closes the connection
+    sub = Mqtt(broker)
+    pub = Mqtt(broker)
+    try:
+        sub.subscribe(f"mms/{uid}", qos=1)
+        pub.publish(f"mms/{uid}", b"m" * limit, qos=1)
+        m = sub.message(10)
+        assert m is not None and len(m.payload) == limit
+        pub.c.publish(f"mms/{uid}", b"m" * (limit + (64 << 10) + 1), qos=1)
+        rc = pub.disconnects.get(timeout=10)
+        assert rc is not None, "an MQTT packet over the limit must close the connection"
+    finally:
+        sub.close()
+        pub.close()

@@ -72,6 +72,9 @@ fail_if_no_peer_cert = false
 
 [store]
 segment_size = "32 MiB"
+
+[limits]
+max_message_size = "16 MiB"
 """)
 
 

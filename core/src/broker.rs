@@ -77,7 +77,7 @@ pub struct CoreConfig {
     /// Queues per vhost; 0 = unlimited. A declare past it is
     /// [`CoreError::PreconditionFailed`] (RabbitMQ's vhost `max-queues`).
     pub max_queues_per_vhost: usize,
-    /// Largest message body accepted.
+    /// Largest message body accepted (default 128 MiB, RabbitMQ's).
     pub max_message_size: usize,
     /// Ready entries a queue keeps in memory; the rest wait in the store.
     pub queue_window: usize,
@@ -98,7 +98,7 @@ impl Default for CoreConfig {
             vhosts: Vec::new(),
             max_connections_per_user: 0,
             max_queues_per_vhost: 0,
-            max_message_size: 16 << 20,
+            max_message_size: 128 << 20,
             queue_window: 2048,
             default_password: None,
         }

@@ -11,7 +11,7 @@ pub struct AmqpConfig {
     pub channel_max: u16,
     /// Heartbeat interval offered in connection.tune; zero disables. Default 60 s.
     pub heartbeat: Duration,
-    /// Largest message body accepted. Default 16 MiB.
+    /// Largest message body accepted. Default 128 MiB (RabbitMQ's).
     pub max_message_size: u64,
     /// Deadline for the whole handshake (protocol header to connection.open-ok).
     pub handshake_timeout: Duration,
@@ -35,7 +35,7 @@ impl Default for AmqpConfig {
             frame_max: 128 * 1024,
             channel_max: 2047,
             heartbeat: Duration::from_secs(60),
-            max_message_size: 16 * 1024 * 1024,
+            max_message_size: 128 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
             close_timeout: Duration::from_secs(3),
             outbox_capacity: 1024,

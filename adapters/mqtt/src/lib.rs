@@ -75,7 +75,9 @@ pub struct MqttLimits {
 impl Default for MqttLimits {
     fn default() -> Self {
         MqttLimits {
-            max_packet_size: 16 << 20,
+            // the broker's default `limits.max_message_size` (128 MiB) plus room for
+            // the topic
+            max_packet_size: (128 << 20) + (64 << 10),
             max_packet_size_pre_connect: 64 << 10,
             max_filters: 1024,
             max_inflight: 32,

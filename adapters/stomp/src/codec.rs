@@ -34,10 +34,11 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// After login: 4 MiB frames (RabbitMQ's `stomp.max_frame_size` of 3.x), up to 1000
-    /// headers of up to 64 KiB each.
+    /// After login: frames of 129 MiB (a body of RabbitMQ's default `max_message_size`,
+    /// 128 MiB, plus 1 MiB for the command and headers; the broker derives it from its
+    /// `limits.max_message_size`), up to 1000 headers of up to 64 KiB each.
     pub const AUTHENTICATED: Limits = Limits {
-        max_frame: 4 << 20,
+        max_frame: (128 << 20) + (1 << 20),
         max_headers: 1000,
         max_header_len: 64 << 10,
     };
@@ -236,6 +237,16 @@ impl Decoder {
         }))
     }
 
+    /// The whole size of the frame being decoded (head, body and NUL) once its head is
+    /// parsed and it declared a `content-length` (checked against the limits already):
+    /// the driver reserves that much once instead of growing its buffer read by read.
+    pub fn pending_len(&self) -> Option<usize> {
+        match self.body {
+            Some(Some(n)) => self.parsed.checked_add(n)?.checked_add(1),
+            _ => None,
+        }
+    }
+
     /// Parses the head's complete lines not parsed yet. `Some(content_length)` once the
     /// blank line ending the head is parsed; `None` when the head is not complete yet (and
     /// within limits).
@@ -383,6 +394,16 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
 /// name never turns into another one (dropping the CR of `conte\rnt-length` would
 /// make it a second, first-wins `content-length`).
 pub fn encode_with(frame: &Frame, out: &mut BytesMut, dialect: Dialect) {
+    out.reserve(frame.body.len() + 1);
+    encode_head_with(frame, out, dialect);
+    out.put_slice(&frame.body);
+    out.put_u8(0);
+}
+
+/// Appends what [`encode_with`] writes before the body: the command, the headers and
+/// the blank line. The frame is then the body's bytes and one NUL: a writer may send
+/// a large body from its own (shared) buffer instead of copying it after the head.
+pub fn encode_head_with(frame: &Frame, out: &mut BytesMut, dialect: Dialect) {
     let escapes = match dialect {
         _ if !frame.command.escapes_headers() => None,
         Dialect::V10 => None,
@@ -394,7 +415,6 @@ pub fn encode_with(frame: &Frame, out: &mut BytesMut, dialect: Dialect) {
         .iter()
         .map(|(n, v)| n.len() + v.len() + 2)
         .sum::<usize>()
-        + frame.body.len()
         + 32;
     out.reserve(size);
     out.put_slice(frame.command.as_str().as_bytes());
@@ -411,8 +431,6 @@ pub fn encode_with(frame: &Frame, out: &mut BytesMut, dialect: Dialect) {
         out.put_u8(b'\n');
     }
     out.put_u8(b'\n');
-    out.put_slice(&frame.body);
-    out.put_u8(0);
 }
 
 fn put_text(out: &mut BytesMut, s: &str, escapes: Option<bool>, is_name: bool) {
@@ -504,6 +522,43 @@ mod tests {
             "reset for the next frame"
         );
         assert_eq!(&buf[..], b"\n", "the next frame's bytes stay");
+    }
+
+    /// Once the head declared a `content-length`, the whole frame's size is known (for
+    /// the driver to reserve once); not before, and not without one.
+    #[test]
+    fn the_pending_length_is_known_from_the_head() {
+        let limits = Limits::AUTHENTICATED;
+        let mut d = Decoder::default();
+        let head = b"SEND\ndestination:/queue/a\ncontent-length:1000\n\n";
+        let mut buf = BytesMut::from(&head[..head.len() - 1]);
+        assert!(d.decode(&mut buf, &limits, Dialect::V12).unwrap().is_none());
+        assert_eq!(d.pending_len(), None);
+        buf.extend_from_slice(b"\nab");
+        assert!(d.decode(&mut buf, &limits, Dialect::V12).unwrap().is_none());
+        assert_eq!(d.pending_len(), Some(head.len() + 1000 + 1));
+        let mut d = Decoder::default();
+        let mut buf = BytesMut::from(&b"SEND\n\nab"[..]);
+        assert!(d.decode(&mut buf, &limits, Dialect::V12).unwrap().is_none());
+        assert_eq!(
+            d.pending_len(),
+            None,
+            "no content-length: read up to the NUL"
+        );
+    }
+
+    /// The head alone, then the body and a NUL, is the whole frame.
+    #[test]
+    fn head_then_body_is_the_frame() {
+        let f = Frame::new(Command::Message)
+            .with("destination", "/topic/a:b")
+            .with_body(vec![0u8, 1, 2]);
+        let (mut whole, mut head) = (BytesMut::new(), BytesMut::new());
+        encode_with(&f, &mut whole, Dialect::V12);
+        encode_head_with(&f, &mut head, Dialect::V12);
+        head.extend_from_slice(&f.body);
+        head.put_u8(0);
+        assert_eq!(whole, head);
     }
 
     /// Limits and malformed lines are still caught before the head is complete.

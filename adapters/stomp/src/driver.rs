@@ -6,14 +6,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use triad_core::{Broker, CoreError, ReplyQueue};
 
-use crate::codec::{self, Limits, HEARTBEAT};
+use crate::codec::{self, Dialect, Limits, HEARTBEAT};
 use crate::frame::Frame;
 use crate::session::{Action, Caps, Session, SessionConfig};
 use triad_core::io::read_some;
@@ -132,12 +132,53 @@ where
     }
 }
 
+/// A body at least this large is written from the `Bytes` it came in (for a MESSAGE,
+/// the store's, shared by every subscriber) instead of being copied after its head.
+const SHARED_BODY: usize = 32 << 10;
+
+/// What the connection writes next, in order: encoded frames, except that large bodies
+/// stay the shared `Bytes` they are (a 64 MiB message to 10 subscribers is not copied
+/// into 10 write buffers).
+#[derive(Default)]
+struct Out {
+    /// Encoded bytes and large bodies; `buf` follows the last of them.
+    chunks: Vec<Bytes>,
+    buf: BytesMut,
+}
+
+impl Out {
+    fn frame(&mut self, f: &Frame, dialect: Dialect) {
+        if f.body.len() < SHARED_BODY {
+            codec::encode_with(f, &mut self.buf, dialect);
+            return;
+        }
+        codec::encode_head_with(f, &mut self.buf, dialect);
+        self.chunks.push(self.buf.split().freeze());
+        self.chunks.push(f.body.clone());
+        self.buf.put_u8(0);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.chunks.is_empty() && self.buf.is_empty()
+    }
+
+    /// Writes everything, in order, and empties `self` (its buffer keeps its room).
+    async fn write_to<S: AsyncWrite + Unpin>(&mut self, stream: &mut S) -> std::io::Result<()> {
+        for c in self.chunks.drain(..) {
+            stream.write_all(&c).await?;
+        }
+        stream.write_all(&self.buf).await?;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
 /// Encodes RECEIPTs that left the reply queue, in order; on a store failure, an ERROR
 /// and close instead (`true`: `actions` holds them).
 fn write_receipts(
     ready: Vec<(Frame, Result<(), CoreError>)>,
     session: &mut Session,
-    wbuf: &mut BytesMut,
+    out: &mut Out,
     actions: &mut Vec<Action>,
 ) -> bool {
     let dialect = session.dialect();
@@ -151,7 +192,7 @@ fn write_receipts(
             );
             return true;
         }
-        codec::encode_with(&frame, wbuf, dialect);
+        out.frame(&frame, dialect);
     }
     false
 }
@@ -166,7 +207,7 @@ where
     let mut rbuf = BytesMut::new();
     // the frame at the front of rbuf, parsed as far as it has arrived
     let mut decoder = codec::Decoder::default();
-    let mut wbuf = BytesMut::new();
+    let mut wbuf = Out::default();
     let mut actions: Vec<Action> = Vec::new();
     let mut events = Vec::new();
     // RECEIPTs waiting for the disk or for a throttled queue, in order, and flow-control
@@ -202,18 +243,18 @@ where
             false
         };
         let dialect = session.dialect();
-        if wbuf.capacity() == 0 && !actions.is_empty() {
-            wbuf.reserve(WBUF);
+        if wbuf.buf.capacity() == 0 && !actions.is_empty() {
+            wbuf.buf.reserve(WBUF);
         }
         for a in actions.drain(..) {
             match a {
-                Action::Send(f) => codec::encode_with(&f, &mut wbuf, dialect),
+                Action::Send(f) => wbuf.frame(&f, dialect),
                 // keep order with what is already written unless a durable wait is ahead
                 Action::Receipt {
                     durable: None,
                     flow: None,
                     frame,
-                } if receipts.is_empty() => codec::encode_with(&frame, &mut wbuf, dialect),
+                } if receipts.is_empty() => wbuf.frame(&frame, dialect),
                 Action::Receipt {
                     durable,
                     flow,
@@ -244,19 +285,18 @@ where
         if !wbuf.is_empty() {
             if ctx.shutdown.is_cancelled() {
                 // last words (the shutdown ERROR): bounded, best effort
-                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&wbuf)).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), wbuf.write_to(stream)).await;
             } else {
                 tokio::select! {
-                    r = stream.write_all(&wbuf) => r?,
+                    r = wbuf.write_to(stream) => r?,
                     _ = ctx.shutdown.cancelled() => return Ok(()),
                 }
             }
-            wbuf.clear();
             last_write = Instant::now();
         }
         if !more_events {
             // going idle: let go of what a burst left allocated
-            wbuf = BytesMut::new();
+            wbuf = Out::default();
             actions = Vec::new();
             events = Vec::new();
         }
@@ -316,12 +356,25 @@ where
                                 break;
                             }
                         }
-                        Ok(None) => break,
+                        Ok(None) => {
+                            // a declared body: room for the whole frame at once (within
+                            // the limits, checked), not doubled read by read
+                            if let Some(n) = decoder.pending_len() {
+                                rbuf.reserve(n.saturating_sub(rbuf.len()));
+                            }
+                            break;
+                        }
                         Err(e) => {
                             session.decode_error(&e, &mut actions);
                             break;
                         }
                     }
+                }
+                if rbuf.is_empty() {
+                    // An empty buffer split from a frame that filled its allocation
+                    // still holds that allocation (a whole 64 MiB SEND, until the next
+                    // frame): let it go with the frame.
+                    rbuf = BytesMut::new();
                 }
             }
             r = alarms.changed() => {
@@ -345,9 +398,42 @@ where
                     return Ok(());
                 }
                 if send_iv.is_some() && now >= send_at {
-                    wbuf.put_slice(HEARTBEAT);
+                    wbuf.buf.put_slice(HEARTBEAT);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::Command;
+
+    /// A large body is written from the delivery's own `Bytes` (the same memory), not
+    /// copied behind its head; the bytes on the wire are what `encode_with` makes.
+    #[tokio::test]
+    async fn a_large_body_is_shared_not_copied() {
+        let body = Bytes::from(vec![7u8; SHARED_BODY]);
+        let small = Frame::new(Command::Message)
+            .with("subscription", "s")
+            .with_body("hi");
+        let large = Frame::new(Command::Message)
+            .with("subscription", "s")
+            .with_body(body.clone());
+        let mut out = Out::default();
+        out.frame(&small, Dialect::V12);
+        out.frame(&large, Dialect::V12);
+        out.frame(&small, Dialect::V12);
+        assert_eq!(out.chunks.len(), 2, "head bytes, then the body itself");
+        assert_eq!(out.chunks[1].as_ptr(), body.as_ptr(), "the same memory");
+        let mut want = BytesMut::new();
+        for f in [&small, &large, &small] {
+            codec::encode_with(f, &mut want, Dialect::V12);
+        }
+        let mut wire = Vec::new();
+        out.write_to(&mut wire).await.unwrap();
+        assert_eq!(wire, want.to_vec());
+        assert!(out.is_empty());
     }
 }

@@ -543,16 +543,16 @@ impl Session {
         self.version = version;
         self.link = Some(link);
         self.phase = Phase::Connected;
-        let mut c = Frame::new(Command::Connected)
+        let c = Frame::new(Command::Connected)
             .with("version", version.as_str())
             .with("server", concat!("Triad/", env!("CARGO_PKG_VERSION")))
-            .with("session", format!("session-{}", self.conn));
-        if version >= Version::V11 {
-            c.push(
+            .with("session", format!("session-{}", self.conn))
+            // always, `0,0` when none is agreed and for 1.0 too (as RabbitMQ): clients
+            // that read it unconditionally (stompjs, some 1.0 ones) find it
+            .with(
                 "heart-beat",
                 format!("{},{}", self.heartbeat.0, self.heartbeat.1),
             );
-        }
         out.push(Action::Send(c));
         if let Some(r) = f.header("receipt") {
             out.push(Action::Receipt {
@@ -577,6 +577,7 @@ impl Session {
         let dest = Destination::parse(required(&f, "destination")?)
             .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
         let props = mapping::properties_from_send(&f, self.user())?;
+        queue_arguments(&f)?;
         if let Some(tx) = f.header("transaction") {
             let tx = tx.to_string();
             let caps = self.cfg.caps;
@@ -592,15 +593,10 @@ impl Session {
                     ),
                 ));
             }
+            // its receipt (the frame keeps the header) goes out at COMMIT, once the
+            // message is stored, as RabbitMQ does; never for an aborted one
             ops.push(TxOp::Send(f));
             self.tx_bytes = bytes;
-            if let Some(r) = receipt {
-                out.push(Action::Receipt {
-                    durable: None,
-                    flow: None,
-                    frame: receipt_frame(&r),
-                });
-            }
             return Ok(());
         }
         let (durable, flow) = self.publish(&f, dest, props)?;
@@ -634,7 +630,7 @@ impl Session {
         }
         let (exchange, key) = match dest {
             Destination::Queue(q) => {
-                self.ensure_queue(&q, FieldTable::new())?;
+                self.ensure_queue(&q, queue_arguments(f)?)?;
                 (String::new(), q)
             }
             Destination::Topic(k) => ("amq.topic".to_string(), k),
@@ -653,12 +649,16 @@ impl Session {
         Ok((published.durable, published.backpressure))
     }
 
-    /// Declares durable queue `q` unless it exists already. Configure permission on
-    /// it is needed either way (RabbitMQ declares on every use of `/queue/`).
+    /// Declares durable queue `q` with `arguments` (the `x-` headers), through the
+    /// core's `queue.declare`: a queue that exists with other arguments (or not
+    /// durable) is a 406-style `precondition_failed`, as for an AMQP client declaring it.
+    /// Without arguments an existing queue is used as it is (RabbitMQ would compare
+    /// them with none and refuse). Configure permission on it is needed either way
+    /// (RabbitMQ declares on every use of `/queue/`).
     fn ensure_queue(&self, q: &str, arguments: FieldTable) -> Res {
         let link = self.linked()?;
         link.access().queue_declare(q, &arguments)?;
-        if link.vhost().queue(q).is_none() {
+        if !arguments.is_empty() || link.vhost().queue(q).is_none() {
             link.declare_queue(QueueDeclare {
                 name: q.to_string(),
                 durable: true,
@@ -783,6 +783,18 @@ impl Session {
             Destination::Queue(q) => {
                 self.ensure_queue(&q, args)?;
                 q
+            }
+            Destination::AmqQueue(_) | Destination::ReplyQueue(_) | Destination::TempQueue(_)
+                if !args.is_empty() =>
+            {
+                return Err(Fail::new(
+                    "invalid queue arguments",
+                    format!(
+                        "x- queue arguments declare a /queue/, /topic/ or /exchange/ \
+                         subscription's queue; {dest_s} names a queue that is not declared \
+                         by this SUBSCRIBE"
+                    ),
+                ));
             }
             Destination::AmqQueue(q) | Destination::ReplyQueue(q) => {
                 if self.linked()?.vhost().queue(&q).is_none() {
@@ -932,16 +944,25 @@ impl Session {
         Ok(())
     }
 
+    /// The header naming the message an ACK or NACK settles: `id` in 1.2 (a 1.2 frame
+    /// with only `message-id` is refused, as RabbitMQ does, instead of being ignored and
+    /// leaving the client waiting), `message-id` in 1.0 and 1.1.
+    fn ack_id<'f>(&self, f: &'f Frame) -> Res<&'f str> {
+        let name = if self.version == Version::V12 {
+            "id"
+        } else {
+            "message-id"
+        };
+        f.header(name).ok_or_else(|| {
+            Fail::new(
+                "Missing header",
+                format!("\"{}\" must include the \"{name}\" header", f.command),
+            )
+        })
+    }
+
     fn ack_frame(&mut self, f: Frame, ack: bool) -> Res {
-        let id = f
-            .header("id")
-            .or_else(|| f.header("message-id"))
-            .ok_or_else(|| {
-                Fail::new(
-                    "Missing header",
-                    "ACK/NACK needs an 'id' (1.2) or 'message-id' header",
-                )
-            })?;
+        let id = self.ack_id(&f)?;
         // checked now, also for a NACK held in a transaction
         bool_header(&f, "requeue")?;
         if !self.ids.contains_key(id) {
@@ -964,7 +985,7 @@ impl Session {
 
     /// Applies an ACK or NACK (cumulative for `client` subscriptions).
     fn settle(&mut self, f: &Frame, ack: bool) {
-        let Some(id) = f.header("id").or_else(|| f.header("message-id")) else {
+        let Ok(id) = self.ack_id(f) else {
             return;
         };
         let Some((sub, seq)) = self.ids.get(id).cloned() else {
@@ -1016,9 +1037,10 @@ impl Session {
         let tx = required(f, "transaction")?;
         let ops = self.take_tx(tx)?;
         let mut waits = Vec::new();
-        // the first throttled publish of the transaction holds its receipt (or what
-        // follows): one timer per COMMIT, not one per message
+        // the first throttled publish of the transaction holds the first receipt that
+        // follows it (and so every later one): one timer per COMMIT, not one per message
         let mut hold = None;
+        let mut held = false;
         for op in ops {
             match op {
                 TxOp::Send(s) => {
@@ -1026,9 +1048,20 @@ impl Session {
                         .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
                     let props = mapping::properties_from_send(&s, self.user())?;
                     let (durable, flow) = self.publish(&s, dest, props)?;
-                    waits.extend(durable);
-                    if hold.is_none() {
+                    if !held && flow.is_some() {
+                        held = true;
                         hold = flow;
+                    }
+                    // A SEND's own receipt waits for its message on disk; the reply
+                    // queue releases receipts in order, so each also waits for the
+                    // SENDs before it, and all of them come before COMMIT's.
+                    match s.header("receipt") {
+                        Some(r) => out.push(Action::Receipt {
+                            durable,
+                            flow: hold.take(),
+                            frame: receipt_frame(r),
+                        }),
+                        None => waits.extend(durable),
                     }
                 }
                 TxOp::Ack(a) => self.settle(&a, true),
@@ -1274,7 +1307,11 @@ fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
     Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
 }
 
-/// `x-` queue arguments given on SUBSCRIBE, typed as RabbitMQ's plugin types them.
+/// `x-` queue arguments given on SEND or SUBSCRIBE, typed as RabbitMQ's plugin types
+/// them: integers (`long`) for the TTLs, lengths and priority, strings for the rest. A
+/// value that does not parse is an ERROR naming the header; what the core does not
+/// implement (an `x-queue-type` other than `classic`, say) it refuses when the queue is
+/// declared.
 fn queue_arguments(f: &Frame) -> Res<FieldTable> {
     const INTS: &[&str] = &[
         "x-message-ttl",
@@ -1297,7 +1334,11 @@ fn queue_arguments(f: &Frame) -> Res<FieldTable> {
     }
     for name in STRINGS {
         if let Some(v) = f.header(name) {
-            t.insert(*name, FieldValue::LongString(Bytes::from(v.to_string())));
+            // RabbitMQ strips the value
+            t.insert(
+                *name,
+                FieldValue::LongString(Bytes::from(v.trim().to_string())),
+            );
         }
     }
     Ok(t)

@@ -803,7 +803,8 @@ async fn malformed_frame_errors_and_closes_only_that_connection() {
 async fn oversized_frames_are_refused() {
     let s = start().await;
     let mut c = Client::connect(s.addr).await;
-    c.send_raw(b"SEND\ndestination:/queue/big\ncontent-length:5000000\n\n")
+    // the default: 128 MiB of body (RabbitMQ's max_message_size) and 1 MiB of head
+    c.send_raw(b"SEND\ndestination:/queue/big\ncontent-length:135266305\n\n")
         .await;
     let e = c.expect_error().await;
     assert!(body(&e).contains("too large"), "{e:?}");

@@ -36,8 +36,13 @@ impl Drop for Server {
 }
 
 pub fn open_broker(dir: &Path) -> Arc<Broker> {
+    open_broker_sized(dir, 1 << 20)
+}
+
+/// A broker whose commitlog segments are `segment_size` bytes (a message must fit one).
+pub fn open_broker_sized(dir: &Path, segment_size: u64) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
-    c.segment_size = 1 << 20;
+    c.segment_size = segment_size;
     c.cq_entries_per_file = 1024;
     let store = Arc::new(Store::open(c).unwrap());
     Broker::open(
@@ -60,8 +65,13 @@ pub async fn start() -> Server {
 }
 
 pub async fn start_with(tweak: impl FnOnce(&mut StompContext)) -> Server {
+    start_sized(1 << 20, tweak).await
+}
+
+/// [`start_with`] on commitlog segments of `segment_size` bytes.
+pub async fn start_sized(segment_size: u64, tweak: impl FnOnce(&mut StompContext)) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let broker = open_broker(dir.path());
+    let broker = open_broker_sized(dir.path(), segment_size);
     let shutdown = CancellationToken::new();
     let mut ctx = StompContext::new(broker.clone(), shutdown.clone());
     tweak(&mut ctx);
