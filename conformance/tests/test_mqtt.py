@@ -550,3 +550,40 @@ password_hash = "{pw_hash('bob-pw')}"
     assert m is not None and m.payload == b"for alice"
     alice.close()
     guest.close()
+
+
+def test_shared_subscription_round_robin_and_handoff(mqtt_clients, uid):
+    """`$share/<group>/<filter>` as Mosquitto 2 and EMQX: members take turns; a member's
+    unacked QoS 1 messages go to another member when it leaves. No retained message on a
+    shared subscribe (EMQX, MQTT 5's rule; Mosquitto 2.0.11 sends it)."""
+    pub = mqtt_clients()
+    pub.publish(f"sh/{uid}/r", b"retained", qos=1, retain=True)
+    a, b = mqtt_clients(), mqtt_clients()
+    assert a.subscribe(f"$share/g/sh/{uid}/#", qos=1) == [1]
+    assert b.subscribe(f"$share/g/sh/{uid}/#", qos=1) == [1]
+    for i in range(4):
+        pub.publish(f"sh/{uid}/x", str(i).encode(), qos=1)
+    got_a, got_b = a.take(2), b.take(2)
+    assert sorted(int(m.payload) for m in got_a + got_b) == [0, 1, 2, 3]
+    assert [int(m.payload) for m in got_a] == [0, 2]
+    # a member that does not ack and leaves: its message goes to the other member
+    lazy = mqtt_clients(manual_ack=True)
+    assert lazy.subscribe(f"$share/w/sh/{uid}/jobs", qos=1) == [1]
+    busy = mqtt_clients()
+    assert busy.subscribe(f"$share/w/sh/{uid}/jobs", qos=1) == [1]
+    pub.publish(f"sh/{uid}/jobs", b"j0", qos=1)
+    pub.publish(f"sh/{uid}/jobs", b"j1", qos=1)
+    held = lazy.message()
+    assert held is not None
+    first = busy.message()
+    assert first is not None and first.payload != held.payload
+    lazy.kill()
+    again = busy.message()
+    assert again is not None and again.payload == held.payload
+    pub.publish(f"sh/{uid}/r", b"", qos=1, retain=True)
+
+
+def test_invalid_shared_filters_are_refused(mqtt_clients, uid):
+    c = mqtt_clients()
+    for bad in ["$share//x", "$share/g", f"$share/g/"]:
+        assert c.subscribe(bad, qos=1) == [0x80], bad

@@ -25,6 +25,12 @@
 //! while the client is away and survives restarts). Outbound QoS = min(message QoS, highest QoS granted by a matching
 //! filter); an AMQP message without the header counts as QoS 1 when persistent, else
 //! 0. Deliveries carry the body only.
+//!
+//! A shared subscription, `$share/<group>/<filter>`, is one queue per (vhost, group,
+//! filter), `mqtt-shared-<group>/<filter>` ([`state::shared_queue_name`]), bound to
+//! `amq.topic` with the filter's key; every member consumes it (the queue's round robin
+//! makes the members take turns) and [`MqttState`] keeps the member set, deleting the
+//! queue with its last member. Persistent sessions stay members while away.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 #![cfg_attr(

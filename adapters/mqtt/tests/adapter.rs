@@ -946,3 +946,168 @@ async fn flow_control_does_not_deadlock_clients_feeding_each_other() {
     pb.await.unwrap();
     s.stop().await;
 }
+
+/// Collects PUBLISHes from `clients` until `n` arrived in all (each within 5 s).
+async fn collect(clients: &mut [&mut Client], n: usize) -> Vec<Vec<String>> {
+    let mut got = vec![Vec::new(); clients.len()];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while got.iter().map(Vec::len).sum::<usize>() < n {
+        assert!(tokio::time::Instant::now() < deadline, "only {got:?}");
+        for (i, c) in clients.iter_mut().enumerate() {
+            if let Some(p) = c.publish_within(Duration::from_millis(50)).await {
+                got[i].push(body(&p).to_string());
+            }
+        }
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_subscription_members_take_turns_without_retained() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let p = connect(s.addr, "sh-pub", true).await;
+    p.c.publish("sh/ret", QoS::AtLeastOnce, true, "retained")
+        .await
+        .unwrap();
+    let mut a = connect(s.addr, "sh-a", true).await;
+    let mut b = connect(s.addr, "sh-b", true).await;
+    assert_eq!(a.sub("$share/g1/sh/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(b.sub("$share/g1/sh/#", QoS::AtLeastOnce).await, [1]);
+    // another group gets every message too
+    let mut other = connect(s.addr, "sh-other", true).await;
+    assert_eq!(other.sub("$share/g2/sh/+", QoS::AtMostOnce).await, [0]);
+    assert_eq!(s.ctx.state.shared_members("/", "mqtt-shared-g1/sh/#"), 2);
+    for i in 0..6 {
+        p.c.publish("sh/x", QoS::AtLeastOnce, false, i.to_string())
+            .await
+            .unwrap();
+    }
+    let got = collect(&mut [&mut a, &mut b], 6).await;
+    // no retained message on a shared subscribe; each message to one member, in turn
+    assert_eq!(got[0], ["0", "2", "4"], "{got:?}");
+    assert_eq!(got[1], ["1", "3", "5"], "{got:?}");
+    let all = collect(&mut [&mut other], 6).await;
+    assert_eq!(all[0], ["0", "1", "2", "3", "4", "5"]);
+    // the group's queue goes with its last (clean-session) member
+    let vhost = s.ctx.broker.vhost("/").unwrap();
+    a.disconnect().await;
+    assert!(vhost.queue("mqtt-shared-g1/sh/#").is_some());
+    b.disconnect().await;
+    eventually("the group's queue to go", Duration::from_secs(5), || {
+        vhost.queue("mqtt-shared-g1/sh/#").is_none()
+    })
+    .await;
+    assert_eq!(s.ctx.state.shared_members("/", "mqtt-shared-g1/sh/#"), 0);
+    drop(vhost);
+    other.disconnect().await;
+    p.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_shared_filters_get_0x80() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut raw = Raw::connect(s.addr, "sh-bad", true).await;
+    assert_eq!(raw.connack().await, (false, 0));
+    let bad = [
+        "$share",
+        "$share/",
+        "$share//a",
+        "$share/g",
+        "$share/g/",
+        "$share/g+/a",
+        "$share/g#/a",
+        "$share/g/a/#/b",
+    ];
+    let mut filters: Vec<(String, u8)> = bad.iter().map(|f| (f.to_string(), 1)).collect();
+    filters.push(("$share/ok/a/+".into(), 2));
+    raw.send(&Packet::Subscribe(Subscribe { pkid: 3, filters }))
+        .await;
+    match raw.recv().await {
+        Some(Packet::SubAck(a)) => {
+            assert_eq!(a.codes, [0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 2])
+        }
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+    raw.send(&Packet::Disconnect).await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_members_unacked_messages_go_to_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    // a raw member that never acks
+    let mut lazy = Raw::connect(s.addr, "sh-lazy", true).await;
+    assert_eq!(lazy.connack().await, (false, 0));
+    lazy.send(&Packet::Subscribe(Subscribe {
+        pkid: 1,
+        filters: vec![("$share/w/jobs".into(), 1)],
+    }))
+    .await;
+    assert!(matches!(lazy.recv().await, Some(Packet::SubAck(_))));
+    let mut busy = connect(s.addr, "sh-busy", true).await;
+    assert_eq!(busy.sub("$share/w/jobs", QoS::AtLeastOnce).await, [1]);
+    let p = connect(s.addr, "sh-p", true).await;
+    for job in ["j0", "j1"] {
+        p.c.publish("jobs", QoS::AtLeastOnce, false, job)
+            .await
+            .unwrap();
+    }
+    let Some(Packet::Publish(taken)) = lazy.recv().await else {
+        panic!("the lazy member's turn")
+    };
+    let first = busy.publish().await;
+    assert_ne!(body(&first), std::str::from_utf8(&taken.payload).unwrap());
+    drop(lazy); // leaves without acking
+    let again = busy.publish().await;
+    assert_eq!(again.payload, taken.payload);
+    busy.disconnect().await;
+    p.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_sessions_keep_their_shared_membership() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut m = connect(s.addr, "sh-keep", false).await;
+    assert_eq!(m.sub("$share/g/keep/#", QoS::AtLeastOnce).await, [1]);
+    m.disconnect().await;
+    let vhost = s.ctx.broker.vhost("/").unwrap();
+    assert!(vhost.queue("mqtt-shared-g/keep/#").unwrap().durable());
+    drop(vhost);
+    let p = connect(s.addr, "sh-keep-p", true).await;
+    p.c.publish("keep/1", QoS::AtLeastOnce, false, "while away")
+        .await
+        .unwrap();
+    p.disconnect().await;
+    // back without subscribing again: the group's queue kept the message for it
+    let (mut m, ack) = connect_with(opts(s.addr, "sh-keep", false)).await;
+    assert!(ack.session_present);
+    assert_eq!(body(&m.publish().await), "while away");
+    m.disconnect().await;
+    s.stop().await;
+
+    // and across a restart
+    let s = start(dir.path()).await;
+    assert_eq!(s.ctx.state.shared_members("/", "mqtt-shared-g/keep/#"), 1);
+    let p = connect(s.addr, "sh-keep-p", true).await;
+    p.c.publish("keep/2", QoS::AtLeastOnce, false, "after restart")
+        .await
+        .unwrap();
+    let (mut m, ack) = connect_with(opts(s.addr, "sh-keep", false)).await;
+    assert!(ack.session_present);
+    assert_eq!(body(&m.publish().await), "after restart");
+    m.disconnect().await;
+    // a clean session with the same id discards the session and leaves the group
+    let c = connect(s.addr, "sh-keep", true).await;
+    let vhost = s.ctx.broker.vhost("/").unwrap();
+    assert!(vhost.queue("mqtt-shared-g/keep/#").is_none());
+    drop(vhost);
+    c.disconnect().await;
+    p.disconnect().await;
+    s.stop().await;
+}
