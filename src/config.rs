@@ -5,6 +5,7 @@
 //! [`Config::validate`] checks the whole. `triad.example.toml` at the repository root
 //! lists every key with its default; a unit test keeps the two in step.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -77,6 +78,15 @@ pub struct MqttSection {
     /// past it gets return code 0x80 for each new filter. Each subscription is a
     /// binding in the broker's memory and a journal record.
     pub max_subscriptions: u32,
+    /// The vhost a CONNECT opens by the port it came in on (RabbitMQ's
+    /// `mqtt_port_to_vhost_mapping` global parameter, here in the file): listener port →
+    /// vhost, e.g. `{ "1883" = "/", "8883" = "devices" }`. A user name `vhost:user` takes
+    /// precedence; a port not listed opens `auth.default_vhost`. WebSocket MQTT counts
+    /// as the HTTP listener's port.
+    pub port_to_vhost: BTreeMap<String, String>,
+    /// Take an MQTT user name as it is, colons included, instead of reading
+    /// `vhost:user` from it (RabbitMQ's `mqtt.ignore_colons_in_username`).
+    pub ignore_colons_in_username: bool,
 }
 
 impl Default for MqttSection {
@@ -84,7 +94,19 @@ impl Default for MqttSection {
         MqttSection {
             session_expiry: None,
             max_subscriptions: 10_000,
+            port_to_vhost: BTreeMap::new(),
+            ignore_colons_in_username: false,
         }
+    }
+}
+
+impl MqttSection {
+    /// The vhost `port_to_vhost` maps `port` to.
+    pub fn vhost_for_port(&self, port: u16) -> Option<&str> {
+        self.port_to_vhost
+            .iter()
+            .find(|(p, _)| p.parse::<u16>() == Ok(port))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -614,6 +636,22 @@ impl Config {
                 s.retention_interval,
                 "must be above zero",
             ));
+        }
+        for (port, vhost) in &self.mqtt.port_to_vhost {
+            if port.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(invalid(
+                    "mqtt.port_to_vhost",
+                    port,
+                    "keys are listener port numbers (1-65535)",
+                ));
+            }
+            if vhost.is_empty() {
+                return Err(invalid(
+                    "mqtt.port_to_vhost",
+                    port,
+                    "the vhost must not be empty",
+                ));
+            }
         }
         if let Some(e) = self.mqtt.session_expiry {
             if e.get() < std::time::Duration::from_millis(100) {
@@ -1157,6 +1195,14 @@ mod tests {
     }
 
     #[test]
+    fn mqtt_port_to_vhost() {
+        let c = parse("[mqtt]\nport_to_vhost = { \"1884\" = \"devices\" }\n").expect("parses");
+        assert_eq!(c.mqtt.vhost_for_port(1884), Some("devices"));
+        assert_eq!(c.mqtt.vhost_for_port(1883), None);
+        assert!(!c.mqtt.ignore_colons_in_username);
+    }
+
+    #[test]
     fn mqtt_session_expiry() {
         assert_eq!(Config::default().mqtt.session_expiry, None);
         let c = parse("[mqtt]\nsession_expiry = \"1h\"\n").expect("parses");
@@ -1383,6 +1429,14 @@ mod tests {
         };
         check("[listeners]\namqp = \"5672\"\n", "listeners.amqp");
         check("[mqtt]\nsession_expiry = \"0s\"\n", "mqtt.session_expiry");
+        check(
+            "[mqtt]\nport_to_vhost = { x = \"v\" }\n",
+            "mqtt.port_to_vhost",
+        );
+        check(
+            "[mqtt]\nport_to_vhost = { \"1884\" = \"\" }\n",
+            "mqtt.port_to_vhost",
+        );
         check("[listeners]\nmqtt = \"host:99999\"\n", "listeners.mqtt");
         check("[listeners]\nhttp = \"::1:80\"\n", "listeners.http");
         check("[store]\nsegment_size = \"1 KiB\"\n", "store.segment_size");

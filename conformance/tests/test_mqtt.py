@@ -587,3 +587,26 @@ def test_invalid_shared_filters_are_refused(mqtt_clients, uid):
     c = mqtt_clients()
     for bad in ["$share//x", "$share/g", f"$share/g/"]:
         assert c.subscribe(bad, qos=1) == [0x80], bad
+
+
+def test_vhost_in_the_user_name(configured_broker, uid):
+    """RabbitMQ's MQTT plugin: user name `vhost:user`; an unknown vhost is refused as a
+    bad user name or password (CONNACK 4, RabbitMQ 3.10)."""
+    perms = "\n".join(
+        f'[[permissions]]\nuser = "guest"\nvhost = "{v}"\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+        for v in ("/", "dev"))
+    b = configured_broker(f'[[vhosts]]\nname = "dev"\n\n{perms}')
+    topic = f"vh/{uid}"
+    dev = Mqtt(b, username="dev:guest")
+    root = Mqtt(b)
+    assert dev.subscribe(topic, qos=1) == [1]
+    assert root.subscribe(topic, qos=1) == [1]
+    Mqtt(b, username="dev:guest").publish(topic, b"to dev", qos=1)
+    m = dev.message()
+    assert m is not None and m.payload == b"to dev"
+    assert root.message(0.5) is None, "vhosts are separate"
+    bad = Mqtt(b, username="nosuch:guest", connect=False)
+    flags, rc = bad.connect()
+    assert rc.is_failure and rc.value in (4, 134), rc  # 4 as paho 2 reports it
+    for c in (dev, root, bad):
+        c.close()

@@ -264,15 +264,19 @@ where
         Ok(Err(e)) => return Err(e),
     };
 
-    // authentication, then the vhost (always the default one)
+    // authentication and the vhost: `vhost:user`, the port's, or the default one
     let broker = ctx.broker.clone();
-    let vhost_name = broker.default_vhost().to_string();
+    let (vhost, user) = ctx
+        .login
+        .vhost_and_user(connect.username.as_deref(), broker.default_vhost());
+    let vhost_name = vhost.to_string();
+    let user = user.map(str::to_string);
     let conn = broker.next_connection_id();
-    let link = match login(ctx, peer, conn, &connect, &vhost_name) {
+    let link = match login(ctx, peer, conn, &connect, user.as_deref(), &vhost_name) {
         Ok(l) => l,
         Err((code, why)) => {
-            let user = connect.username.as_deref().unwrap_or("");
-            tracing::info!(%peer, user, code, reason = %why.reason, "MQTT login refused");
+            let user = user.as_deref().unwrap_or("");
+            tracing::info!(%peer, user, vhost = %vhost_name, code, reason = %why.reason, "MQTT login refused");
             // Slows password guessing down: one refusal per delay per source address
             // and per user name, however many connections ask at once.
             let hold = why.hold;
@@ -486,7 +490,7 @@ where
     }))
 }
 
-/// Logs a CONNECT in: user name and password; no user name: the certificate's CN
+/// Logs a CONNECT in to `vhost`: user name (without the vhost part) and password; no user name: the certificate's CN
 /// (with `ssl_cert_login`) or, from loopback peers, the default user. Then the vhost's
 /// permissions and the user's connection limit. Refusals carry their CONNACK code:
 /// with a user name and password, always 4 (bad user name or password): a refusal
@@ -498,9 +502,10 @@ fn login(
     peer: SocketAddr,
     conn: ConnectionId,
     connect: &Connect,
+    username: Option<&str>,
     vhost: &str,
 ) -> Result<Link, (u8, LoginRefused)> {
-    let refusal = if connect.username.is_some() {
+    let refusal = if username.is_some() {
         BAD_LOGIN
     } else {
         NOT_AUTHORIZED
@@ -515,7 +520,7 @@ fn login(
         .as_ref()
         .map(|p| String::from_utf8_lossy(p))
         .unwrap_or_default();
-    let credentials = match (&connect.username, cert_cn) {
+    let credentials = match (username, cert_cn) {
         (Some(user), _) => Credentials::Password {
             user,
             password: &pass,

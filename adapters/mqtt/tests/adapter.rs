@@ -29,11 +29,15 @@ struct Server {
 }
 
 fn open_broker(dir: &Path) -> Arc<Broker> {
+    open_broker_with(dir, CoreConfig::default())
+}
+
+fn open_broker_with(dir: &Path, cfg: CoreConfig) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 1 << 20;
     c.cq_entries_per_file = 1024;
     let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(store, CoreConfig::default()).unwrap()
+    Broker::open(store, cfg).unwrap()
 }
 
 fn context(broker: Arc<Broker>) -> MqttContext {
@@ -52,7 +56,10 @@ fn context(broker: Arc<Broker>) -> MqttContext {
 }
 
 async fn start(dir: &Path) -> Server {
-    let ctx = context(open_broker(dir));
+    start_ctx(context(open_broker(dir))).await
+}
+
+async fn start_ctx(ctx: MqttContext) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
@@ -1109,5 +1116,122 @@ async fn persistent_sessions_keep_their_shared_membership() {
     drop(vhost);
     c.disconnect().await;
     p.disconnect().await;
+    s.stop().await;
+}
+
+/// A broker with vhost `dev` besides `/`, guest and `dev-user` (password `pw`) allowed
+/// in both.
+fn two_vhosts(dir: &Path, login: triad_mqtt::MqttLogin) -> MqttContext {
+    use triad_core::{Permission, UserConfig};
+    let cfg = CoreConfig {
+        users: vec![
+            UserConfig::with_password("guest", "guest"),
+            UserConfig::with_password("dev-user", "pw"),
+        ],
+        vhosts: vec!["dev".into()],
+        permissions: vec![
+            Permission::full("guest", "/"),
+            Permission::full("guest", "dev"),
+            Permission::full("dev-user", "dev"),
+        ],
+        ..CoreConfig::default()
+    };
+    let mut ctx = context(open_broker_with(dir, cfg));
+    ctx.login = login;
+    ctx
+}
+
+fn with_login(addr: SocketAddr, id: &str, user: &str, pass: &str) -> MqttOptions {
+    let mut o = opts(addr, id, true);
+    o.set_credentials(user, pass);
+    o
+}
+
+async fn connack_code(o: MqttOptions) -> Option<rumqttc::ConnectReturnCode> {
+    let (c, mut el) = AsyncClient::new(o, 10);
+    let r = loop {
+        match tokio::time::timeout(Duration::from_secs(5), el.poll()).await {
+            Ok(Ok(Event::Incoming(Incoming::ConnAck(a)))) => break Some(a.code),
+            Ok(Ok(_)) => {}
+            Ok(Err(rumqttc::ConnectionError::ConnectionRefused(code))) => break Some(code),
+            Ok(Err(_)) | Err(_) => break None,
+        }
+    };
+    drop(c);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vhost_from_the_user_name_and_unknown_vhosts_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start_ctx(two_vhosts(dir.path(), Default::default())).await;
+    use rumqttc::ConnectReturnCode as Rc;
+    // `dev:dev-user` opens dev; `dev-user` alone would open `/`, where it has no rights
+    assert_eq!(
+        connack_code(with_login(s.addr, "v1", "dev:dev-user", "pw")).await,
+        Some(Rc::Success)
+    );
+    assert_eq!(
+        connack_code(with_login(s.addr, "v2", "dev-user", "pw")).await,
+        Some(Rc::BadUserNamePassword)
+    );
+    // an unknown vhost is refused as RabbitMQ does: bad user name or password
+    assert_eq!(
+        connack_code(with_login(s.addr, "v3", "nosuch:guest", "guest")).await,
+        Some(Rc::BadUserNamePassword)
+    );
+
+    // retained messages and subscriptions are per vhost
+    let (p, _) = connect_with(with_login(s.addr, "pd", "dev:guest", "guest")).await;
+    p.c.publish("v/t", QoS::AtLeastOnce, true, "in dev")
+        .await
+        .unwrap();
+    let (mut root, _) = connect_with(with_login(s.addr, "sr", "guest", "guest")).await;
+    let (mut dev, _) = connect_with(with_login(s.addr, "sd", "dev:guest", "guest")).await;
+    assert_eq!(root.sub("v/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(dev.sub("v/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(body(&dev.publish().await), "in dev");
+    p.c.publish("v/t", QoS::AtLeastOnce, false, "dev again")
+        .await
+        .unwrap();
+    assert_eq!(body(&dev.publish().await), "dev again");
+    // the same client id in two vhosts is two clients
+    let (same, _) = connect_with(with_login(s.addr, "sr", "dev:guest", "guest")).await;
+    let (rp, _) = connect_with(with_login(s.addr, "rp", "guest", "guest")).await;
+    rp.c.publish("v/t", QoS::AtLeastOnce, false, "in root")
+        .await
+        .unwrap();
+    assert_eq!(
+        body(&root.publish().await),
+        "in root",
+        "root's sr was not taken over"
+    );
+    assert!(s.ctx.state.is_connected("dev", "sr") && s.ctx.state.is_connected("/", "sr"));
+    for c in [p, root, dev, same, rp] {
+        c.disconnect().await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vhost_from_the_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let login = triad_mqtt::MqttLogin {
+        port_vhost: Some("dev".into()),
+        ..Default::default()
+    };
+    let s = start_ctx(two_vhosts(dir.path(), login)).await;
+    use rumqttc::ConnectReturnCode as Rc;
+    assert_eq!(
+        connack_code(with_login(s.addr, "p1", "dev-user", "pw")).await,
+        Some(Rc::Success)
+    );
+    let (c, _) = connect_with(with_login(s.addr, "p2", "guest", "guest")).await;
+    assert!(s.ctx.state.is_connected("dev", "p2"));
+    // `vhost:user` still wins over the port
+    let (r, _) = connect_with(with_login(s.addr, "p3", "/:guest", "guest")).await;
+    assert!(s.ctx.state.is_connected("/", "p3"));
+    c.disconnect().await;
+    r.disconnect().await;
     s.stop().await;
 }
