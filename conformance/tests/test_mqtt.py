@@ -610,3 +610,21 @@ def test_vhost_in_the_user_name(configured_broker, uid):
     assert rc.is_failure and rc.value in (4, 134), rc  # 4 as paho 2 reports it
     for c in (dev, root, bad):
         c.close()
+
+
+def test_topic_permission_with_client_id(configured_broker, uid):
+    """RabbitMQ's topic-permission variables: `{client_id}` (MQTT only) and `{username}`
+    expanded in the pattern (here matched literally)."""
+    b = configured_broker(
+        '[[permissions]]\nuser = "guest"\nvhost = "/"\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+        '[[topic_permissions]]\nuser = "guest"\nvhost = "/"\nexchange = "amq.topic"\n'
+        'write = "^dev\\\\.{client_id}\\\\."\nread = "^(dev\\\\.{client_id}|{username})\\\\."\n')
+    cid = f"c-{uid}"
+    c = Mqtt(b, client_id=cid)
+    assert c.subscribe(f"dev/{cid}/#", qos=1) == [1]
+    assert c.subscribe("guest/#", qos=1) == [1]
+    assert c.subscribe("dev/other/#", qos=1) == [0x80]
+    c.publish(f"dev/{cid}/t", b"mine", qos=1)
+    m = c.message()
+    assert m is not None and m.payload == b"mine"
+    c.close()

@@ -264,6 +264,15 @@ impl Link {
         &self.access
     }
 
+    /// Names the connection's client (MQTT's client id): topic patterns with
+    /// `{client_id}` are compiled for it ([`VhostAccess::for_client`]); without such
+    /// patterns nothing changes (the user's shared rights stay in use).
+    pub fn set_client_id(&mut self, client_id: &str) {
+        if let Some(a) = self.access.for_client(client_id) {
+            self.access = Arc::new(a);
+        }
+    }
+
     /// Checks that the user may publish to `exchange` with `routing_key` and returns
     /// the permission as a [`PublishTo`], for a message whose body comes later (AMQP's
     /// content frames) or that has work to do before it is published (MQTT's retained

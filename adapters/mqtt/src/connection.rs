@@ -272,7 +272,7 @@ where
     let vhost_name = vhost.to_string();
     let user = user.map(str::to_string);
     let conn = broker.next_connection_id();
-    let link = match login(ctx, peer, conn, &connect, user.as_deref(), &vhost_name) {
+    let mut link = match login(ctx, peer, conn, &connect, user.as_deref(), &vhost_name) {
         Ok(l) => l,
         Err((code, why)) => {
             let user = user.as_deref().unwrap_or("");
@@ -312,6 +312,8 @@ where
         return Ok(None);
     }
     tracing::Span::current().record("client", client_id.as_str());
+    // topic permissions with `{client_id}` apply from here on
+    link.set_client_id(&client_id);
 
     let vs = match ctx.state.vhost_state(&vhost_name) {
         Ok(v) => v,

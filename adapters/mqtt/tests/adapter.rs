@@ -1235,3 +1235,47 @@ async fn vhost_from_the_port() {
     r.disconnect().await;
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_permissions_with_the_client_id() {
+    use triad_core::{Permission, TopicPermission};
+    let dir = tempfile::tempdir().unwrap();
+    let pat = |p: &str| TopicPermission::pattern(p, "guest", "/").unwrap();
+    let cfg = CoreConfig {
+        permissions: vec![Permission::full("guest", "/")],
+        topic_permissions: vec![TopicPermission {
+            user: "guest".into(),
+            vhost: "/".into(),
+            exchange: "amq.topic".into(),
+            write: pat("^dev\\.{client_id}\\."),
+            read: pat("^(dev\\.{client_id}|{username})\\."),
+        }],
+        ..CoreConfig::default()
+    };
+    let s = start_ctx(context(open_broker_with(dir.path(), cfg))).await;
+    let mut c1 = connect(s.addr, "c1", true).await;
+    assert_eq!(c1.sub("dev/c1/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(c1.sub("guest/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(c1.sub("dev/c2/#", QoS::AtLeastOnce).await, [0x80]);
+    assert_eq!(c1.sub("dev/+/#", QoS::AtLeastOnce).await, [0x80]);
+    c1.c.publish("dev/c1/t", QoS::AtLeastOnce, false, "mine")
+        .await
+        .unwrap();
+    assert_eq!(body(&c1.publish().await), "mine");
+    // a client id is matched literally: `.*` does not open every device's topics
+    let mut wild = connect(s.addr, ".*", true).await;
+    assert_eq!(wild.sub("dev/c1/#", QoS::AtLeastOnce).await, [0x80]);
+    // publishing to another client's topic closes the connection, as RabbitMQ does
+    wild.c
+        .publish("dev/c1/t", QoS::AtLeastOnce, false, "not yours")
+        .await
+        .unwrap();
+    assert!(wild.closed().await);
+    // the refused message never arrives: the next one c1 gets is its own marker
+    c1.c.publish("dev/c1/t", QoS::AtLeastOnce, false, "marker")
+        .await
+        .unwrap();
+    assert_eq!(body(&c1.publish().await), "marker");
+    c1.disconnect().await;
+    s.stop().await;
+}
