@@ -181,6 +181,21 @@ pub struct UserSection {
     pub password_hash: String,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// RabbitMQ's user limit `max-connections`: connections open at once over all
+    /// protocols; overrides `limits.max_connections_per_user`. Negative: unlimited
+    /// (RabbitMQ's -1); 0: no connection.
+    #[serde(default)]
+    pub max_connections: Option<i64>,
+    /// RabbitMQ's user limit `max-channels`: channels open at once over all the user's
+    /// connections (AMQP channels; a STOMP or MQTT connection counts one). Negative:
+    /// unlimited; 0: none.
+    #[serde(default)]
+    pub max_channels: Option<i64>,
+}
+
+/// A user limit from the file: negative (or past `u32`) is unlimited.
+fn user_limit(v: Option<i64>) -> Option<u32> {
+    v.map(|n| u32::try_from(n).unwrap_or(triad_core::UserLimits::UNLIMITED))
 }
 
 /// One `[[permissions]]` entry: RabbitMQ's configure / write / read regexes.
@@ -982,7 +997,17 @@ impl Config {
     pub fn core_config(&self) -> Result<triad_core::CoreConfig, ConfigError> {
         let a = &self.auth;
         let mut users = Vec::with_capacity(self.users.len() + 1);
+        let mut user_limits = std::collections::HashMap::new();
         for u in &self.users {
+            if u.max_connections.is_some() || u.max_channels.is_some() {
+                user_limits.insert(
+                    u.name.clone(),
+                    triad_core::UserLimits {
+                        max_connections: user_limit(u.max_connections),
+                        max_channels: user_limit(u.max_channels),
+                    },
+                );
+            }
             let hash = triad_core::PasswordHash::parse(&u.password_hash)
                 .map_err(|e| invalid("users.password_hash", &u.name, e.to_string()))?;
             users.push(triad_core::UserConfig {
@@ -1040,6 +1065,7 @@ impl Config {
             default_vhost: a.default_vhost.clone(),
             vhosts: self.vhosts.iter().map(|v| v.name.clone()).collect(),
             max_connections_per_user: self.limits.max_connections_per_user,
+            user_limits,
             max_queues_per_vhost: self.limits.max_queues_per_vhost as usize,
             max_message_size: usize::try_from(self.limits.max_message_size.bytes())
                 .unwrap_or(usize::MAX),
@@ -1192,6 +1218,21 @@ mod tests {
         assert_eq!(c.http.allowed_origins.len(), 2);
         assert_eq!(c.stomp.max_transactions, 3);
         assert_eq!(c.stomp.max_transaction_bytes.bytes(), 1 << 20);
+    }
+
+    #[test]
+    fn user_limits() {
+        let h = "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR";
+        let c = parse(&format!(
+            "[[users]]\nname = \"a\"\npassword_hash = \"{h}\"\nmax_connections = 2\nmax_channels = -1\n\n\
+             [[users]]\nname = \"b\"\npassword_hash = \"{h}\"\n"
+        ))
+        .expect("parses");
+        let core = c.core_config().expect("core config");
+        let a = core.user_limits.get("a").expect("a's limits");
+        assert_eq!(a.max_connections, Some(2));
+        assert_eq!(a.max_channels, Some(triad_core::UserLimits::UNLIMITED));
+        assert!(!core.user_limits.contains_key("b"));
     }
 
     #[test]

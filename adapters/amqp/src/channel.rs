@@ -8,8 +8,8 @@ use amq_protocol::frame::AMQPContentHeader;
 use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
 use bytes::{Bytes, BytesMut};
 use triad_core::{
-    ConsumeRequest, ConsumerHandle, CreditGate, Delivery, ExchangeDef, ExchangeKind, FieldValue,
-    Link, Properties, Publish, PublishTo, Queue, QueueDeclare,
+    ChannelSlot, ConsumeRequest, ConsumerHandle, CreditGate, Delivery, ExchangeDef, ExchangeKind,
+    FieldValue, Link, Properties, Publish, PublishTo, Queue, QueueDeclare,
 };
 
 use crate::codec::{Frame, FRAME_OVERHEAD};
@@ -64,10 +64,13 @@ pub struct Channel {
     gate: Option<Arc<CreditGate>>,
     mode: Mode,
     last_queue: String,
+    /// Counted against the user's `max_channels` (`None`: the user has no such limit);
+    /// given back when the channel goes.
+    _slot: Option<ChannelSlot>,
 }
 
 impl Channel {
-    fn new() -> Channel {
+    fn new(slot: Option<ChannelSlot>) -> Channel {
         Channel {
             closing: false,
             content: None,
@@ -78,6 +81,7 @@ impl Channel {
             gate: None,
             mode: Mode::Normal,
             last_queue: String::new(),
+            _slot: slot,
         }
     }
 
@@ -131,7 +135,12 @@ impl Session {
                     )
                     .on(cid, mid));
                 }
-                self.channels.insert(id, Box::new(Channel::new()));
+                // the user's channel limit, checked before the channel is made
+                let slot = self
+                    .open_link()
+                    .and_then(|l| l.open_channel().map_err(AmqpError::from))
+                    .map_err(|e| e.on(cid, mid))?;
+                self.channels.insert(id, Box::new(Channel::new(slot)));
                 self.send(
                     id,
                     AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
