@@ -129,6 +129,17 @@ pub fn stomp<S: Stream>(
     closed(triad_stomp::serve(stream, peer, sctx))
 }
 
+/// The port of the listener this connection came in on (the HTTP listener's for a
+/// WebSocket).
+fn local_port(ctx: &ConnContext) -> Option<u16> {
+    ctx.http
+        .bound
+        .get()?
+        .iter()
+        .find(|(p, _)| *p == ctx.proto)
+        .map(|(_, a)| a.port())
+}
+
 /// Serves one MQTT 3.1.1 connection.
 pub fn mqtt<S: Stream>(
     stream: S,
@@ -152,6 +163,10 @@ pub fn mqtt<S: Stream>(
             failed_login_delay: ctx.config.auth.failed_login_delay.get(),
             ssl_cert_login: ctx.config.auth.ssl_cert_login,
             peer_cert_cn: ctx.peer_cert_cn.clone(),
+            port_vhost: local_port(&ctx)
+                .and_then(|p| ctx.config.mqtt.vhost_for_port(p))
+                .map(str::to_string),
+            vhost_in_username: !ctx.config.mqtt.ignore_colons_in_username,
         },
     };
     closed(triad_mqtt::serve(stream, peer, mctx))

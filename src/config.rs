@@ -5,6 +5,7 @@
 //! [`Config::validate`] checks the whole. `triad.example.toml` at the repository root
 //! lists every key with its default; a unit test keeps the two in step.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -77,6 +78,15 @@ pub struct MqttSection {
     /// past it gets return code 0x80 for each new filter. Each subscription is a
     /// binding in the broker's memory and a journal record.
     pub max_subscriptions: u32,
+    /// The vhost a CONNECT opens by the port it came in on (RabbitMQ's
+    /// `mqtt_port_to_vhost_mapping` global parameter, here in the file): listener port →
+    /// vhost, e.g. `{ "1883" = "/", "8883" = "devices" }`. A user name `vhost:user` takes
+    /// precedence; a port not listed opens `auth.default_vhost`. WebSocket MQTT counts
+    /// as the HTTP listener's port.
+    pub port_to_vhost: BTreeMap<String, String>,
+    /// Take an MQTT user name as it is, colons included, instead of reading
+    /// `vhost:user` from it (RabbitMQ's `mqtt.ignore_colons_in_username`).
+    pub ignore_colons_in_username: bool,
 }
 
 impl Default for MqttSection {
@@ -84,7 +94,19 @@ impl Default for MqttSection {
         MqttSection {
             session_expiry: None,
             max_subscriptions: 10_000,
+            port_to_vhost: BTreeMap::new(),
+            ignore_colons_in_username: false,
         }
+    }
+}
+
+impl MqttSection {
+    /// The vhost `port_to_vhost` maps `port` to.
+    pub fn vhost_for_port(&self, port: u16) -> Option<&str> {
+        self.port_to_vhost
+            .iter()
+            .find(|(p, _)| p.parse::<u16>() == Ok(port))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -159,6 +181,21 @@ pub struct UserSection {
     pub password_hash: String,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// RabbitMQ's user limit `max-connections`: connections open at once over all
+    /// protocols; overrides `limits.max_connections_per_user`. Negative: unlimited
+    /// (RabbitMQ's -1); 0: no connection.
+    #[serde(default)]
+    pub max_connections: Option<i64>,
+    /// RabbitMQ's user limit `max-channels`: channels open at once over all the user's
+    /// connections (AMQP channels; a STOMP or MQTT connection counts one). Negative:
+    /// unlimited; 0: none.
+    #[serde(default)]
+    pub max_channels: Option<i64>,
+}
+
+/// A user limit from the file: negative (or past `u32`) is unlimited.
+fn user_limit(v: Option<i64>) -> Option<u32> {
+    v.map(|n| u32::try_from(n).unwrap_or(triad_core::UserLimits::UNLIMITED))
 }
 
 /// One `[[permissions]]` entry: RabbitMQ's configure / write / read regexes.
@@ -660,6 +697,22 @@ impl Config {
                 "must be above zero",
             ));
         }
+        for (port, vhost) in &self.mqtt.port_to_vhost {
+            if port.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(invalid(
+                    "mqtt.port_to_vhost",
+                    port,
+                    "keys are listener port numbers (1-65535)",
+                ));
+            }
+            if vhost.is_empty() {
+                return Err(invalid(
+                    "mqtt.port_to_vhost",
+                    port,
+                    "the vhost must not be empty",
+                ));
+            }
+        }
         if let Some(e) = self.mqtt.session_expiry {
             if e.get() < std::time::Duration::from_millis(100) {
                 return Err(invalid(
@@ -996,7 +1049,17 @@ impl Config {
     pub fn core_config(&self) -> Result<triad_core::CoreConfig, ConfigError> {
         let a = &self.auth;
         let mut users = Vec::with_capacity(self.users.len() + 1);
+        let mut user_limits = std::collections::HashMap::new();
         for u in &self.users {
+            if u.max_connections.is_some() || u.max_channels.is_some() {
+                user_limits.insert(
+                    u.name.clone(),
+                    triad_core::UserLimits {
+                        max_connections: user_limit(u.max_connections),
+                        max_channels: user_limit(u.max_channels),
+                    },
+                );
+            }
             let hash = triad_core::PasswordHash::parse(&u.password_hash)
                 .map_err(|e| invalid("users.password_hash", &u.name, e.to_string()))?;
             users.push(triad_core::UserConfig {
@@ -1054,6 +1117,7 @@ impl Config {
             default_vhost: a.default_vhost.clone(),
             vhosts: self.vhosts.iter().map(|v| v.name.clone()).collect(),
             max_connections_per_user: self.limits.max_connections_per_user,
+            user_limits,
             max_queues_per_vhost: self.limits.max_queues_per_vhost as usize,
             max_message_size: usize::try_from(self.limits.max_message_size.bytes())
                 .unwrap_or(usize::MAX),
@@ -1228,6 +1292,29 @@ mod tests {
         assert_eq!(c.http.allowed_origins.len(), 2);
         assert_eq!(c.stomp.max_transactions, 3);
         assert_eq!(c.stomp.max_transaction_bytes.bytes(), 1 << 20);
+    }
+
+    #[test]
+    fn user_limits() {
+        let h = "kI3GCqW5JLMJa4iX1lo7X4D6XbYqlLgxIs30+P6tENUV2POR";
+        let c = parse(&format!(
+            "[[users]]\nname = \"a\"\npassword_hash = \"{h}\"\nmax_connections = 2\nmax_channels = -1\n\n\
+             [[users]]\nname = \"b\"\npassword_hash = \"{h}\"\n"
+        ))
+        .expect("parses");
+        let core = c.core_config().expect("core config");
+        let a = core.user_limits.get("a").expect("a's limits");
+        assert_eq!(a.max_connections, Some(2));
+        assert_eq!(a.max_channels, Some(triad_core::UserLimits::UNLIMITED));
+        assert!(!core.user_limits.contains_key("b"));
+    }
+
+    #[test]
+    fn mqtt_port_to_vhost() {
+        let c = parse("[mqtt]\nport_to_vhost = { \"1884\" = \"devices\" }\n").expect("parses");
+        assert_eq!(c.mqtt.vhost_for_port(1884), Some("devices"));
+        assert_eq!(c.mqtt.vhost_for_port(1883), None);
+        assert!(!c.mqtt.ignore_colons_in_username);
     }
 
     #[test]
@@ -1457,6 +1544,14 @@ mod tests {
         };
         check("[listeners]\namqp = \"5672\"\n", "listeners.amqp");
         check("[mqtt]\nsession_expiry = \"0s\"\n", "mqtt.session_expiry");
+        check(
+            "[mqtt]\nport_to_vhost = { x = \"v\" }\n",
+            "mqtt.port_to_vhost",
+        );
+        check(
+            "[mqtt]\nport_to_vhost = { \"1884\" = \"\" }\n",
+            "mqtt.port_to_vhost",
+        );
         check("[listeners]\nmqtt = \"host:99999\"\n", "listeners.mqtt");
         check("[listeners]\nhttp = \"::1:80\"\n", "listeners.http");
         check("[store]\nsegment_size = \"1 KiB\"\n", "store.segment_size");

@@ -963,3 +963,60 @@ fn frame_limits_after_login_are_configurable() {
         "closed on a packet over mqtt_packet_max"
     );
 }
+
+// ---- per-user limits ----------------------------------------------------------------
+
+#[tokio::test]
+async fn per_user_limits_override_the_global_ones_in_all_protocols() {
+    let hash = PasswordHash::new("dave-pw").expect("hash").to_base64();
+    // the global max_connections_per_user is 2; dave's own limit is 3 connections and
+    // 2 channels over all of them
+    let broker = TestBroker::start_with_config(&config(&format!(
+        "\n[[users]]\nname = \"dave\"\npassword_hash = \"{hash}\"\nmax_connections = 3\nmax_channels = 2\n\n\
+         [[permissions]]\nuser = \"dave\"\nvhost = \"/\"\nconfigure = \".*\"\nwrite = \".*\"\nread = \".*\"\n"
+    )));
+    // AMQP: the third channel over the user's limit closes the connection with
+    // RabbitMQ's 530 and text
+    let c = amqp(&broker, "dave", "dave-pw", "/").await.expect("dave");
+    let _ch1 = c.create_channel().await.expect("channel 1");
+    let _ch2 = c.create_channel().await.expect("channel 2");
+    assert_refused(
+        c.create_channel().await,
+        "third channel",
+        "NOT_ALLOWED - number of channels opened for user 'dave' has reached the maximum allowed user limit of (2)",
+    );
+    drop(c);
+    // its connection and channels come back; a STOMP and an MQTT connection hold one
+    // channel each
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let mut s1 = loop {
+        let mut s = stomp_connect(broker.stomp_addr(), "login:dave\npasscode:dave-pw\n");
+        let f = stomp_read(&mut s);
+        if f.starts_with("CONNECTED") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "slots not given back: {f}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (_m1, code) = mqtt_connect(broker.mqtt_addr(), "dave-1", Some(("dave", "dave-pw")));
+    assert_eq!(code, 0);
+    // a third channel-holding connection: STOMP ERROR, MQTT CONNACK 4 (as a bad password)
+    let mut s2 = stomp_connect(broker.stomp_addr(), "login:dave\npasscode:dave-pw\n");
+    let f = stomp_read(&mut s2);
+    assert!(f.starts_with("ERROR"), "{f}");
+    let (_m2, code) = mqtt_connect(broker.mqtt_addr(), "dave-2", Some(("dave", "dave-pw")));
+    assert_eq!(code, 4);
+    // an AMQP connection needs no channel to open: the third connection, past the
+    // global limit of 2, is within dave's 3
+    let a = amqp(&broker, "dave", "dave-pw", "/")
+        .await
+        .expect("third connection");
+    assert_refused(
+        amqp(&broker, "dave", "dave-pw", "/").await,
+        "fourth connection",
+        "NOT_ALLOWED - connection refused for user 'dave': user connection limit (3) is reached",
+    );
+    drop(a);
+    let _ = stomp_send(&mut s1, "DISCONNECT\nreceipt:1\n\n\0");
+    assert!(broker.log().contains("channel limit reached for user"));
+}

@@ -550,3 +550,81 @@ password_hash = "{pw_hash('bob-pw')}"
     assert m is not None and m.payload == b"for alice"
     alice.close()
     guest.close()
+
+
+def test_shared_subscription_round_robin_and_handoff(mqtt_clients, uid):
+    """`$share/<group>/<filter>` as Mosquitto 2 and EMQX: members take turns; a member's
+    unacked QoS 1 messages go to another member when it leaves. No retained message on a
+    shared subscribe (EMQX, MQTT 5's rule; Mosquitto 2.0.11 sends it)."""
+    pub = mqtt_clients()
+    pub.publish(f"sh/{uid}/r", b"retained", qos=1, retain=True)
+    a, b = mqtt_clients(), mqtt_clients()
+    assert a.subscribe(f"$share/g/sh/{uid}/#", qos=1) == [1]
+    assert b.subscribe(f"$share/g/sh/{uid}/#", qos=1) == [1]
+    for i in range(4):
+        pub.publish(f"sh/{uid}/x", str(i).encode(), qos=1)
+    got_a, got_b = a.take(2), b.take(2)
+    assert sorted(int(m.payload) for m in got_a + got_b) == [0, 1, 2, 3]
+    assert [int(m.payload) for m in got_a] == [0, 2]
+    # a member that does not ack and leaves: its message goes to the other member
+    lazy = mqtt_clients(manual_ack=True)
+    assert lazy.subscribe(f"$share/w/sh/{uid}/jobs", qos=1) == [1]
+    busy = mqtt_clients()
+    assert busy.subscribe(f"$share/w/sh/{uid}/jobs", qos=1) == [1]
+    pub.publish(f"sh/{uid}/jobs", b"j0", qos=1)
+    pub.publish(f"sh/{uid}/jobs", b"j1", qos=1)
+    held = lazy.message()
+    assert held is not None
+    first = busy.message()
+    assert first is not None and first.payload != held.payload
+    lazy.kill()
+    again = busy.message()
+    assert again is not None and again.payload == held.payload
+    pub.publish(f"sh/{uid}/r", b"", qos=1, retain=True)
+
+
+def test_invalid_shared_filters_are_refused(mqtt_clients, uid):
+    c = mqtt_clients()
+    for bad in ["$share//x", "$share/g", f"$share/g/"]:
+        assert c.subscribe(bad, qos=1) == [0x80], bad
+
+
+def test_vhost_in_the_user_name(configured_broker, uid):
+    """RabbitMQ's MQTT plugin: user name `vhost:user`; an unknown vhost is refused as a
+    bad user name or password (CONNACK 4, RabbitMQ 3.10)."""
+    perms = "\n".join(
+        f'[[permissions]]\nuser = "guest"\nvhost = "{v}"\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+        for v in ("/", "dev"))
+    b = configured_broker(f'[[vhosts]]\nname = "dev"\n\n{perms}')
+    topic = f"vh/{uid}"
+    dev = Mqtt(b, username="dev:guest")
+    root = Mqtt(b)
+    assert dev.subscribe(topic, qos=1) == [1]
+    assert root.subscribe(topic, qos=1) == [1]
+    Mqtt(b, username="dev:guest").publish(topic, b"to dev", qos=1)
+    m = dev.message()
+    assert m is not None and m.payload == b"to dev"
+    assert root.message(0.5) is None, "vhosts are separate"
+    bad = Mqtt(b, username="nosuch:guest", connect=False)
+    flags, rc = bad.connect()
+    assert rc.is_failure and rc.value in (4, 134), rc  # 4 as paho 2 reports it
+    for c in (dev, root, bad):
+        c.close()
+
+
+def test_topic_permission_with_client_id(configured_broker, uid):
+    """RabbitMQ's topic-permission variables: `{client_id}` (MQTT only) and `{username}`
+    expanded in the pattern (here matched literally)."""
+    b = configured_broker(
+        '[[permissions]]\nuser = "guest"\nvhost = "/"\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n'
+        '[[topic_permissions]]\nuser = "guest"\nvhost = "/"\nexchange = "amq.topic"\n'
+        'write = "^dev\\\\.{client_id}\\\\."\nread = "^(dev\\\\.{client_id}|{username})\\\\."\n')
+    cid = f"c-{uid}"
+    c = Mqtt(b, client_id=cid)
+    assert c.subscribe(f"dev/{cid}/#", qos=1) == [1]
+    assert c.subscribe("guest/#", qos=1) == [1]
+    assert c.subscribe("dev/other/#", qos=1) == [0x80]
+    c.publish(f"dev/{cid}/t", b"mine", qos=1)
+    m = c.message()
+    assert m is not None and m.payload == b"mine"
+    c.close()

@@ -7,7 +7,7 @@ import pika
 import pika.exceptions as pex
 import pytest
 
-from helpers import consume, pika_connect
+from helpers import consume, pika_connect, pika_params
 
 
 @pytest.fixture
@@ -1158,3 +1158,31 @@ def test_acks_survive_kill_9(own_broker, uid):
     assert [b for _, _, b in got][:1] != [b"k0"], "acked messages came back after a crash"
     assert [b for _, _, b in got] == [f"k{i}".encode() for i in range(5, 10)]
     c.close()
+
+
+def test_user_limits_max_channels_and_max_connections(configured_broker):
+    """RabbitMQ's user limits (`rabbitmqctl set_user_limits`), here under [[users]]:
+    the same 530 and texts as RabbitMQ 3.10 gives pika."""
+    import base64
+    import hashlib
+    salt = b"\x01\x02\x03\x04"
+    pw = base64.b64encode(salt + hashlib.sha256(salt + b"lim-pw").digest()).decode()
+    b = configured_broker(
+        f'[[users]]\nname = "lim"\npassword_hash = "{pw}"\nmax_connections = 2\nmax_channels = 2\n\n'
+        '[[permissions]]\nuser = "lim"\nvhost = "/"\nconfigure = ".*"\nwrite = ".*"\nread = ".*"\n')
+    creds = pika.PlainCredentials("lim", "lim-pw")
+    c = pika.BlockingConnection(pika_params(b, credentials=creds))
+    c.channel()
+    c.channel()
+    with pytest.raises(pex.ConnectionClosedByBroker) as e:
+        c.channel()
+    assert e.value.reply_code == 530
+    assert e.value.reply_text == ("NOT_ALLOWED - number of channels opened for user 'lim' "
+                                  "has reached the maximum allowed user limit of (2)")
+    c1 = pika.BlockingConnection(pika_params(b, credentials=creds))
+    c2 = pika.BlockingConnection(pika_params(b, credentials=creds))
+    with pytest.raises(pex.AMQPConnectionError) as e:
+        pika.BlockingConnection(pika_params(b, credentials=creds))
+    assert "user connection limit (2) is reached" in str(e.value)
+    c1.close()
+    c2.close()

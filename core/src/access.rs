@@ -26,6 +26,10 @@
 //! subscription's filter, as a routing key, included). Without an entry, any key. A pattern matches anywhere in the name unless anchored (`^...$`), as
 //! RabbitMQ's `re:run`; an empty pattern matches nothing (RabbitMQ's special case).
 //!
+//! `{username}`, `{vhost}` and (MQTT) `{client_id}` in a topic pattern are replaced by
+//! the connection's values, escaped, as RabbitMQ expands them (RabbitMQ inserts them
+//! unescaped; a client id is chosen by the client, so here it is matched literally).
+//!
 //! Patterns are compiled once, at startup, into DFAs (`regex-automata`): matching is
 //! linear in the name and never backtracks; a pattern whose automaton would exceed
 //! [`Pattern::SIZE_LIMIT`] is refused at startup.
@@ -33,7 +37,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use regex_automata::dfa::{dense, Automaton};
+use regex_automata::dfa::{dense, sparse, Automaton};
 use regex_automata::Input;
 
 use crate::error::{CoreError, ResourceKind};
@@ -77,8 +81,55 @@ pub struct PatternError {
 #[derive(Clone)]
 pub struct Pattern {
     source: Arc<str>,
-    /// `None`: the empty pattern, which matches nothing.
-    dfa: Option<Arc<dense::DFA<Vec<u32>>>>,
+    /// `None`: the empty pattern, which matches nothing; or a topic pattern still
+    /// holding `{client_id}`, which matches nothing until
+    /// [`Pattern::with_client_id`] fills it in.
+    dfa: Option<Arc<Dfa>>,
+    /// The source holds `{client_id}` (topic patterns only).
+    per_client: bool,
+}
+
+/// A compiled pattern: dense (shared by every connection of a user) or sparse (one
+/// connection's, with its client id).
+enum Dfa {
+    Dense(dense::DFA<Vec<u32>>),
+    Sparse(sparse::DFA<Vec<u8>>),
+}
+
+/// The placeholder a topic pattern names the MQTT client id with.
+pub const CLIENT_ID_VAR: &str = "{client_id}";
+
+/// `value` as a regular expression matching exactly it: every character the regex
+/// syntax gives a meaning to is escaped (a user name, vhost or client id put into a
+/// pattern is matched literally, so a client id `.*` cannot widen it).
+pub fn escape_regex(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        if matches!(
+            c,
+            '\\' | '.'
+                | '+'
+                | '*'
+                | '?'
+                | '('
+                | ')'
+                | '|'
+                | '['
+                | ']'
+                | '{'
+                | '}'
+                | '^'
+                | '$'
+                | '#'
+                | '&'
+                | '-'
+                | '~'
+        ) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 impl fmt::Debug for Pattern {
@@ -100,10 +151,18 @@ impl Pattern {
 
     /// Compiles `pattern`.
     pub fn new(pattern: &str) -> Result<Pattern, PatternError> {
+        Pattern::build(pattern, false)
+    }
+
+    /// Compiles `pattern` into a dense DFA (fastest to match; several KB), or with
+    /// `sparse` a sparse one (about a tenth of that: what a pattern compiled per
+    /// connection uses).
+    fn build(pattern: &str, sparse: bool) -> Result<Pattern, PatternError> {
         if pattern.is_empty() {
             return Ok(Pattern {
                 source: Arc::from(""),
                 dfa: None,
+                per_client: false,
             });
         }
         let dfa = dense::Builder::new()
@@ -117,9 +176,57 @@ impl Pattern {
                 pattern: pattern.to_owned(),
                 reason: e.to_string(),
             })?;
+        let dfa = if sparse {
+            Dfa::Sparse(dfa.to_sparse().map_err(|e| PatternError {
+                pattern: pattern.to_owned(),
+                reason: e.to_string(),
+            })?)
+        } else {
+            Dfa::Dense(dfa)
+        };
         Ok(Pattern {
             source: Arc::from(pattern),
             dfa: Some(Arc::new(dfa)),
+            per_client: false,
+        })
+    }
+
+    /// A topic pattern holding `{client_id}`: checked now (compiled with a sample
+    /// client id), compiled per connection by [`Pattern::with_client_id`]; until then
+    /// it matches nothing (AMQP and STOMP connections have no client id).
+    fn per_client(pattern: &str) -> Result<Pattern, PatternError> {
+        Pattern::new(&pattern.replace(CLIENT_ID_VAR, "client-1")).map_err(|e| PatternError {
+            pattern: pattern.to_owned(),
+            reason: e.reason,
+        })?;
+        Ok(Pattern {
+            source: Arc::from(pattern),
+            dfa: None,
+            per_client: true,
+        })
+    }
+
+    /// Whether the pattern waits for a client id.
+    pub fn is_per_client(&self) -> bool {
+        self.per_client
+    }
+
+    /// This pattern for one connection's client id (escaped); a pattern without
+    /// `{client_id}` is returned as it is. One that does not compile with it (past
+    /// [`Pattern::SIZE_LIMIT`]) matches nothing. Compiled to a sparse DFA: about 0.6 KB
+    /// for `^devices\.{client_id}\.` and a 21-byte id, against 4.5 KB dense.
+    pub fn with_client_id(&self, client_id: &str) -> Pattern {
+        if !self.per_client {
+            return self.clone();
+        }
+        let expanded = self.source.replace(CLIENT_ID_VAR, &escape_regex(client_id));
+        Pattern::build(&expanded, true).unwrap_or_else(|e| {
+            tracing::info!(pattern = %self.source, error = %e.reason, "topic pattern refused for this client id");
+            Pattern {
+                source: Arc::from(expanded.as_str()),
+                dfa: None,
+                per_client: false,
+            }
         })
     }
 
@@ -129,6 +236,7 @@ impl Pattern {
         Pattern::new(".*").unwrap_or(Pattern {
             source: Arc::from(".*"),
             dfa: None,
+            per_client: false,
         })
     }
 
@@ -139,14 +247,14 @@ impl Pattern {
 
     /// Whether the pattern matches somewhere in `name`.
     pub fn is_match(&self, name: &str) -> bool {
-        match &self.dfa {
-            None => false,
-            // A search error (a pattern the DFA cannot finish on this input) denies.
-            Some(d) => matches!(
-                d.try_search_fwd(&Input::new(name).earliest(true)),
-                Ok(Some(_))
-            ),
-        }
+        let input = Input::new(name).earliest(true);
+        // A search error (a pattern the DFA cannot finish on this input) denies.
+        let found = match self.dfa.as_deref() {
+            None => return false,
+            Some(Dfa::Dense(d)) => d.try_search_fwd(&input),
+            Some(Dfa::Sparse(d)) => d.try_search_fwd(&input),
+        };
+        matches!(found, Ok(Some(_)))
     }
 }
 
@@ -196,11 +304,18 @@ pub struct TopicPermission {
 
 impl TopicPermission {
     /// Compiles a topic pattern: `{username}` and `{vhost}` are replaced first (as
-    /// RabbitMQ does), and `""` means `^$` (RabbitMQ's reading for topic patterns).
+    /// RabbitMQ does, but escaped: matched literally), and `""` means `^$` (RabbitMQ's
+    /// reading for topic patterns). A pattern with `{client_id}` is checked now and
+    /// compiled per MQTT connection ([`VhostAccess::for_client`]); for a connection
+    /// without a client id (AMQP, STOMP) it matches nothing.
     pub fn pattern(p: &str, user: &str, vhost: &str) -> Result<Pattern, PatternError> {
-        let expanded = p.replace("{username}", user).replace("{vhost}", vhost);
+        let expanded = p
+            .replace("{username}", &escape_regex(user))
+            .replace("{vhost}", &escape_regex(vhost));
         if expanded.is_empty() {
             Pattern::new("^$")
+        } else if expanded.contains(CLIENT_ID_VAR) {
+            Pattern::per_client(&expanded)
         } else {
             Pattern::new(&expanded)
         }
@@ -234,6 +349,33 @@ impl VhostAccess {
             .cloned()
             .collect();
         self
+    }
+
+    /// These rights for the MQTT client `client_id`: its topic patterns with
+    /// `{client_id}` compiled for it. `None` when none has the variable (use these
+    /// rights as they are: nothing is allocated per connection). Costs one automaton
+    /// per such pattern per connection, built once at CONNECT.
+    pub fn for_client(&self, client_id: &str) -> Option<VhostAccess> {
+        if !self
+            .topics
+            .iter()
+            .any(|t| t.write.is_per_client() || t.read.is_per_client())
+        {
+            return None;
+        }
+        let topics = self
+            .topics
+            .iter()
+            .map(|t| TopicPermission {
+                write: t.write.with_client_id(client_id),
+                read: t.read.with_client_id(client_id),
+                ..t.clone()
+            })
+            .collect();
+        Some(VhostAccess {
+            perm: self.perm.clone(),
+            topics,
+        })
     }
 
     /// Full rights (tests, internal users).
@@ -574,5 +716,43 @@ mod tests {
         let b = access(".*", ".*", ".*").with_topics(&[topic("amq.topic", "", "")]);
         assert!(b.publish_to(&vh, "amq.topic", "").is_ok());
         assert!(b.publish_to(&vh, "amq.topic", "a").is_err());
+    }
+
+    #[test]
+    fn client_id_username_and_vhost_variables() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sc = triad_store::store::StoreConfig::new(dir.path());
+        sc.segment_size = 1 << 20;
+        let store = std::sync::Arc::new(triad_store::store::Store::open(sc).unwrap());
+        let broker = crate::Broker::open(store, crate::CoreConfig::default()).unwrap();
+        let vh = broker.vhost("/").unwrap();
+        let user = "a.b";
+        let topic = TopicPermission {
+            user: user.into(),
+            vhost: "/".into(),
+            exchange: "amq.topic".into(),
+            write: TopicPermission::pattern("^dev\\.{client_id}\\.", user, "/").unwrap(),
+            read: TopicPermission::pattern("^(u\\.{username}|v\\.{vhost})\\.", user, "/").unwrap(),
+        };
+        let a = VhostAccess::new(Permission::full(user, "/")).with_topics(&[topic]);
+        // without a client id (AMQP, STOMP): a `{client_id}` pattern matches nothing
+        assert!(a.publish_to(&vh, "amq.topic", "dev.c1.x").is_err());
+        assert!(a.publish_to(&vh, "amq.topic", "dev.{client_id}.x").is_err());
+        // values are matched literally: `a.b` does not match `aXb`
+        assert!(a.queue_bind_key(&vh, "q", "amq.topic", "u.a.b.#").is_ok());
+        assert!(a.queue_bind_key(&vh, "q", "amq.topic", "u.aXb.#").is_err());
+        assert!(a.queue_bind_key(&vh, "q", "amq.topic", "v./.#").is_ok());
+        let c = a.for_client("c1").unwrap();
+        assert!(c.publish_to(&vh, "amq.topic", "dev.c1.x").is_ok());
+        assert!(c.publish_to(&vh, "amq.topic", "dev.c2.x").is_err());
+        // a client id cannot widen the pattern
+        let evil = a.for_client(".*").unwrap();
+        assert!(evil.publish_to(&vh, "amq.topic", "dev.c1.x").is_err());
+        assert!(evil.publish_to(&vh, "amq.topic", "dev..*.x").is_ok());
+        // rights without the variable are shared, not copied per connection
+        let plain = access(".*", ".*", ".*");
+        assert!(plain.for_client("c1").is_none());
+        // a bad pattern with the variable is refused up front
+        assert!(TopicPermission::pattern("^{client_id}(", "u", "/").is_err());
     }
 }

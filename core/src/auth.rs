@@ -581,7 +581,7 @@ mod tests {
                 user: "alice".into(),
                 vhost: "/".into(),
                 exchange: "amq.topic".into(),
-                write: "^x\\.".into(),
+                write: "^x\\.{client_id}\\.".into(),
                 read: ".*".into(),
             })
             .unwrap();
@@ -598,6 +598,27 @@ mod tests {
         assert!(a.queue_declare("a-1", &Default::default()).is_ok());
         assert!(a.queue_declare("b-1", &Default::default()).is_err());
         assert_eq!(db.topic_permissions().len(), 1);
+        // the stored pattern keeps its variable: compiled per client id
+        let other = tempfile::tempdir().unwrap();
+        let broker = crate::Broker::open(open_store(other.path()), cfg()).unwrap();
+        let vh = broker.vhost("/").unwrap();
+        assert!(
+            a.publish_to(&vh, "amq.topic", "x.c1.t").is_err(),
+            "no client id"
+        );
+        let c1 = a.for_client("c1").unwrap();
+        assert!(c1.publish_to(&vh, "amq.topic", "x.c1.t").is_ok());
+        assert!(c1.publish_to(&vh, "amq.topic", "x.c2.t").is_err());
+        // a bad one is refused before it is stored
+        assert!(db
+            .set_topic_permission(TopicPermissionEntry {
+                user: "alice".into(),
+                vhost: "/".into(),
+                exchange: "amq.topic".into(),
+                write: "^{client_id}(".into(),
+                read: ".*".into(),
+            })
+            .is_err());
         // the configuration did not change: the API's password stays
         let g = db.user("guest").unwrap();
         assert!(g.password_hash.verify("secret"));

@@ -74,6 +74,9 @@ pub struct CoreConfig {
     pub vhosts: Vec<String>,
     /// Open connections per user over all protocols; 0 = unlimited.
     pub max_connections_per_user: u32,
+    /// Per-user limits (RabbitMQ's `rabbitmqctl set_user_limits`), by user name; a
+    /// user's `max_connections` overrides `max_connections_per_user`.
+    pub user_limits: HashMap<String, UserLimits>,
     /// Queues per vhost; 0 = unlimited. A declare past it is
     /// [`CoreError::PreconditionFailed`] (RabbitMQ's vhost `max-queues`).
     pub max_queues_per_vhost: usize,
@@ -97,11 +100,97 @@ impl Default for CoreConfig {
             default_vhost: "/".into(),
             vhosts: Vec::new(),
             max_connections_per_user: 0,
+            user_limits: HashMap::new(),
             max_queues_per_vhost: 0,
             max_message_size: 128 << 20,
             queue_window: 2048,
             default_password: None,
         }
+    }
+}
+
+/// One user's limits (RabbitMQ's user limits). `None`: not set. [`UserLimits::UNLIMITED`]
+/// lifts a limit (RabbitMQ's negative value); 0 refuses every connection or channel,
+/// as RabbitMQ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UserLimits {
+    /// Connections open at once over all protocols (`max-connections`); overrides
+    /// `max_connections_per_user`.
+    pub max_connections: Option<u32>,
+    /// Channels open at once over all the user's connections (`max-channels`): AMQP
+    /// channels, and one per STOMP or MQTT connection (as RabbitMQ counts the channel
+    /// its STOMP and MQTT plugins open per connection).
+    pub max_channels: Option<u32>,
+}
+
+impl UserLimits {
+    /// No limit.
+    pub const UNLIMITED: u32 = u32::MAX;
+
+    fn limit(v: Option<u32>) -> Option<u32> {
+        v.filter(|n| *n != Self::UNLIMITED)
+    }
+}
+
+/// Open connections and channels per user, and the per-user limits: shared by the
+/// broker and every [`ConnectionSlot`] / [`ChannelSlot`]. Channels are counted only for
+/// users with a `max_channels` limit.
+#[derive(Debug, Default)]
+struct UserCounts {
+    conns: Mutex<HashMap<String, u32>>,
+    channels: Mutex<HashMap<String, u32>>,
+    limits: HashMap<String, UserLimits>,
+}
+
+impl UserCounts {
+    /// Counts a channel of `user` against its `max_channels`; `Ok(false)` when the
+    /// user has no such limit (nothing counted).
+    fn take_channel(&self, user: &str) -> Result<bool, CoreError> {
+        let Some(max) = self
+            .limits
+            .get(user)
+            .and_then(|l| UserLimits::limit(l.max_channels))
+        else {
+            return Ok(false);
+        };
+        let mut g = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let n = g.entry(user.to_string()).or_insert(0);
+        if *n >= max {
+            if *n == 0 {
+                g.remove(user);
+            }
+            drop(g);
+            tracing::info!(user, max, "channel limit reached for user");
+            return Err(CoreError::NotAllowed(format!(
+                "number of channels opened for user '{user}' has reached the maximum allowed user limit of ({max})"
+            )));
+        }
+        *n += 1;
+        Ok(true)
+    }
+
+    fn give_channel(&self, user: &str) {
+        let mut g = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = g.get_mut(user) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                g.remove(user);
+            }
+        }
+    }
+}
+
+/// An AMQP channel counted against its user's `max_channels`; dropping it gives the
+/// slot back.
+#[derive(Debug)]
+pub struct ChannelSlot {
+    user: Box<str>,
+    counts: Arc<UserCounts>,
+}
+
+impl Drop for ChannelSlot {
+    fn drop(&mut self) {
+        self.counts.give_channel(&self.user);
     }
 }
 
@@ -164,18 +253,22 @@ pub struct Broker {
     auth: AuthDb,
     /// Open client connections (the management API's `/api/connections`).
     conns: Arc<Registry>,
-    /// Open connections per user, for `max_connections_per_user`.
-    user_conns: Arc<Mutex<HashMap<String, u32>>>,
+    /// Open connections (and limited users' channels) per user, and the user limits.
+    user_conns: Arc<UserCounts>,
     /// Failed logins per source address and user name.
     logins: LoginThrottle,
 }
 
-/// A connection counted against its user's `max_connections_per_user`; dropping it
-/// gives the slot back. Adapters keep it as long as the connection is open.
+/// A connection counted against its user's connection limit (and, for STOMP and MQTT,
+/// its channel limit); dropping it gives the slots back. Adapters keep it as long as
+/// the connection is open.
 #[derive(Debug)]
 pub struct ConnectionSlot {
-    user: String,
-    counts: Arc<Mutex<HashMap<String, u32>>>,
+    user: Box<str>,
+    counts: Arc<UserCounts>,
+    /// Holds one of the user's channels (a STOMP or MQTT connection of a user with
+    /// `max_channels`).
+    channel: bool,
 }
 
 impl ConnectionSlot {
@@ -183,15 +276,27 @@ impl ConnectionSlot {
     pub fn user(&self) -> &str {
         &self.user
     }
+
+    /// Counts an AMQP channel against the user's `max_channels` (checked before the
+    /// channel is made); `None` when the user has no channel limit.
+    pub fn open_channel(&self) -> Result<Option<ChannelSlot>, CoreError> {
+        Ok(self.counts.take_channel(&self.user)?.then(|| ChannelSlot {
+            user: self.user.clone(),
+            counts: Arc::clone(&self.counts),
+        }))
+    }
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = counts.get_mut(&self.user) {
+        if self.channel {
+            self.counts.give_channel(&self.user);
+        }
+        let mut counts = self.counts.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = counts.get_mut(&*self.user) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                counts.remove(&self.user);
+                counts.remove(&*self.user);
             }
         }
     }
@@ -236,6 +341,10 @@ impl Broker {
         // every entity is loaded: the journal's copy of the metadata is not needed in
         // memory any more (a vhost added later reads it back from the files)
         store.journal().release_state();
+        let user_conns = Arc::new(UserCounts {
+            limits: cfg.user_limits.clone(),
+            ..UserCounts::default()
+        });
         Ok(Arc::new(Broker {
             store,
             cfg,
@@ -244,7 +353,7 @@ impl Broker {
             alarms: tokio::sync::watch::Sender::new(Alarms::default()),
             auth,
             conns: Arc::new(Registry::default()),
-            user_conns: Arc::new(Mutex::new(HashMap::new())),
+            user_conns,
             logins: LoginThrottle::default(),
         }))
     }
@@ -377,7 +486,7 @@ impl Broker {
             .map_err(|e| (LoginStage::Vhost, e))?;
         let vh = self.vhost(vhost).map_err(|e| (LoginStage::Vhost, e))?;
         let slot = self
-            .connection_slot(&user)
+            .connection_slot(&user, proto)
             .map_err(|e| (LoginStage::ConnectionLimit, e))?;
         Ok(Link::new(vh, access, conn, proto, slot))
     }
@@ -450,25 +559,39 @@ impl Broker {
         Ok(access)
     }
 
-    /// Counts a new connection of `user` against `max_connections_per_user`;
-    /// [`CoreError::NotAllowed`] when the user is at the limit.
-    pub(crate) fn connection_slot(&self, user: &User) -> Result<ConnectionSlot, CoreError> {
-        let max = self.cfg.max_connections_per_user;
-        let mut counts = self.user_conns.lock().unwrap_or_else(|e| e.into_inner());
-        let n = counts.entry(user.name.clone()).or_insert(0);
-        if max > 0 && *n >= max {
-            let n = *n;
+    /// Counts a new connection of `user` against its connection limit (its
+    /// `max_connections`, else `max_connections_per_user`) and, for STOMP and MQTT,
+    /// one channel against its `max_channels`; [`CoreError::NotAllowed`] with
+    /// RabbitMQ's text when the user is at a limit. O(1): two map lookups under short
+    /// locks, before anything is allocated for the connection.
+    pub(crate) fn connection_slot(
+        &self,
+        user: &User,
+        proto: Protocol,
+    ) -> Result<ConnectionSlot, CoreError> {
+        let uc = &self.user_conns;
+        let own = uc.limits.get(&user.name).copied().unwrap_or_default();
+        let max = match own.max_connections {
+            Some(n) => UserLimits::limit(Some(n)),
+            None => Some(self.cfg.max_connections_per_user).filter(|n| *n > 0),
+        };
+        let mut counts = uc.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let open = counts.get(&user.name).copied().unwrap_or(0);
+        if let Some(max) = max.filter(|m| open >= *m) {
             drop(counts);
-            tracing::info!(user = %user.name, open = n, max, "connection limit reached for user");
+            tracing::info!(user = %user.name, open, max, "connection limit reached for user");
             return Err(CoreError::NotAllowed(format!(
-                "connection refused: user '{}' reached its connection limit ({max})",
+                "connection refused for user '{}': user connection limit ({max}) is reached",
                 user.name
             )));
         }
-        *n += 1;
+        // a STOMP or MQTT connection is one channel (RabbitMQ's plugins open one each)
+        let channel = proto != Protocol::Amqp && uc.take_channel(&user.name)?;
+        *counts.entry(user.name.clone()).or_insert(0) += 1;
         Ok(ConnectionSlot {
-            user: user.name.clone(),
-            counts: Arc::clone(&self.user_conns),
+            user: Box::from(user.name.as_str()),
+            counts: Arc::clone(uc),
+            channel,
         })
     }
 

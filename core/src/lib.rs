@@ -71,7 +71,9 @@ pub mod vhost;
 
 pub use access::{Access, Pattern, PatternError, Permission, TopicPermission, VhostAccess};
 pub use alarm::Alarms;
-pub use broker::{Broker, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig};
+pub use broker::{
+    Broker, ChannelSlot, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig, UserLimits,
+};
 pub use direct_reply::{DirectReply, ReplyConsumer};
 pub use durability::Durability;
 pub use error::{CoreError, ResourceKind};

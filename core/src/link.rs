@@ -264,6 +264,22 @@ impl Link {
         &self.access
     }
 
+    /// Counts an AMQP channel against the user's `max_channels` before it is opened:
+    /// hold the slot for the channel's life. `None`: the user has no channel limit.
+    /// [`CoreError::NotAllowed`] (RabbitMQ's text) at the limit.
+    pub fn open_channel(&self) -> Result<Option<crate::ChannelSlot>, CoreError> {
+        self.slot.open_channel()
+    }
+
+    /// Names the connection's client (MQTT's client id): topic patterns with
+    /// `{client_id}` are compiled for it ([`VhostAccess::for_client`]); without such
+    /// patterns nothing changes (the user's shared rights stay in use).
+    pub fn set_client_id(&mut self, client_id: &str) {
+        if let Some(a) = self.access.for_client(client_id) {
+            self.access = Arc::new(a);
+        }
+    }
+
     /// Checks that the user may publish to `exchange` with `routing_key` and returns
     /// the permission as a [`PublishTo`], for a message whose body comes later (AMQP's
     /// content frames) or that has work to do before it is published (MQTT's retained
@@ -599,6 +615,81 @@ mod tests {
         assert_eq!(auth.user().name, "guest");
         let e = b.open_link(auth, "nowhere", Protocol::Amqp).unwrap_err();
         assert!(matches!(e, CoreError::NotAllowed(_)), "{e}");
+    }
+
+    #[test]
+    fn per_user_limits_override_the_global_one() {
+        use crate::UserLimits;
+        let mut cfg = CoreConfig {
+            max_connections_per_user: 1,
+            ..CoreConfig::default()
+        };
+        cfg.user_limits.insert(
+            "guest".into(),
+            UserLimits {
+                max_connections: Some(2),
+                max_channels: Some(3),
+            },
+        );
+        let (_d, b) = broker(cfg);
+        let a = b.login(GUEST, peer(1), "/", Protocol::Amqp).unwrap();
+        // the user's own limit (2), not the global one (1)
+        let m = b.login(GUEST, peer(2), "/", Protocol::Mqtt).unwrap();
+        let e = b.login(GUEST, peer(3), "/", Protocol::Amqp).unwrap_err();
+        assert_eq!(e.stage, LoginStage::ConnectionLimit);
+        assert_eq!(
+            e.reason.to_string(),
+            "not allowed: connection refused for user 'guest': user connection limit (2) is reached"
+        );
+        // channels over all connections: the MQTT connection holds one
+        let c1 = a.open_channel().unwrap().expect("counted");
+        let c2 = a.open_channel().unwrap().expect("counted");
+        let e = a.open_channel().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "not allowed: number of channels opened for user 'guest' has reached the maximum allowed user limit of (3)"
+        );
+        drop(m); // its channel and connection come back
+        let c3 = a.open_channel().unwrap().expect("counted");
+        drop((c1, c2));
+        let s = b.login(GUEST, peer(4), "/", Protocol::Stomp).unwrap();
+        let e = b.login(GUEST, peer(5), "/", Protocol::Stomp).unwrap_err();
+        assert_eq!(e.stage, LoginStage::ConnectionLimit);
+        drop((c3, s, a));
+
+        // 0 refuses every connection (RabbitMQ); UNLIMITED lifts the global limit
+        let mut cfg = CoreConfig {
+            max_connections_per_user: 1,
+            ..CoreConfig::default()
+        };
+        cfg.user_limits.insert(
+            "guest".into(),
+            UserLimits {
+                max_connections: Some(UserLimits::UNLIMITED),
+                max_channels: Some(0),
+            },
+        );
+        let (_d, b) = broker(cfg);
+        let a = b.login(GUEST, peer(1), "/", Protocol::Amqp).unwrap();
+        let a2 = b.login(GUEST, peer(2), "/", Protocol::Amqp).unwrap();
+        assert!(a.open_channel().is_err());
+        let e = b.login(GUEST, peer(3), "/", Protocol::Mqtt).unwrap_err();
+        assert_eq!(e.stage, LoginStage::ConnectionLimit);
+        drop((a, a2));
+        let mut cfg = CoreConfig::default();
+        cfg.user_limits.insert(
+            "guest".into(),
+            UserLimits {
+                max_connections: Some(0),
+                max_channels: None,
+            },
+        );
+        let (_d, b) = broker(cfg);
+        assert!(b.login(GUEST, peer(1), "/", Protocol::Amqp).is_err());
+        // no channel limit: nothing counted per channel
+        let (_d, b) = broker(CoreConfig::default());
+        let a = b.login(GUEST, peer(1), "/", Protocol::Amqp).unwrap();
+        assert!(a.open_channel().unwrap().is_none());
     }
 
     #[test]

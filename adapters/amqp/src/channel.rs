@@ -9,8 +9,9 @@ use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPC
 use bytes::{Bytes, BytesMut};
 use triad_core::direct_reply::{REPLY_PREFIX, REPLY_TO};
 use triad_core::{
-    ConsumeRequest, ConsumerHandle, CreditGate, Delivery, DirectReply, ExchangeDef, ExchangeKind,
-    FieldValue, Link, Properties, Publish, PublishTo, Queue, QueueDeclare, ReplyConsumer,
+    ChannelSlot, ConsumeRequest, ConsumerHandle, CreditGate, Delivery, DirectReply, ExchangeDef,
+    ExchangeKind, FieldValue, Link, Properties, Publish, PublishTo, Queue, QueueDeclare,
+    ReplyConsumer,
 };
 
 use crate::codec::{Frame, FRAME_OVERHEAD};
@@ -67,10 +68,13 @@ pub struct Channel {
     last_queue: String,
     /// The channel's direct reply-to consumer (`amq.rabbitmq.reply-to`), at most one.
     reply: Option<ReplyConsumer>,
+    /// Counted against the user's `max_channels` (`None`: the user has no such limit);
+    /// given back when the channel goes.
+    _slot: Option<ChannelSlot>,
 }
 
 impl Channel {
-    fn new() -> Channel {
+    fn new(slot: Option<ChannelSlot>) -> Channel {
         Channel {
             closing: false,
             content: None,
@@ -82,6 +86,7 @@ impl Channel {
             mode: Mode::Normal,
             last_queue: String::new(),
             reply: None,
+            _slot: slot,
         }
     }
 
@@ -135,7 +140,12 @@ impl Session {
                     )
                     .on(cid, mid));
                 }
-                self.channels.insert(id, Box::new(Channel::new()));
+                // the user's channel limit, checked before the channel is made
+                let slot = self
+                    .open_link()
+                    .and_then(|l| l.open_channel().map_err(AmqpError::from))
+                    .map_err(|e| e.on(cid, mid))?;
+                self.channels.insert(id, Box::new(Channel::new(slot)));
                 self.send(
                     id,
                     AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),

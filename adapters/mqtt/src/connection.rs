@@ -24,16 +24,19 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use triad_core::queue::Queue;
 use triad_core::{
-    Backpressure, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials, Durability,
-    FieldTable, FieldValue, Link, LoginRefused, OutEvent, Outbox, Peer, Properties, Protocol,
-    QueueDeclare, ReplyQueue,
+    Backpressure, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials, Delivery,
+    Durability, FieldTable, FieldValue, Link, LoginRefused, OutEvent, Outbox, Peer, Properties,
+    Protocol, QueueDeclare, ReplyQueue,
 };
 
 use crate::codec::{self, Connect, Limits, Packet, SubAck, Will};
 use crate::retained::RetainedFeed;
 use crate::session::{PubRec, Session};
-use crate::state::{LiveClient, MqttState, VhostState};
-use crate::topic::{routing_key_to_topic, topic_to_routing_key, valid_filter};
+use crate::state::{shared_queue_name, LiveClient, MqttState, VhostState};
+use crate::topic::{
+    filter_matches, is_shared, parse_shared, routing_key_to_topic, topic_to_routing_key,
+    valid_filter, SharedFilter,
+};
 use crate::{MqttContext, MqttError};
 use triad_core::io::read_some;
 
@@ -184,13 +187,25 @@ where
     if let Some(consumer) = &k.c.consumer {
         consumer.cancel();
     }
+    for (_, consumer) in &k.c.shared {
+        consumer.cancel();
+    }
     for ev in k.outbox.close() {
         if let OutEvent::Deliver(d) = ev {
             d.queue.nack(&[d.offset], true);
         }
     }
     let c = &mut k.c;
+    // a clean session's shared subscriptions end with it (after its consumers stopped,
+    // so the last member's delete cancels nobody)
+    if c.clean {
+        for (tag, _) in std::mem::take(&mut c.shared) {
+            c.leave_shared(&tag);
+        }
+    }
     let (targets, carry) = std::mem::take(&mut c.session).finish();
+    // unacked messages of a shared subscription go back to its queue: another member
+    // of the group gets them
     for (q, off) in targets {
         q.nack(&[off], true);
     }
@@ -249,15 +264,19 @@ where
         Ok(Err(e)) => return Err(e),
     };
 
-    // authentication, then the vhost (always the default one)
+    // authentication and the vhost: `vhost:user`, the port's, or the default one
     let broker = ctx.broker.clone();
-    let vhost_name = broker.default_vhost().to_string();
+    let (vhost, user) = ctx
+        .login
+        .vhost_and_user(connect.username.as_deref(), broker.default_vhost());
+    let vhost_name = vhost.to_string();
+    let user = user.map(str::to_string);
     let conn = broker.next_connection_id();
-    let link = match login(ctx, peer, conn, &connect, &vhost_name) {
+    let mut link = match login(ctx, peer, conn, &connect, user.as_deref(), &vhost_name) {
         Ok(l) => l,
         Err((code, why)) => {
-            let user = connect.username.as_deref().unwrap_or("");
-            tracing::info!(%peer, user, code, reason = %why.reason, "MQTT login refused");
+            let user = user.as_deref().unwrap_or("");
+            tracing::info!(%peer, user, vhost = %vhost_name, code, reason = %why.reason, "MQTT login refused");
             // Slows password guessing down: one refusal per delay per source address
             // and per user name, however many connections ask at once.
             let hold = why.hold;
@@ -294,6 +313,8 @@ where
     }
     tracing::Span::current().record("client", client_id.as_str());
     triad_core::conns::note_client(&client_id);
+    // topic permissions with `{client_id}` apply from here on
+    link.set_client_id(&client_id);
 
     let vs = match ctx.state.vhost_state(&vhost_name) {
         Ok(v) => v,
@@ -405,6 +426,7 @@ where
             max_filters: ctx.limits.max_filters,
         },
         max_subscriptions: ctx.limits.max_subscriptions,
+        shared: Vec::new(),
     };
     // [MQTT-3.2.2-1]..[MQTT-3.2.2-3]
     codec::encode(
@@ -431,6 +453,27 @@ where
             refuse(stream, UNAVAILABLE).await?;
             return Ok(None);
         }
+        // the session's shared subscriptions: consume their groups' queues again
+        let shared: Vec<String> = c
+            .session
+            .subs
+            .keys()
+            .filter(|f| is_shared(f))
+            .cloned()
+            .collect();
+        for f in shared {
+            let joined = match parse_shared(&f) {
+                Some(Ok(sh)) => c.join_shared(&f, sh).map(drop),
+                _ => Err(CoreError::Internal(format!(
+                    "stored shared filter '{f}' is invalid"
+                ))),
+            };
+            if let Err(e) = joined {
+                tracing::warn!(filter = %f, error = %e, "cannot restore a shared subscription");
+                refuse(stream, UNAVAILABLE).await?;
+                return Ok(None);
+            }
+        }
     }
     let outbox = c.outbox.clone();
     ctx.state.stats.connected.fetch_add(1, Ordering::Relaxed);
@@ -450,7 +493,7 @@ where
     }))
 }
 
-/// Logs a CONNECT in: user name and password; no user name: the certificate's CN
+/// Logs a CONNECT in to `vhost`: user name (without the vhost part) and password; no user name: the certificate's CN
 /// (with `ssl_cert_login`) or, from loopback peers, the default user. Then the vhost's
 /// permissions and the user's connection limit. Refusals carry their CONNACK code:
 /// with a user name and password, always 4 (bad user name or password): a refusal
@@ -462,9 +505,10 @@ fn login(
     peer: SocketAddr,
     conn: ConnectionId,
     connect: &Connect,
+    username: Option<&str>,
     vhost: &str,
 ) -> Result<Link, (u8, LoginRefused)> {
-    let refusal = if connect.username.is_some() {
+    let refusal = if username.is_some() {
         BAD_LOGIN
     } else {
         NOT_AUTHORIZED
@@ -479,7 +523,7 @@ fn login(
         .as_ref()
         .map(|p| String::from_utf8_lossy(p))
         .unwrap_or_default();
-    let credentials = match (&connect.username, cert_cn) {
+    let credentials = match (username, cert_cn) {
         (Some(user), _) => Credentials::Password {
             user,
             password: &pass,
@@ -519,6 +563,7 @@ fn open_session(
         if existing.is_some() {
             vhost.delete_queue(qname, false, false, conn)?;
         }
+        state.leave_all_shared(vs, client_id);
         vs.sessions.remove(client_id);
         state.take_carry(vhost_name, client_id);
         // the queue is declared by the first SUBSCRIBE (`Conn::subscription_queue`)
@@ -589,6 +634,9 @@ struct Conn {
     limits: Limits,
     /// Subscriptions the session may hold ([`crate::MqttLimits::max_subscriptions`]).
     max_subscriptions: usize,
+    /// Shared subscriptions consumed: the `$share/...` filter (the consumer's tag) and
+    /// the consumer of its group's queue. Empty (no allocation) for most clients.
+    shared: Vec<(Arc<str>, ConsumerHandle)>,
 }
 
 /// The connection's write buffer, taken (4 KiB) if it was let go while idle.
@@ -858,6 +906,16 @@ impl Conn {
                 self.topic_cache = None;
                 for f in &u.filters {
                     self.retained.remove(f);
+                    if is_shared(f) {
+                        if self.session.subs.remove(f).is_some() {
+                            if let Some(i) = self.shared.iter().position(|(t, _)| **t == **f) {
+                                let (_, consumer) = self.shared.swap_remove(i);
+                                consumer.cancel();
+                            }
+                            self.leave_shared(f);
+                        }
+                        continue;
+                    }
                     if self.session.subs.remove(f).is_some() {
                         let key = topic_to_routing_key(f);
                         // another filter may map to the same binding key
@@ -899,7 +957,7 @@ impl Conn {
             .session
             .subs
             .keys()
-            .filter(|f| self.check_subscribe(&topic_to_routing_key(f)).is_err())
+            .filter(|f| self.check_filter(f).is_err())
             .cloned()
             .collect();
         if refused.is_empty() {
@@ -910,6 +968,11 @@ impl Conn {
             self.session.subs.remove(f);
         }
         for f in &refused {
+            if is_shared(f) {
+                // not consumed yet (restored after this check): only the membership
+                self.leave_shared(f);
+                continue;
+            }
             let key = topic_to_routing_key(f);
             if !self
                 .session
@@ -938,11 +1001,82 @@ impl Conn {
     /// plugin): configure and read on the subscription queue, write on it and read on
     /// amq.topic (with its topic permission) for the binding.
     fn check_subscribe(&self, key: &str) -> Result<(), CoreError> {
+        self.check_subscribe_to(&self.qname, key)
+    }
+
+    /// [`Conn::check_subscribe`] for the queue `qname` (a shared subscription's).
+    fn check_subscribe_to(&self, qname: &str, key: &str) -> Result<(), CoreError> {
         let access = self.link.access();
         access
-            .queue_declare(&self.qname, &FieldTable::default())
-            .and_then(|()| access.consume(&self.qname))
-            .and_then(|()| access.queue_bind_key(self.link.vhost(), &self.qname, "amq.topic", key))
+            .queue_declare(qname, &FieldTable::default())
+            .and_then(|()| access.consume(qname))
+            .and_then(|()| access.queue_bind_key(self.link.vhost(), qname, "amq.topic", key))
+    }
+
+    /// The permission check for a stored filter, plain or shared.
+    fn check_filter(&self, f: &str) -> Result<(), CoreError> {
+        match parse_shared(f) {
+            None => self.check_subscribe(&topic_to_routing_key(f)),
+            Some(Ok(sh)) => {
+                self.check_subscribe_to(&shared_queue_name(sh), &topic_to_routing_key(sh.filter))
+            }
+            Some(Err(())) => Err(CoreError::AccessRefused(format!(
+                "invalid shared subscription '{f}'"
+            ))),
+        }
+    }
+
+    /// Joins the shared subscription `full` (`$share/<group>/<filter>`, parsed as `sh`)
+    /// and consumes its group's queue (unless already consuming it): permissions as for
+    /// a plain subscription, on the group's queue. Returns the binding's durability.
+    fn join_shared(&mut self, full: &str, sh: SharedFilter<'_>) -> Result<Durability, CoreError> {
+        let qname = shared_queue_name(sh);
+        if qname.len() > MAX_TOPIC_LEN {
+            return Err(CoreError::PreconditionFailed(format!(
+                "shared subscription queue name longer than {MAX_TOPIC_LEN} bytes"
+            )));
+        }
+        let key = topic_to_routing_key(sh.filter);
+        self.check_subscribe_to(&qname, &key)?;
+        let vhost = self.link.vhost().clone();
+        let durable = self
+            .state
+            .join_shared(&vhost, &qname, &key, &self.client_id, !self.clean)?;
+        if self.shared.iter().any(|(t, _)| **t == *full) {
+            return Ok(durable);
+        }
+        let consumed = vhost.consume(
+            &qname,
+            ConsumeRequest {
+                tag: full.to_string(),
+                no_ack: false,
+                exclusive: false,
+                prefetch: self.prefetch,
+                priority: 0,
+                conn: self.link.id(),
+                outbox: self.outbox.clone(),
+                gate: None,
+            },
+        );
+        match consumed {
+            Ok(consumer) => {
+                consumer.ack_transient_on_delivery();
+                self.shared.push((Arc::from(full), consumer));
+                Ok(durable)
+            }
+            Err(e) => {
+                self.state.leave_shared(&vhost, &qname, &self.client_id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Leaves the group of the shared filter `full` (its consumer already cancelled).
+    fn leave_shared(&self, full: &str) {
+        if let Some(Ok(sh)) = parse_shared(full) {
+            self.state
+                .leave_shared(self.link.vhost(), &shared_queue_name(sh), &self.client_id);
+        }
     }
 
     fn save_session(&mut self) -> Result<Vec<Durability>, MqttError> {
@@ -994,6 +1128,50 @@ impl Conn {
         Ok(())
     }
 
+    /// One `$share/...` filter of a SUBSCRIBE: the return code (0x80 for an invalid
+    /// shared filter, one past the limit, or one refused).
+    fn subscribe_shared(
+        &mut self,
+        full: &str,
+        parsed: Result<SharedFilter<'_>, ()>,
+        requested: u8,
+        bound: &mut Option<Durability>,
+    ) -> u8 {
+        let Ok(sh) = parsed else {
+            tracing::debug!(filter = full, "invalid shared subscription refused");
+            return 0x80;
+        };
+        if sh.filter.len() > MAX_TOPIC_LEN {
+            return 0x80;
+        }
+        let qos = requested.min(2);
+        if let Some(q) = self.session.subs.get_mut(full) {
+            // already a member: the new QoS applies from now on
+            *q = qos;
+            return qos;
+        }
+        if self.session.subs.len() >= self.max_subscriptions {
+            tracing::info!(
+                client_id = %self.client_id,
+                filter = full,
+                max = self.max_subscriptions,
+                "subscription refused: the session holds mqtt.max_subscriptions already"
+            );
+            return 0x80;
+        }
+        match self.join_shared(full, sh) {
+            Ok(d) => {
+                *bound = Some(d);
+                self.session.subs.insert(full.to_string(), qos);
+                qos
+            }
+            Err(e) => {
+                tracing::debug!(filter = full, error = %e, "shared subscription refused");
+                0x80
+            }
+        }
+    }
+
     fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), MqttError> {
         let mut codes = Vec::with_capacity(s.filters.len());
         // filters granted by this SUBSCRIBE, in order, each once (with the QoS granted
@@ -1017,6 +1195,14 @@ impl Conn {
                     }
                     None => codes.push(0x80),
                 }
+                continue;
+            }
+            if let Some(parsed) = parse_shared(&filter) {
+                let code = self.subscribe_shared(&filter, parsed, requested, &mut bound);
+                // a shared subscription gets no retained messages (MQTT 5 [MQTT-3.3.1-9]
+                // as EMQX; Mosquitto 2.0 sends them): no entry in `granted`
+                seen.insert(filter, (code != 0x80).then_some(usize::MAX));
+                codes.push(code);
                 continue;
             }
             if !valid_filter(&filter) || filter.len() > MAX_TOPIC_LEN {
@@ -1123,21 +1309,42 @@ impl Conn {
         Ok((durables, published.backpressure))
     }
 
-    /// Turns deliveries from the subscription queue into PUBLISH packets.
+    /// Turns deliveries from the subscription queue (and shared subscriptions' queues)
+    /// into PUBLISH packets.
     fn deliver(&mut self, evs: &mut Vec<OutEvent>) -> Result<(), MqttError> {
-        let mut acks: Vec<u64> = Vec::new();
-        let mut ack_queue: Option<Arc<Queue>> = None;
+        let mut acks = Acks::default();
         let mut result = Ok(());
         for ev in evs.drain(..) {
             let d = match ev {
                 OutEvent::Deliver(d) => d,
                 // direct reply-to consumers are AMQP's only
                 OutEvent::Reply(_) => continue,
-                OutEvent::Cancelled { .. } => {
+                OutEvent::Cancelled { tag } => {
+                    if let Some(i) = self.shared.iter().position(|(t, _)| *t == tag) {
+                        // a shared subscription's queue was deleted (by an operator):
+                        // that subscription ends, the connection goes on
+                        tracing::info!(filter = %tag, "shared subscription queue deleted");
+                        self.shared.swap_remove(i);
+                        self.session.subs.remove(&*tag);
+                        self.leave_shared(&tag);
+                        continue;
+                    }
                     result = Err(MqttError::Protocol("subscription queue deleted"));
                     continue;
                 }
             };
+            if d.queue.name() != self.qname {
+                // from a shared subscription's queue: the QoS its filter was granted,
+                // if the MQTT rules match it (see `topic`'s doc on `*` and `$`)
+                let topic = routing_key_to_topic(&d.routing_key);
+                let granted = self.session.subs.get(&*d.tag).copied().filter(|_| {
+                    parse_shared(&d.tag)
+                        .and_then(Result::ok)
+                        .is_some_and(|sh| filter_matches(sh.filter, &topic))
+                });
+                self.deliver_one(d, &topic, granted, &mut acks);
+                continue;
+            }
             let cached = self
                 .topic_cache
                 .as_deref()
@@ -1147,61 +1354,89 @@ impl Conn {
                 let granted = self.session.granted_for(&topic);
                 self.topic_cache = Some(Box::new((d.routing_key.clone(), topic, granted)));
             }
-            let Some((_, topic, granted)) = self.topic_cache.as_deref() else {
-                continue;
-            };
-            let Some(granted) = *granted else {
-                // routed by the topic exchange but not matched by MQTT rules
-                if d.needs_ack {
-                    acks.push(d.offset);
-                    ack_queue.get_or_insert_with(|| d.queue.clone());
-                }
-                continue;
-            };
-            let msg_qos = d
-                .properties
-                .headers
-                .as_ref()
-                .and_then(|h| h.get_i64(QOS_HEADER))
-                .map(|q| q.clamp(0, 2) as u8)
-                .unwrap_or(if d.properties.is_persistent() { 1 } else { 0 });
-            let qos = msg_qos.min(granted);
-            let pkid = if qos == 0 {
-                if d.needs_ack {
-                    acks.push(d.offset);
-                    ack_queue.get_or_insert_with(|| d.queue.clone());
-                }
-                0
-            } else {
-                match self.session.alloc_id() {
-                    Some(id) => {
-                        // a transient message was acked on delivery: nothing to ack
-                        let target = d.needs_ack.then(|| (d.queue.clone(), d.offset));
-                        self.session.sent(id, qos, target);
-                        id
-                    }
-                    None => {
-                        if d.needs_ack {
-                            d.queue.nack(&[d.offset], true);
-                        }
-                        continue;
-                    }
-                }
-            };
-            codec::encode_publish(
-                qos > 0 && d.redelivered,
-                qos,
-                false,
-                topic,
-                pkid,
-                &d.body,
-                out(&mut self.wbuf),
-            );
-            self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
+            let cache = self.topic_cache.take();
+            if let Some((_, topic, granted)) = cache.as_deref() {
+                self.deliver_one(d, topic, *granted, &mut acks);
+            }
+            self.topic_cache = cache;
         }
-        if let Some(q) = ack_queue {
-            q.ack(&acks);
-        }
+        acks.flush();
         result
+    }
+
+    /// Encodes one delivery as a PUBLISH on `topic` with QoS at most `granted` (`None`:
+    /// no filter matches it under the MQTT rules: acked, not sent).
+    fn deliver_one(&mut self, d: Delivery, topic: &str, granted: Option<u8>, acks: &mut Acks) {
+        let Some(granted) = granted else {
+            // routed by the topic exchange but not matched by MQTT rules
+            if d.needs_ack {
+                acks.push(&d.queue, d.offset);
+            }
+            return;
+        };
+        let msg_qos = d
+            .properties
+            .headers
+            .as_ref()
+            .and_then(|h| h.get_i64(QOS_HEADER))
+            .map(|q| q.clamp(0, 2) as u8)
+            .unwrap_or(if d.properties.is_persistent() { 1 } else { 0 });
+        let qos = msg_qos.min(granted);
+        let pkid = if qos == 0 {
+            if d.needs_ack {
+                acks.push(&d.queue, d.offset);
+            }
+            0
+        } else {
+            match self.session.alloc_id() {
+                Some(id) => {
+                    // a transient message was acked on delivery: nothing to ack
+                    let target = d.needs_ack.then(|| (d.queue.clone(), d.offset));
+                    self.session.sent(id, qos, target);
+                    id
+                }
+                None => {
+                    if d.needs_ack {
+                        d.queue.nack(&[d.offset], true);
+                    }
+                    return;
+                }
+            }
+        };
+        codec::encode_publish(
+            qos > 0 && d.redelivered,
+            qos,
+            false,
+            topic,
+            pkid,
+            &d.body,
+            out(&mut self.wbuf),
+        );
+        self.state.stats.sent.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Acks collected while delivering a batch: one `ack` call per run of deliveries from
+/// the same queue.
+#[derive(Default)]
+struct Acks {
+    queue: Option<Arc<Queue>>,
+    offsets: Vec<u64>,
+}
+
+impl Acks {
+    fn push(&mut self, q: &Arc<Queue>, offset: u64) {
+        if !self.queue.as_ref().is_some_and(|cur| Arc::ptr_eq(cur, q)) {
+            self.flush();
+            self.queue = Some(q.clone());
+        }
+        self.offsets.push(offset);
+    }
+
+    fn flush(&mut self) {
+        if let Some(q) = self.queue.take() {
+            q.ack(&self.offsets);
+        }
+        self.offsets.clear();
     }
 }

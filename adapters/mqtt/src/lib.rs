@@ -15,6 +15,13 @@
 //!   stores, `$SYS`.
 //! - `connection` (private): the driver, one task per connection: [`serve`].
 //!
+//! # Vhosts
+//! A CONNECT opens the vhost its user name names (`vhost:user`, split at the last `:`,
+//! as RabbitMQ's MQTT plugin), else the one its port maps to
+//! ([`MqttLogin::port_vhost`]), else the default vhost. An unknown vhost is refused
+//! like a bad password (CONNACK 4, as RabbitMQ 3.10); client ids, sessions and
+//! retained messages are per vhost.
+//!
 //! # Mapping into the core
 //! PUBLISH goes to `amq.topic` with the routing key of [`topic`]'s mapping; QoS ≥ 1 is
 //! persistent (delivery mode 2) and the QoS travels in header `x-mqtt-publish-qos`.
@@ -25,6 +32,12 @@
 //! while the client is away and survives restarts). Outbound QoS = min(message QoS, highest QoS granted by a matching
 //! filter); an AMQP message without the header counts as QoS 1 when persistent, else
 //! 0. Deliveries carry the body only.
+//!
+//! A shared subscription, `$share/<group>/<filter>`, is one queue per (vhost, group,
+//! filter), `mqtt-shared-<group>/<filter>` ([`state::shared_queue_name`]), bound to
+//! `amq.topic` with the filter's key; every member consumes it (the queue's round robin
+//! makes the members take turns) and [`MqttState`] keeps the member set, deleting the
+//! queue with its last member. Persistent sessions stay members while away.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 #![cfg_attr(
@@ -116,6 +129,12 @@ pub struct MqttLogin {
     pub ssl_cert_login: bool,
     /// This connection's verified TLS client certificate CN.
     pub peer_cert_cn: Option<String>,
+    /// The vhost of the port this connection came in on (`mqtt.port_to_vhost`);
+    /// `None`: the broker's default vhost.
+    pub port_vhost: Option<String>,
+    /// A user name `vhost:user` names the vhost (split at the last `:`, as RabbitMQ's
+    /// MQTT plugin); `false` (`mqtt.ignore_colons_in_username`): the name is the user's.
+    pub vhost_in_username: bool,
 }
 
 impl Default for MqttLogin {
@@ -124,6 +143,27 @@ impl Default for MqttLogin {
             failed_login_delay: Duration::from_secs(1),
             ssl_cert_login: false,
             peer_cert_cn: None,
+            port_vhost: None,
+            vhost_in_username: true,
+        }
+    }
+}
+
+impl MqttLogin {
+    /// The vhost and user name a CONNECT's user name stands for (RabbitMQ's order): the
+    /// vhost named in `vhost:user`, else the port's vhost, else `default_vhost`.
+    pub fn vhost_and_user<'a>(
+        &'a self,
+        username: Option<&'a str>,
+        default_vhost: &'a str,
+    ) -> (&'a str, Option<&'a str>) {
+        let fallback = self.port_vhost.as_deref().unwrap_or(default_vhost);
+        match username {
+            Some(u) if self.vhost_in_username => match u.rsplit_once(':') {
+                Some((vhost, user)) => (vhost, Some(user)),
+                None => (fallback, Some(u)),
+            },
+            other => (fallback, other),
         }
     }
 }
@@ -149,4 +189,40 @@ pub enum MqttError {
     /// The store failed to make a message durable.
     #[error("store: {0}")]
     Store(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vhost_from_user_name_then_port_then_default() {
+        let mut l = MqttLogin::default();
+        assert_eq!(l.vhost_and_user(Some("alice"), "/"), ("/", Some("alice")));
+        assert_eq!(
+            l.vhost_and_user(Some("dev:alice"), "/"),
+            ("dev", Some("alice"))
+        );
+        // split at the last colon: the vhost may hold colons, the user not
+        assert_eq!(
+            l.vhost_and_user(Some("a:b:alice"), "/"),
+            ("a:b", Some("alice"))
+        );
+        assert_eq!(l.vhost_and_user(None, "/"), ("/", None));
+        l.port_vhost = Some("by-port".into());
+        assert_eq!(
+            l.vhost_and_user(Some("alice"), "/"),
+            ("by-port", Some("alice"))
+        );
+        assert_eq!(
+            l.vhost_and_user(Some("dev:alice"), "/"),
+            ("dev", Some("alice"))
+        );
+        assert_eq!(l.vhost_and_user(None, "/"), ("by-port", None));
+        l.vhost_in_username = false;
+        assert_eq!(
+            l.vhost_and_user(Some("dev:alice"), "/"),
+            ("by-port", Some("dev:alice"))
+        );
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::topic::filter_matches;
+use crate::topic::{filter_matches, is_shared};
 
 /// An outbound QoS 1 or 2 PUBLISH awaiting PUBACK or PUBREC.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,11 +70,13 @@ impl<T> Session<T> {
     }
 
     /// The highest QoS granted by a filter matching `topic`; `None` when none matches
-    /// (the message is not for this client under the MQTT rules).
+    /// (the message is not for this client under the MQTT rules). Shared
+    /// subscriptions (`$share/...`) do not count: their messages come from their
+    /// group's queue.
     pub fn granted_for(&self, topic: &str) -> Option<u8> {
         self.subs
             .iter()
-            .filter(|(f, _)| filter_matches(f, topic))
+            .filter(|(f, _)| !is_shared(f) && filter_matches(f, topic))
             .map(|(_, q)| *q)
             .max()
     }
@@ -172,6 +174,12 @@ mod tests {
         assert_eq!(s.granted_for("a/b"), Some(2));
         assert_eq!(s.granted_for("x"), Some(1));
         assert_eq!(s.granted_for("$SYS/x"), None);
+        s.subs.insert("$share/g/$share/g/t".into(), 2);
+        assert_eq!(
+            s.granted_for("$share/g/t"),
+            None,
+            "a shared filter is not plain"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! counters.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -13,12 +13,20 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use triad_core::Durability;
-use triad_core::{Broker, ConnectionId, CoreError, Properties, Publish, Vhost};
+use triad_core::{
+    Broker, ConnectionId, CoreError, FieldTable, Properties, Publish, QueueDeclare, Vhost,
+};
 
 use crate::durable::DurableLog;
 use crate::retained::RetainedStore;
 use crate::session::Carry;
-use crate::topic::topic_to_routing_key;
+use crate::topic::{parse_shared, topic_to_routing_key, SharedFilter};
+
+/// The queue a shared subscription's group takes its messages from: one per (vhost,
+/// group, filter). The group holds no `/`, so the name is unambiguous.
+pub fn shared_queue_name(s: SharedFilter<'_>) -> String {
+    format!("mqtt-shared-{}/{}", s.group, s.filter)
+}
 
 /// The queue that holds a vhost's persistent-session subscriptions (a name reserved to
 /// the broker).
@@ -153,6 +161,20 @@ impl SessionStore {
             },
         };
         self.put(&mut g, client, stored)
+    }
+
+    /// Every (shared queue, client) a stored session is a member of.
+    fn shared_members(&self) -> Vec<(String, String)> {
+        let g = self.lock();
+        let mut out = Vec::new();
+        for (client, st) in g.iter() {
+            for f in st.subs.keys() {
+                if let Some(Ok(sh)) = parse_shared(f) {
+                    out.push((shared_queue_name(sh), client.clone()));
+                }
+            }
+        }
+        out
     }
 
     /// Forgets `client`.
@@ -332,6 +354,10 @@ pub struct MqttState {
     conn: ConnectionId,
     vhosts: Mutex<HashMap<String, Arc<VhostState>>>,
     clients: Mutex<HashMap<(String, String), LiveClient>>,
+    /// Shared subscriptions: the client ids that are members, per (vhost, shared queue):
+    /// connected clients and persistent sessions (connected or not). The queue is
+    /// deleted with its last member.
+    shared: Mutex<HashMap<(String, String), HashSet<String>>>,
     carry: Mutex<HashMap<(String, String), Carry>>,
     /// Set by [`MqttState::spawn_session_expiry`].
     expiry: OnceLock<Arc<Expiry>>,
@@ -353,6 +379,7 @@ impl MqttState {
             conn,
             vhosts: Mutex::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
+            shared: Mutex::new(HashMap::new()),
             carry: Mutex::new(HashMap::new()),
             expiry: OnceLock::new(),
             stats: Stats {
@@ -386,8 +413,81 @@ impl MqttState {
         });
         g.insert(name.to_string(), vs.clone());
         drop(g);
+        {
+            // the persistent sessions' shared-subscription memberships
+            let mut sh = lock(&self.shared);
+            for (qname, client) in vs.sessions.shared_members() {
+                sh.entry((name.to_string(), qname))
+                    .or_default()
+                    .insert(client);
+            }
+        }
         self.schedule_away(&vs);
         Ok(vs)
+    }
+
+    /// Makes `client` a member of the shared subscription `sh`: declares its queue
+    /// (durable when `durable`, i.e. the first member to need it is a persistent
+    /// session) and binds it to `amq.topic` with `key` if this is the first member or
+    /// the queue is gone, under the lock that [`MqttState::leave_shared`] deletes it
+    /// under. The caller checked the permissions. Returns what the binding's journal
+    /// record completes with.
+    pub(crate) fn join_shared(
+        &self,
+        vhost: &Vhost,
+        qname: &str,
+        key: &str,
+        client: &str,
+        durable: bool,
+    ) -> Result<Durability, CoreError> {
+        let mut g = lock(&self.shared);
+        if vhost.queue(qname).is_none() {
+            // the binding's journal record, after this one, covers both
+            drop(vhost.declare_queue_deferred(QueueDeclare {
+                name: qname.to_string(),
+                durable,
+                conn: self.conn,
+                ..Default::default()
+            })?);
+        }
+        let bound = vhost.bind_queue_deferred(
+            qname,
+            "amq.topic",
+            key,
+            &FieldTable::default(),
+            self.conn,
+        )?;
+        g.entry((vhost.name().to_string(), qname.to_string()))
+            .or_default()
+            .insert(client.to_string());
+        Ok(bound)
+    }
+
+    /// `client` leaves the shared subscription queue `qname`; the last member to leave
+    /// deletes it (with what it still holds, as an unsubscribe drops what was queued).
+    pub(crate) fn leave_shared(&self, vhost: &Vhost, qname: &str, client: &str) {
+        let mut g = lock(&self.shared);
+        let key = (vhost.name().to_string(), qname.to_string());
+        let Some(members) = g.get_mut(&key) else {
+            return;
+        };
+        members.remove(client);
+        if !members.is_empty() {
+            return;
+        }
+        g.remove(&key);
+        if vhost.queue(qname).is_some() {
+            if let Err(e) = vhost.delete_queue(qname, false, false, self.conn) {
+                tracing::warn!(queue = qname, error = %e, "cannot delete a shared subscription's queue");
+            }
+        }
+    }
+
+    /// Members of a shared subscription queue (tests and the management view).
+    pub fn shared_members(&self, vhost: &str, qname: &str) -> usize {
+        lock(&self.shared)
+            .get(&(vhost.to_string(), qname.to_string()))
+            .map_or(0, HashSet::len)
     }
 
     /// Puts a vhost's away sessions on the expiry timer (when it is on).
@@ -524,11 +624,25 @@ impl MqttState {
                     tracing::warn!(client = d.client, error = %e, "cannot delete an expired MQTT session's queue")
                 }
             }
+            self.leave_all_shared(&vs, &d.client);
             vs.sessions.remove(&d.client);
             self.take_carry(&d.vhost, &d.client);
         }
         self.unregister(&d.vhost, &d.client, self.conn);
         done.cancel();
+    }
+
+    /// A stored session goes (expired, or discarded by a clean-session CONNECT): it
+    /// leaves the shared subscriptions it was a member of.
+    pub(crate) fn leave_all_shared(&self, vs: &VhostState, client: &str) {
+        let Some(subs) = vs.sessions.get(client) else {
+            return;
+        };
+        for f in subs.keys() {
+            if let Some(Ok(sh)) = parse_shared(f) {
+                self.leave_shared(&vs.vhost, &shared_queue_name(sh), client);
+            }
+        }
     }
 
     /// Registers a connection under a client id; returns the one it replaces (to be

@@ -22,6 +22,42 @@
 //! starting with a wildcard never receives `$`-topics [MQTT-4.7.2-1], although the
 //! topic exchange would route them.
 
+/// A shared subscription's filter, `$share/<group>/<filter>` (MQTT 5's syntax, which
+/// Mosquitto 2, EMQX and HiveMQ accept from MQTT 3.1.1 clients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedFilter<'a> {
+    /// The group: the members of one group take turns.
+    pub group: &'a str,
+    /// The filter matched against topics.
+    pub filter: &'a str,
+}
+
+/// Where a shared subscription's syntax starts.
+pub const SHARE_PREFIX: &str = "$share/";
+
+/// Whether `f` is written as a shared subscription (`$share` or `$share/...`): such a
+/// filter is either a valid [`SharedFilter`] or refused, never taken as a plain filter.
+pub fn is_shared(f: &str) -> bool {
+    f == "$share" || f.starts_with(SHARE_PREFIX)
+}
+
+/// Parses `$share/<group>/<filter>`: `None` for a filter not written as a shared
+/// subscription; `Some(Err(()))` when the group is empty or holds `+` or `#`, or the
+/// filter is missing or invalid.
+pub fn parse_shared(f: &str) -> Option<Result<SharedFilter<'_>, ()>> {
+    if !is_shared(f) {
+        return None;
+    }
+    let rest = f.strip_prefix(SHARE_PREFIX).unwrap_or("");
+    let Some((group, filter)) = rest.split_once('/') else {
+        return Some(Err(()));
+    };
+    if group.is_empty() || group.contains(['+', '#']) || !valid_filter(filter) {
+        return Some(Err(()));
+    }
+    Some(Ok(SharedFilter { group, filter }))
+}
+
 /// Whether `f` is a valid topic filter [MQTT-4.7.1-2], [MQTT-4.7.1-3].
 pub fn valid_filter(f: &str) -> bool {
     if f.is_empty() || f.len() > u16::MAX as usize {
@@ -108,6 +144,38 @@ mod tests {
         }
         for bad in ["", "a/#/b", "a+", "a/b#", "#/a", "++", "a/+b"] {
             assert!(!valid_filter(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shared_filters_are_parsed() {
+        assert_eq!(parse_shared("a/b"), None);
+        assert_eq!(parse_shared("$SYS/#"), None);
+        assert_eq!(parse_shared("$sharex/a"), None);
+        assert_eq!(
+            parse_shared("$share/g1/a/+/#"),
+            Some(Ok(SharedFilter {
+                group: "g1",
+                filter: "a/+/#"
+            }))
+        );
+        assert_eq!(
+            parse_shared("$share/g/$SYS/#").unwrap().unwrap().filter,
+            "$SYS/#"
+        );
+        for bad in [
+            "$share",
+            "$share/",
+            "$share//a",
+            "$share/g",
+            "$share/g/",
+            "$share/g+/a",
+            "$share/g#/a",
+            "$share/+/a",
+            "$share/g/a/#/b",
+            "$share/g/a+",
+        ] {
+            assert_eq!(parse_shared(bad), Some(Err(())), "{bad}");
         }
     }
 

@@ -29,11 +29,15 @@ struct Server {
 }
 
 fn open_broker(dir: &Path) -> Arc<Broker> {
+    open_broker_with(dir, CoreConfig::default())
+}
+
+fn open_broker_with(dir: &Path, cfg: CoreConfig) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 1 << 20;
     c.cq_entries_per_file = 1024;
     let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(store, CoreConfig::default()).unwrap()
+    Broker::open(store, cfg).unwrap()
 }
 
 fn context(broker: Arc<Broker>) -> MqttContext {
@@ -52,7 +56,10 @@ fn context(broker: Arc<Broker>) -> MqttContext {
 }
 
 async fn start(dir: &Path) -> Server {
-    let ctx = context(open_broker(dir));
+    start_ctx(context(open_broker(dir))).await
+}
+
+async fn start_ctx(ctx: MqttContext) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
@@ -944,5 +951,331 @@ async fn flow_control_does_not_deadlock_clients_feeding_each_other() {
     }
     pa.await.unwrap();
     pb.await.unwrap();
+    s.stop().await;
+}
+
+/// Collects PUBLISHes from `clients` until `n` arrived in all (each within 5 s).
+async fn collect(clients: &mut [&mut Client], n: usize) -> Vec<Vec<String>> {
+    let mut got = vec![Vec::new(); clients.len()];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while got.iter().map(Vec::len).sum::<usize>() < n {
+        assert!(tokio::time::Instant::now() < deadline, "only {got:?}");
+        for (i, c) in clients.iter_mut().enumerate() {
+            if let Some(p) = c.publish_within(Duration::from_millis(50)).await {
+                got[i].push(body(&p).to_string());
+            }
+        }
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_subscription_members_take_turns_without_retained() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let p = connect(s.addr, "sh-pub", true).await;
+    p.c.publish("sh/ret", QoS::AtLeastOnce, true, "retained")
+        .await
+        .unwrap();
+    let mut a = connect(s.addr, "sh-a", true).await;
+    let mut b = connect(s.addr, "sh-b", true).await;
+    assert_eq!(a.sub("$share/g1/sh/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(b.sub("$share/g1/sh/#", QoS::AtLeastOnce).await, [1]);
+    // another group gets every message too
+    let mut other = connect(s.addr, "sh-other", true).await;
+    assert_eq!(other.sub("$share/g2/sh/+", QoS::AtMostOnce).await, [0]);
+    assert_eq!(s.ctx.state.shared_members("/", "mqtt-shared-g1/sh/#"), 2);
+    for i in 0..6 {
+        p.c.publish("sh/x", QoS::AtLeastOnce, false, i.to_string())
+            .await
+            .unwrap();
+    }
+    let got = collect(&mut [&mut a, &mut b], 6).await;
+    // no retained message on a shared subscribe; each message to one member, in turn
+    assert_eq!(got[0], ["0", "2", "4"], "{got:?}");
+    assert_eq!(got[1], ["1", "3", "5"], "{got:?}");
+    let all = collect(&mut [&mut other], 6).await;
+    assert_eq!(all[0], ["0", "1", "2", "3", "4", "5"]);
+    // the group's queue goes with its last (clean-session) member
+    let vhost = s.ctx.broker.vhost("/").unwrap();
+    a.disconnect().await;
+    assert!(vhost.queue("mqtt-shared-g1/sh/#").is_some());
+    b.disconnect().await;
+    eventually("the group's queue to go", Duration::from_secs(5), || {
+        vhost.queue("mqtt-shared-g1/sh/#").is_none()
+    })
+    .await;
+    assert_eq!(s.ctx.state.shared_members("/", "mqtt-shared-g1/sh/#"), 0);
+    drop(vhost);
+    other.disconnect().await;
+    p.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_shared_filters_get_0x80() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut raw = Raw::connect(s.addr, "sh-bad", true).await;
+    assert_eq!(raw.connack().await, (false, 0));
+    let bad = [
+        "$share",
+        "$share/",
+        "$share//a",
+        "$share/g",
+        "$share/g/",
+        "$share/g+/a",
+        "$share/g#/a",
+        "$share/g/a/#/b",
+    ];
+    let mut filters: Vec<(String, u8)> = bad.iter().map(|f| (f.to_string(), 1)).collect();
+    filters.push(("$share/ok/a/+".into(), 2));
+    raw.send(&Packet::Subscribe(Subscribe { pkid: 3, filters }))
+        .await;
+    match raw.recv().await {
+        Some(Packet::SubAck(a)) => {
+            assert_eq!(a.codes, [0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 2])
+        }
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+    raw.send(&Packet::Disconnect).await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_members_unacked_messages_go_to_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    // a raw member that never acks
+    let mut lazy = Raw::connect(s.addr, "sh-lazy", true).await;
+    assert_eq!(lazy.connack().await, (false, 0));
+    lazy.send(&Packet::Subscribe(Subscribe {
+        pkid: 1,
+        filters: vec![("$share/w/jobs".into(), 1)],
+    }))
+    .await;
+    assert!(matches!(lazy.recv().await, Some(Packet::SubAck(_))));
+    let mut busy = connect(s.addr, "sh-busy", true).await;
+    assert_eq!(busy.sub("$share/w/jobs", QoS::AtLeastOnce).await, [1]);
+    let p = connect(s.addr, "sh-p", true).await;
+    for job in ["j0", "j1"] {
+        p.c.publish("jobs", QoS::AtLeastOnce, false, job)
+            .await
+            .unwrap();
+    }
+    let Some(Packet::Publish(taken)) = lazy.recv().await else {
+        panic!("the lazy member's turn")
+    };
+    let first = busy.publish().await;
+    assert_ne!(body(&first), std::str::from_utf8(&taken.payload).unwrap());
+    drop(lazy); // leaves without acking
+    let again = busy.publish().await;
+    assert_eq!(again.payload, taken.payload);
+    busy.disconnect().await;
+    p.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_sessions_keep_their_shared_membership() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut m = connect(s.addr, "sh-keep", false).await;
+    assert_eq!(m.sub("$share/g/keep/#", QoS::AtLeastOnce).await, [1]);
+    m.disconnect().await;
+    let vhost = s.ctx.broker.vhost("/").unwrap();
+    assert!(vhost.queue("mqtt-shared-g/keep/#").unwrap().durable());
+    drop(vhost);
+    let p = connect(s.addr, "sh-keep-p", true).await;
+    p.c.publish("keep/1", QoS::AtLeastOnce, false, "while away")
+        .await
+        .unwrap();
+    p.disconnect().await;
+    // back without subscribing again: the group's queue kept the message for it
+    let (mut m, ack) = connect_with(opts(s.addr, "sh-keep", false)).await;
+    assert!(ack.session_present);
+    assert_eq!(body(&m.publish().await), "while away");
+    m.disconnect().await;
+    s.stop().await;
+
+    // and across a restart
+    let s = start(dir.path()).await;
+    assert_eq!(s.ctx.state.shared_members("/", "mqtt-shared-g/keep/#"), 1);
+    let p = connect(s.addr, "sh-keep-p", true).await;
+    p.c.publish("keep/2", QoS::AtLeastOnce, false, "after restart")
+        .await
+        .unwrap();
+    let (mut m, ack) = connect_with(opts(s.addr, "sh-keep", false)).await;
+    assert!(ack.session_present);
+    assert_eq!(body(&m.publish().await), "after restart");
+    m.disconnect().await;
+    // a clean session with the same id discards the session and leaves the group
+    let c = connect(s.addr, "sh-keep", true).await;
+    let vhost = s.ctx.broker.vhost("/").unwrap();
+    assert!(vhost.queue("mqtt-shared-g/keep/#").is_none());
+    drop(vhost);
+    c.disconnect().await;
+    p.disconnect().await;
+    s.stop().await;
+}
+
+/// A broker with vhost `dev` besides `/`, guest and `dev-user` (password `pw`) allowed
+/// in both.
+fn two_vhosts(dir: &Path, login: triad_mqtt::MqttLogin) -> MqttContext {
+    use triad_core::{Permission, UserConfig};
+    let cfg = CoreConfig {
+        users: vec![
+            UserConfig::with_password("guest", "guest"),
+            UserConfig::with_password("dev-user", "pw"),
+        ],
+        vhosts: vec!["dev".into()],
+        permissions: vec![
+            Permission::full("guest", "/"),
+            Permission::full("guest", "dev"),
+            Permission::full("dev-user", "dev"),
+        ],
+        ..CoreConfig::default()
+    };
+    let mut ctx = context(open_broker_with(dir, cfg));
+    ctx.login = login;
+    ctx
+}
+
+fn with_login(addr: SocketAddr, id: &str, user: &str, pass: &str) -> MqttOptions {
+    let mut o = opts(addr, id, true);
+    o.set_credentials(user, pass);
+    o
+}
+
+async fn connack_code(o: MqttOptions) -> Option<rumqttc::ConnectReturnCode> {
+    let (c, mut el) = AsyncClient::new(o, 10);
+    let r = loop {
+        match tokio::time::timeout(Duration::from_secs(5), el.poll()).await {
+            Ok(Ok(Event::Incoming(Incoming::ConnAck(a)))) => break Some(a.code),
+            Ok(Ok(_)) => {}
+            Ok(Err(rumqttc::ConnectionError::ConnectionRefused(code))) => break Some(code),
+            Ok(Err(_)) | Err(_) => break None,
+        }
+    };
+    drop(c);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vhost_from_the_user_name_and_unknown_vhosts_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start_ctx(two_vhosts(dir.path(), Default::default())).await;
+    use rumqttc::ConnectReturnCode as Rc;
+    // `dev:dev-user` opens dev; `dev-user` alone would open `/`, where it has no rights
+    assert_eq!(
+        connack_code(with_login(s.addr, "v1", "dev:dev-user", "pw")).await,
+        Some(Rc::Success)
+    );
+    assert_eq!(
+        connack_code(with_login(s.addr, "v2", "dev-user", "pw")).await,
+        Some(Rc::BadUserNamePassword)
+    );
+    // an unknown vhost is refused as RabbitMQ does: bad user name or password
+    assert_eq!(
+        connack_code(with_login(s.addr, "v3", "nosuch:guest", "guest")).await,
+        Some(Rc::BadUserNamePassword)
+    );
+
+    // retained messages and subscriptions are per vhost
+    let (p, _) = connect_with(with_login(s.addr, "pd", "dev:guest", "guest")).await;
+    p.c.publish("v/t", QoS::AtLeastOnce, true, "in dev")
+        .await
+        .unwrap();
+    let (mut root, _) = connect_with(with_login(s.addr, "sr", "guest", "guest")).await;
+    let (mut dev, _) = connect_with(with_login(s.addr, "sd", "dev:guest", "guest")).await;
+    assert_eq!(root.sub("v/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(dev.sub("v/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(body(&dev.publish().await), "in dev");
+    p.c.publish("v/t", QoS::AtLeastOnce, false, "dev again")
+        .await
+        .unwrap();
+    assert_eq!(body(&dev.publish().await), "dev again");
+    // the same client id in two vhosts is two clients
+    let (same, _) = connect_with(with_login(s.addr, "sr", "dev:guest", "guest")).await;
+    let (rp, _) = connect_with(with_login(s.addr, "rp", "guest", "guest")).await;
+    rp.c.publish("v/t", QoS::AtLeastOnce, false, "in root")
+        .await
+        .unwrap();
+    assert_eq!(
+        body(&root.publish().await),
+        "in root",
+        "root's sr was not taken over"
+    );
+    assert!(s.ctx.state.is_connected("dev", "sr") && s.ctx.state.is_connected("/", "sr"));
+    for c in [p, root, dev, same, rp] {
+        c.disconnect().await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vhost_from_the_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let login = triad_mqtt::MqttLogin {
+        port_vhost: Some("dev".into()),
+        ..Default::default()
+    };
+    let s = start_ctx(two_vhosts(dir.path(), login)).await;
+    use rumqttc::ConnectReturnCode as Rc;
+    assert_eq!(
+        connack_code(with_login(s.addr, "p1", "dev-user", "pw")).await,
+        Some(Rc::Success)
+    );
+    let (c, _) = connect_with(with_login(s.addr, "p2", "guest", "guest")).await;
+    assert!(s.ctx.state.is_connected("dev", "p2"));
+    // `vhost:user` still wins over the port
+    let (r, _) = connect_with(with_login(s.addr, "p3", "/:guest", "guest")).await;
+    assert!(s.ctx.state.is_connected("/", "p3"));
+    c.disconnect().await;
+    r.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_permissions_with_the_client_id() {
+    use triad_core::{Permission, TopicPermission};
+    let dir = tempfile::tempdir().unwrap();
+    let pat = |p: &str| TopicPermission::pattern(p, "guest", "/").unwrap();
+    let cfg = CoreConfig {
+        permissions: vec![Permission::full("guest", "/")],
+        topic_permissions: vec![TopicPermission {
+            user: "guest".into(),
+            vhost: "/".into(),
+            exchange: "amq.topic".into(),
+            write: pat("^dev\\.{client_id}\\."),
+            read: pat("^(dev\\.{client_id}|{username})\\."),
+        }],
+        ..CoreConfig::default()
+    };
+    let s = start_ctx(context(open_broker_with(dir.path(), cfg))).await;
+    let mut c1 = connect(s.addr, "c1", true).await;
+    assert_eq!(c1.sub("dev/c1/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(c1.sub("guest/#", QoS::AtLeastOnce).await, [1]);
+    assert_eq!(c1.sub("dev/c2/#", QoS::AtLeastOnce).await, [0x80]);
+    assert_eq!(c1.sub("dev/+/#", QoS::AtLeastOnce).await, [0x80]);
+    c1.c.publish("dev/c1/t", QoS::AtLeastOnce, false, "mine")
+        .await
+        .unwrap();
+    assert_eq!(body(&c1.publish().await), "mine");
+    // a client id is matched literally: `.*` does not open every device's topics
+    let mut wild = connect(s.addr, ".*", true).await;
+    assert_eq!(wild.sub("dev/c1/#", QoS::AtLeastOnce).await, [0x80]);
+    // publishing to another client's topic closes the connection, as RabbitMQ does
+    wild.c
+        .publish("dev/c1/t", QoS::AtLeastOnce, false, "not yours")
+        .await
+        .unwrap();
+    assert!(wild.closed().await);
+    // the refused message never arrives: the next one c1 gets is its own marker
+    c1.c.publish("dev/c1/t", QoS::AtLeastOnce, false, "marker")
+        .await
+        .unwrap();
+    assert_eq!(body(&c1.publish().await), "marker");
+    c1.disconnect().await;
     s.stop().await;
 }

@@ -90,3 +90,25 @@ test('persistent session receives what was published while offline', async () =>
   const c = await client({ clientId, clean: true });
   await c.endAsync();
 });
+
+test('shared subscription: the members of a group take turns', async () => {
+  const base = uid('jsshare');
+  const a = await client(); const b = await client(); const pub = await client();
+  for (const c of [a, b]) {
+    const granted = await c.subscribeAsync(`$share/g/${base}/#`, { qos: 1 });
+    assert.equal(granted[0].qos, 1);
+  }
+  const got = { a: [], b: [] };
+  const all = within(5000, '4 messages', new Promise((resolve) => {
+    const on = (k) => (topic, payload) => {
+      got[k].push(payload.toString());
+      if (got.a.length + got.b.length === 4) resolve();
+    };
+    a.on('message', on('a')); b.on('message', on('b'));
+  }));
+  for (let i = 0; i < 4; i++) await pub.publishAsync(`${base}/x`, `${i}`, { qos: 1 });
+  await all;
+  assert.equal(got.a.length, 2, JSON.stringify(got));
+  assert.equal(got.b.length, 2, JSON.stringify(got));
+  await Promise.all([a.endAsync(), b.endAsync(), pub.endAsync()]);
+});
