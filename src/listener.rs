@@ -277,7 +277,7 @@ impl<H: Handler> Listener<H> {
             // captured in, and the task is as large as both for the whole connection.
             let serve = self.handler.serve(stream, peer, ctx);
             spawn_conn(&self.tracker, span, reg, serve, move |result, info| {
-                log_close(proto, peer, info, result);
+                log_close(proto, info, result);
                 drop::<Option<OwnedSemaphorePermit>>(permit);
             });
         }
@@ -321,7 +321,7 @@ impl<H: Handler> Listener<H> {
                 let (ctx, reg) = connection(&ctx, peer, Some(via));
                 let serve = handler.serve(stream, peer, ctx);
                 Either::Left(registered(reg, serve).map(move |(result, reg)| {
-                    log_close(proto, peer, reg.as_ref().map(|r| &**r.info()), result);
+                    log_close(proto, reg.as_ref().map(|r| &**r.info()), result);
                 }))
             }
             Err(e) => {
@@ -430,20 +430,22 @@ fn spawn_conn<F>(
 }
 
 /// Logs `connection closed` with `proto`, `peer`, `via` (behind a PROXY header), `user`,
-/// `vhost`, MQTT's `client` and `reason`: the one INFO line a connection writes
-/// (`connection opened` is `debug`; two INFO lines per connection were about a fifth of
-/// the broker's CPU per plain MQTT connect). HTTP connections only at `debug`, so that
+/// `vhost`, MQTT's `client` and `reason`, from the registry's entry: the one INFO line a
+/// connection writes (`connection opened` is `debug`; two INFO lines per connection were
+/// about a fifth of the broker's CPU per plain MQTT connect). HTTP connections (not
+/// registered) only at `debug`, inside their span (which names the peer), so that
 /// health probes do not flood the log.
-fn log_close(proto: Proto, peer: SocketAddr, info: Option<&ConnInfo>, result: ConnResult) {
+fn log_close(proto: Proto, info: Option<&ConnInfo>, result: ConnResult) {
     let reason: Cow<'_, str> = match &result {
         Ok(r) => Cow::Borrowed(r.as_ref()),
         Err(e) => Cow::Owned(e.to_string()),
     };
     let Some(info) = info else {
-        debug!(%proto, %peer, reason = ?reason, "connection closed");
+        debug!(%proto, reason = ?reason, "connection closed");
         return;
     };
-    let via = info.via.map(tracing::field::display);
+    let peer = info.peer;
+    let via = info.via().map(tracing::field::display);
     info.with_login(|user, vhost, client| {
         info!(%proto, %peer, via, user, vhost, client, reason = ?reason, "connection closed");
     });

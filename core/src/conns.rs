@@ -42,40 +42,62 @@ pub struct Login {
     pub client: Option<String>,
 }
 
-/// The login as held, in one allocation: the user, then the vhost, then the client id;
-/// `ends` are where the user and the vhost end, and a missing part has no bytes.
+/// What is noted of a connection after it was accepted, in one allocation: the user,
+/// the vhost, MQTT's client id and the client certificate's CN, one after the other;
+/// `ends` are where the first three end, and `present` has bit `i` set for each part
+/// noted (a part not noted has no bytes).
+#[derive(Default)]
 struct Held {
     text: Box<str>,
-    ends: [u32; 2],
-    has_vhost: bool,
-    has_client: bool,
+    ends: [u32; 3],
+    present: u8,
 }
 
+const USER: usize = 0;
+const CLIENT: usize = 2;
+const CERT_CN: usize = 3;
+
 impl Held {
-    fn new(user: &str, vhost: Option<&str>, client: Option<&str>) -> Held {
-        let (v, c) = (vhost.unwrap_or(""), client.unwrap_or(""));
-        let mut text = String::with_capacity(user.len() + v.len() + c.len());
-        text.push_str(user);
-        text.push_str(v);
-        text.push_str(c);
-        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    fn new(parts: [Option<&str>; 4]) -> Held {
+        let mut text = String::with_capacity(parts.iter().flatten().map(|p| p.len()).sum());
+        let mut ends = [0u32; 3];
+        let mut present = 0u8;
+        for (i, p) in parts.iter().enumerate() {
+            if let Some(p) = p {
+                text.push_str(p);
+                present |= 1 << i;
+            }
+            if let Some(end) = ends.get_mut(i) {
+                *end = u32::try_from(text.len()).unwrap_or(u32::MAX);
+            }
+        }
         Held {
             text: text.into_boxed_str(),
-            ends: [len(user.len()), len(user.len() + v.len())],
-            has_vhost: vhost.is_some(),
-            has_client: client.is_some(),
+            ends,
+            present,
         }
     }
 
-    /// User, vhost and client id (an empty part is absent unless it was noted).
-    fn parts(&self) -> (&str, Option<&str>, Option<&str>) {
-        let [u, v] = self.ends.map(|e| e as usize);
-        let part = |from: usize, to: usize| self.text.get(from..to).unwrap_or("");
-        (
-            part(0, u),
-            self.has_vhost.then(|| part(u, v)),
-            self.has_client.then(|| part(v, self.text.len())),
-        )
+    /// User, vhost, client id and certificate CN, each as noted.
+    fn parts(&self) -> [Option<&str>; 4] {
+        let bound = |i: usize| match i {
+            0 => 0,
+            4 => self.text.len(),
+            i => self.ends.get(i - 1).map_or(0, |&e| e as usize),
+        };
+        std::array::from_fn(|i| {
+            (self.present & (1 << i) != 0)
+                .then(|| self.text.get(bound(i)..bound(i + 1)).unwrap_or(""))
+        })
+    }
+
+    /// The same with part `i` replaced.
+    fn with(&self, i: usize, part: Option<&str>) -> Held {
+        let mut parts = self.parts();
+        if let Some(slot) = parts.get_mut(i) {
+            *slot = part;
+        }
+        Held::new(parts)
     }
 }
 
@@ -93,12 +115,10 @@ pub struct ConnInfo {
     /// The client's address.
     pub peer: SocketAddr,
     /// The balancer's address, for a connection behind a PROXY protocol header.
-    pub via: Option<SocketAddr>,
-    /// The verified client certificate's subject CN, once the TLS handshake is done.
-    peer_cert_cn: OnceLock<Box<str>>,
+    via: Option<Box<SocketAddr>>,
     /// Unix time of the connection, ms.
     pub connected_at: u64,
-    login: Mutex<Option<Held>>,
+    login: Mutex<Held>,
     core_id: OnceLock<ConnectionId>,
     /// The connection's own shutdown token: cancelling it closes the connection.
     close: CancellationToken,
@@ -115,16 +135,16 @@ impl std::fmt::Debug for ConnInfo {
 }
 
 impl ConnInfo {
-    fn held(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
         self.login.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The login, once it happened.
     pub fn login(&self) -> Option<Login> {
         let l = self.held();
-        let (user, vhost, client) = l.as_ref()?.parts();
+        let [user, vhost, client, _] = l.parts();
         Some(Login {
-            user: user.to_owned(),
+            user: user?.to_owned(),
             vhost: vhost.map(str::to_owned),
             client: client.map(str::to_owned),
         })
@@ -137,31 +157,33 @@ impl ConnInfo {
         f: impl FnOnce(Option<&str>, Option<&str>, Option<&str>) -> R,
     ) -> R {
         let l = self.held();
-        match l.as_ref().map(Held::parts) {
-            Some((user, vhost, client)) => f(Some(user), vhost, client),
-            None => f(None, None, None),
-        }
+        let [user, vhost, client, _] = l.parts();
+        f(user, vhost, client)
     }
 
-    fn update(&self, f: impl FnOnce(Option<(&str, Option<&str>, Option<&str>)>) -> Option<Held>) {
+    /// Replaces part `i` of what is noted.
+    fn note(&self, i: usize, part: Option<&str>) {
         let mut l = self.held();
-        if let Some(new) = f(l.as_ref().map(Held::parts)) {
-            *l = Some(new);
-        }
+        *l = l.with(i, part);
     }
 
     fn user_is(&self, user: &str) -> bool {
-        self.held().as_ref().is_some_and(|h| h.parts().0 == user)
+        self.held().parts()[USER] == Some(user)
+    }
+
+    /// The balancer's address, for a connection behind a PROXY protocol header.
+    pub fn via(&self) -> Option<SocketAddr> {
+        self.via.as_deref().copied()
     }
 
     /// The verified client certificate's subject CN, if any.
-    pub fn peer_cert_cn(&self) -> Option<&str> {
-        self.peer_cert_cn.get().map(|cn| &**cn)
+    pub fn peer_cert_cn(&self) -> Option<String> {
+        self.held().parts()[CERT_CN].map(str::to_owned)
     }
 
     /// Notes the client certificate's CN (once the TLS handshake verified it).
     pub fn set_peer_cert_cn(&self, cn: &str) {
-        let _ = self.peer_cert_cn.set(cn.into());
+        self.note(CERT_CN, Some(cn));
     }
 
     /// The core's id of this connection (exclusive queues, consumers), once known.
@@ -222,10 +244,9 @@ impl Registry {
             tls: c.tls,
             websocket: c.websocket,
             peer: c.peer,
-            via: c.via,
-            peer_cert_cn: OnceLock::new(),
+            via: c.via.map(Box::new),
             connected_at: crate::queue::now_ms(),
-            login: Mutex::new(None),
+            login: Mutex::new(Held::default()),
             core_id: OnceLock::new(),
             close: c.close,
         });
@@ -316,31 +337,26 @@ impl Drop for Registration {
 /// registered connection's scope).
 pub(crate) fn note_user(user: &str) {
     let _ = CURRENT.try_with(|c| {
-        c.update(|l| match l {
-            Some((u, _, _)) if u == user => None,
-            _ => Some(Held::new(user, None, None)),
-        })
+        if !c.user_is(user) {
+            let mut l = c.held();
+            let [_, _, client, cert] = l.parts();
+            *l = Held::new([Some(user), None, client, cert]);
+        }
     });
 }
 
 /// Notes the vhost the current connection opened.
 pub(crate) fn note_vhost(user: &str, vhost: &str) {
     let _ = CURRENT.try_with(|c| {
-        c.update(|l| {
-            let client = l.and_then(|(_, _, client)| client);
-            Some(Held::new(user, Some(vhost), client))
-        })
+        let mut l = c.held();
+        let [_, _, client, cert] = l.parts();
+        *l = Held::new([Some(user), Some(vhost), client, cert]);
     });
 }
 
 /// Notes MQTT's client id of the current connection (after its login).
 pub fn note_client(client: &str) {
-    let _ = CURRENT.try_with(|c| {
-        c.update(|l| {
-            let (user, vhost) = l.map_or(("", None), |(u, v, _)| (u, v));
-            Some(Held::new(user, vhost, Some(client)))
-        })
-    });
+    let _ = CURRENT.try_with(|c| c.note(CLIENT, Some(client)));
 }
 
 /// Notes the core's id of the current connection (the first one it takes).
@@ -394,7 +410,10 @@ mod tests {
             assert_eq!((u, v, c), (Some("alice"), Some("/"), Some("sensor-1")))
         });
         reg.info().set_peer_cert_cn("device");
-        assert_eq!(reg.info().peer_cert_cn(), Some("device"));
+        assert_eq!(reg.info().peer_cert_cn().as_deref(), Some("device"));
+        reg.info().with_login(|u, v, c| {
+            assert_eq!((u, v, c), (Some("alice"), Some("/"), Some("sensor-1")))
+        });
         assert!(r.by_core_id(7).is_some());
         assert!(r.by_name("127.0.0.1:5000 (2)").is_none());
         assert!(r.by_name("garbage").is_none());

@@ -90,9 +90,43 @@ pub fn serve<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    // The login settings go with the CONNECT phase (boxed, freed once it is done): the
+    // connection keeps only what it needs afterwards, for as long as it lives.
+    let MqttContext {
+        broker,
+        state,
+        anonymous_user,
+        limits,
+        shutdown,
+        login,
+    } = ctx;
+    let ctx = Ctx {
+        broker,
+        state,
+        limits,
+        shutdown,
+    };
+    let hello = Box::new(Hello {
+        anonymous_user,
+        login,
+    });
     // An async block using its captures in place: an async fn would keep its arguments
     // twice (as captured and as locals) for as long as the connection lives.
-    async move { run(&mut stream, peer, &ctx).await }
+    async move { run(&mut stream, peer, &ctx, hello).await }
+}
+
+/// What a connection keeps of its [`MqttContext`] for as long as it lives.
+struct Ctx {
+    broker: Arc<triad_core::Broker>,
+    state: Arc<MqttState>,
+    limits: crate::MqttLimits,
+    shutdown: CancellationToken,
+}
+
+/// What only the CONNECT phase needs of the [`MqttContext`].
+struct Hello {
+    anonymous_user: Option<String>,
+    login: crate::MqttLogin,
 }
 
 async fn write_now<S: AsyncWrite + Unpin>(stream: &mut S, p: &Packet) -> Result<(), MqttError> {
@@ -138,13 +172,12 @@ struct Registration {
     vhost: String,
     client: String,
     conn: ConnectionId,
-    done: CancellationToken,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         self.state.unregister(&self.vhost, &self.client, self.conn);
-        self.done.cancel();
+        self.state.finish(self.conn);
     }
 }
 
@@ -160,14 +193,19 @@ struct Connected {
     _registration: Registration,
 }
 
-async fn run<S>(stream: &mut S, peer: SocketAddr, ctx: &MqttContext) -> Result<(), MqttError>
+async fn run<S>(
+    stream: &mut S,
+    peer: SocketAddr,
+    ctx: &Ctx,
+    hello: Box<Hello>,
+) -> Result<(), MqttError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let mut rbuf = BytesMut::new();
     // Boxed: the CONNECT phase's state (the packet, login, takeover wait, refusals) is
     // larger than what a connected client keeps, and the task would be sized for it.
-    let Some(mut k) = Box::pin(accept(stream, &mut rbuf, peer, ctx)).await? else {
+    let Some(mut k) = Box::pin(accept(stream, &mut rbuf, peer, ctx, hello)).await? else {
         return Ok(());
     };
     // `k` is used in place (moving its fields out would keep them twice in this future)
@@ -239,7 +277,8 @@ async fn accept<S>(
     stream: &mut S,
     rbuf: &mut BytesMut,
     peer: SocketAddr,
-    ctx: &MqttContext,
+    ctx: &Ctx,
+    hello: Box<Hello>,
 ) -> Result<Option<Connected>, MqttError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
@@ -266,13 +305,21 @@ where
 
     // authentication and the vhost: `vhost:user`, the port's, or the default one
     let broker = ctx.broker.clone();
-    let (vhost, user) = ctx
+    let (vhost, user) = hello
         .login
         .vhost_and_user(connect.username.as_deref(), broker.default_vhost());
     let vhost_name = vhost.to_string();
     let user = user.map(str::to_string);
     let conn = broker.next_connection_id();
-    let mut link = match login(ctx, peer, conn, &connect, user.as_deref(), &vhost_name) {
+    let mut link = match login(
+        ctx,
+        &hello,
+        peer,
+        conn,
+        &connect,
+        user.as_deref(),
+        &vhost_name,
+    ) {
         Ok(l) => l,
         Err((code, why)) => {
             let user = user.as_deref().unwrap_or("");
@@ -336,7 +383,6 @@ where
 
     // takeover [MQTT-3.1.4-2]
     let kick = CancellationToken::new();
-    let done = CancellationToken::new();
     let registered = ctx.state.register(
         &vhost_name,
         &client_id,
@@ -344,7 +390,6 @@ where
             conn,
             user: Some(owner),
             kick: kick.clone(),
-            done: done.clone(),
         },
     );
     let Ok(prev) = registered else {
@@ -357,12 +402,11 @@ where
         vhost: vhost_name.clone(),
         client: client_id.clone(),
         conn,
-        done,
     };
     if let Some(p) = prev {
         tracing::debug!("taking over a connected session");
         p.kick.cancel();
-        if tokio::time::timeout(Duration::from_secs(5), p.done.cancelled())
+        if tokio::time::timeout(Duration::from_secs(5), ctx.state.finished(p.conn))
             .await
             .is_err()
         {
@@ -500,8 +544,10 @@ where
 /// made only once the password was accepted (a loopback-only user, no permissions on
 /// the vhost, over the connection limit) must not tell that the password is right.
 /// Without a password, 5 (not authorised).
+#[allow(clippy::too_many_arguments)]
 fn login(
-    ctx: &MqttContext,
+    ctx: &Ctx,
+    hello: &Hello,
     peer: SocketAddr,
     conn: ConnectionId,
     connect: &Connect,
@@ -513,11 +559,11 @@ fn login(
     } else {
         NOT_AUTHORIZED
     };
-    let cert_cn = ctx
+    let cert_cn = hello
         .login
         .peer_cert_cn
         .as_deref()
-        .filter(|_| ctx.login.ssl_cert_login);
+        .filter(|_| hello.login.ssl_cert_login);
     let pass = connect
         .password
         .as_ref()
@@ -530,13 +576,13 @@ fn login(
         },
         (None, Some(cn)) => Credentials::Certificate { user: cn },
         (None, None) => Credentials::Anonymous {
-            user: ctx.anonymous_user.as_deref(),
+            user: hello.anonymous_user.as_deref(),
         },
     };
     let peer = Peer {
         addr: peer.ip(),
         conn,
-        failed_login_delay: ctx.login.failed_login_delay,
+        failed_login_delay: hello.login.failed_login_delay,
     };
     ctx.broker
         .login(credentials, peer, vhost, Protocol::Mqtt)
