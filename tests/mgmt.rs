@@ -300,16 +300,17 @@ fn queues_bindings_publish_get_and_purge() {
         204
     );
     assert_eq!(get(http, "/api/queues/%2F/q1", GUEST).0, 404);
-    // policies are refused, not accepted and ignored
+    // a policy key Triad does not implement is refused naming it, not ignored
     let (code, _, body) = call(
         http,
         "PUT",
         "/api/policies/%2F/p",
         GUEST,
-        Some(&json!({"pattern": ".*", "definition": {"max-length": 1}})),
+        Some(&json!({"pattern": ".*", "definition": {"max-length": 1, "queue-mode": "lazy"}})),
     );
-    assert_eq!(code, 501);
-    assert!(body.contains("policies are not implemented"), "{body}");
+    assert_eq!(code, 400);
+    assert!(body.contains("'queue-mode'"), "{body}");
+    assert_eq!(get(http, "/api/policies/%2F/p", GUEST).0, 404);
 }
 
 #[test]
@@ -549,6 +550,15 @@ fn definitions_export_and_import_round_trip() {
         .0,
         201
     );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/policies/app/cap",
+            json!({"pattern": "^in", "apply-to": "queues", "priority": 1, "definition": {"max-length": 5}})
+        ),
+        201
+    );
     let (code, defs) = get(http, "/api/definitions", GUEST);
     assert_eq!(code, 200);
 
@@ -559,15 +569,27 @@ fn definitions_export_and_import_round_trip() {
         204
     );
     let (_, again) = get(http_b, "/api/definitions", GUEST);
-    for k in ["vhosts", "permissions", "queues", "exchanges", "bindings"] {
+    assert_eq!(
+        defs["policies"],
+        json!([{"vhost": "app", "name": "cap", "pattern": "^in", "apply-to": "queues",
+            "definition": {"max-length": 5}, "priority": 1}])
+    );
+    for k in [
+        "vhosts",
+        "permissions",
+        "policies",
+        "queues",
+        "exchanges",
+        "bindings",
+    ] {
         assert_eq!(again[k], defs[k], "{k}");
     }
     // password hashes are carried over: `app` logs in on the new broker
     assert_eq!(get(http_b, "/api/whoami", Some(("app", "pw"))).0, 200);
     // what is not implemented is refused before anything changes
     let mut with_policy = defs.clone();
-    with_policy["policies"] =
-        json!([{"vhost": "/", "name": "p", "pattern": ".*", "definition": {}}]);
+    with_policy["policies"] = json!([{"vhost": "/", "name": "p", "pattern": ".*",
+        "apply-to": "queues", "priority": 0, "definition": {"ha-mode": "all"}}]);
     with_policy["queues"] = json!([{"vhost": "/", "name": "never", "durable": true, "auto_delete": false, "arguments": {}}]);
     assert_eq!(
         call(
@@ -578,7 +600,7 @@ fn definitions_export_and_import_round_trip() {
             Some(&with_policy)
         )
         .0,
-        501
+        400
     );
     assert_eq!(get(http_b, "/api/queues/%2F/never", GUEST).0, 404);
     let mut md5 = defs;
@@ -649,4 +671,116 @@ fn health_checks_name_the_listeners() {
             .any(|l| l["protocol"] == "amqp" && l["port"] == amqp),
         "{overview}"
     );
+}
+
+#[test]
+fn policies_govern_queues_without_redeclaring_and_survive_a_restart() {
+    let mut broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    for q in ["jobs.a", "other"] {
+        assert_eq!(
+            status(
+                http,
+                "PUT",
+                &format!("/api/queues/%2F/{q}"),
+                json!({"durable": true})
+            ),
+            201
+        );
+        for i in 0..4 {
+            let (code, v) = {
+                let (c, _, b) = call(
+                    http,
+                    "POST",
+                    "/api/exchanges/%2F/amq.default/publish",
+                    GUEST,
+                    Some(&json!({"routing_key": q, "payload": format!("m{i}"),
+                        "payload_encoding": "string", "properties": {"delivery_mode": 2}})),
+                );
+                (c, serde_json::from_str::<Value>(&b).unwrap_or(Value::Null))
+            };
+            assert_eq!((code, &v["routed"]), (200, &json!(true)));
+        }
+    }
+    let pol = json!({"pattern": "^jobs\\.", "apply-to": "queues", "priority": 2,
+        "definition": {"max-length": 2, "message-ttl": 60000}});
+    assert_eq!(
+        status(http, "PUT", "/api/policies/%2F/jobs", pol.clone()),
+        201
+    );
+    assert_eq!(status(http, "PUT", "/api/policies/%2F/jobs", pol), 204);
+    // applied to the existing queue: its backlog is cut to the new limit now (drop-head)
+    let (_, q) = get(http, "/api/queues/%2F/jobs.a", GUEST);
+    assert_eq!(q["policy"], "jobs");
+    assert_eq!(q["messages"], 2, "{q}");
+    assert_eq!(q["effective_policy_definition"]["max-length"], 2);
+    let (_, other) = get(http, "/api/queues/%2F/other", GUEST);
+    assert_eq!(
+        (&other["policy"], &other["messages"]),
+        (&Value::Null, &json!(4))
+    );
+    let (code, list) = get(http, "/api/policies", GUEST);
+    assert_eq!(code, 200);
+    assert_eq!(
+        list,
+        json!([{"vhost": "/", "name": "jobs", "pattern": "^jobs\\.", "apply-to": "queues",
+            "definition": {"max-length": 2, "message-ttl": 60000},
+            "priority": 2}])
+    );
+    // with overflow reject-publish (the policy replaced), a queue declared later is
+    // governed too and refuses the third message
+    let pol = json!({"pattern": "^jobs\\.", "apply-to": "queues", "priority": 2,
+        "definition": {"max-length": 2, "overflow": "reject-publish", "message-ttl": 60000}});
+    assert_eq!(status(http, "PUT", "/api/policies/%2F/jobs", pol), 204);
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/queues/%2F/jobs.b",
+            json!({"durable": true})
+        ),
+        201
+    );
+    let routed: Vec<Value> = (0..3)
+        .map(|i| {
+            let (_, _, b) = call(
+                http,
+                "POST",
+                "/api/exchanges/%2F/amq.default/publish",
+                GUEST,
+                Some(&json!({"routing_key": "jobs.b", "payload": format!("n{i}"),
+                    "payload_encoding": "string", "properties": {}})),
+            );
+            serde_json::from_str::<Value>(&b).unwrap_or(Value::Null)["routed"].clone()
+        })
+        .collect();
+    assert_eq!(routed, [json!(true), json!(true), json!(false)]);
+    // only policymakers and administrators manage policies
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/mon",
+            json!({"password": "pw", "tags": "monitoring"})
+        ),
+        201
+    );
+    assert_eq!(get(http, "/api/policies", Some(("mon", "pw"))).0, 401);
+
+    broker.restart();
+    let http = broker.http_addr();
+    let (_, q) = get(http, "/api/queues/%2F/jobs.a", GUEST);
+    assert_eq!((&q["policy"], &q["messages"]), (&json!("jobs"), &json!(2)));
+    assert_eq!(
+        call(http, "DELETE", "/api/policies/%2F/jobs", GUEST, None).0,
+        204
+    );
+    assert_eq!(
+        call(http, "DELETE", "/api/policies/%2F/jobs", GUEST, None).0,
+        404
+    );
+    let (_, q) = get(http, "/api/queues/%2F/jobs.b", GUEST);
+    assert_eq!(q["policy"], Value::Null);
+    assert_eq!(q["effective_policy_definition"], json!({}));
+    assert_eq!(get(http, "/api/policies", GUEST).1, json!([]));
 }

@@ -18,6 +18,8 @@
 //! - [`access`]: permissions ([`VhostAccess`]): RabbitMQ's configure / write / read
 //!   regexes per user and vhost, checked per operation by every adapter.
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
+//! - [`policy`]: RabbitMQ-style policies (pattern, apply-to, priority, definition) that
+//!   set queue limits, TTLs and dead-lettering without redeclaring, persisted per change.
 //! - [`throttle`]: failed-login throttling per source address and per user name.
 //! - [`link`]: a connection's [`Link`], which login creates: user, vhost, permissions,
 //!   connection slot; check-and-act methods; teardown on drop.
@@ -57,6 +59,7 @@ pub mod link;
 pub mod message;
 pub mod outbox;
 pub mod password;
+pub mod policy;
 pub mod queue;
 pub mod replies;
 pub mod reserved;

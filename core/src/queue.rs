@@ -27,6 +27,7 @@ use triad_store::store::{QueueId, Store};
 use crate::error::CoreError;
 use crate::message::Properties;
 use crate::outbox::{CreditGate, Delivery, OutEvent, Outbox};
+use crate::policy::Policy;
 use crate::value::{FieldTable, FieldValue};
 use crate::vhost::Vhost;
 use crate::{envelope, ConnectionId};
@@ -284,6 +285,12 @@ struct State {
     flow: Option<Arc<tokio::sync::Notify>>,
 }
 
+/// A queue's settings in force and the policy they come from.
+struct Applied {
+    args: Arc<QueueArgs>,
+    policy: Option<Arc<Policy>>,
+}
+
 /// Work to do once the queue's lock is released.
 #[derive(Default)]
 struct After {
@@ -304,7 +311,11 @@ pub struct Queue {
     exclusive_owner: Option<ConnectionId>,
     auto_delete: bool,
     arguments: FieldTable,
-    args: QueueArgs,
+    /// What the arguments set.
+    declared: QueueArgs,
+    /// The settings in force: the arguments combined with the policy that applies
+    /// (see [`crate::policy`]); replaced when a policy changes.
+    applied: std::sync::RwLock<Applied>,
     window: usize,
     store: Arc<Store>,
     vhost: Weak<Vhost>,
@@ -462,8 +473,12 @@ impl Queue {
             durable: spec.durable,
             exclusive_owner: spec.exclusive_owner,
             auto_delete: spec.auto_delete,
+            applied: std::sync::RwLock::new(Applied {
+                args: Arc::new(spec.args.clone()),
+                policy: None,
+            }),
             arguments: spec.arguments,
-            args: spec.args,
+            declared: spec.args,
             window: spec.window.max(16),
             store,
             vhost,
@@ -493,9 +508,51 @@ impl Queue {
     pub fn arguments(&self) -> &FieldTable {
         &self.arguments
     }
-    /// Parsed arguments.
-    pub fn args(&self) -> &QueueArgs {
-        &self.args
+    /// The settings in force (arguments and policy).
+    pub fn args(&self) -> Arc<QueueArgs> {
+        self.applied
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .args
+            .clone()
+    }
+    /// What the declared arguments set.
+    pub fn declared_args(&self) -> &QueueArgs {
+        &self.declared
+    }
+    /// The policy that applies, if any.
+    pub fn policy(&self) -> Option<Arc<Policy>> {
+        self.applied
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .policy
+            .clone()
+    }
+
+    /// Applies `policy` (or none): the settings become the arguments combined with it,
+    /// and a lowered length limit or TTL takes effect now, as in RabbitMQ.
+    pub(crate) fn apply_policy(&self, policy: Option<Arc<Policy>>) {
+        let args = match &policy {
+            Some(p) => p.definition.effective(&self.declared, &self.arguments),
+            None => self.declared.clone(),
+        };
+        let ttl = args.message_ttl.is_some();
+        *self.applied.write().unwrap_or_else(|e| e.into_inner()) = Applied {
+            args: Arc::new(args),
+            policy,
+        };
+        let mut after = After::default();
+        {
+            let mut st = lock(&self.state);
+            if st.deleted {
+                return;
+            }
+            if ttl {
+                self.expire_head(&mut st, &mut after);
+            }
+            self.enforce_limits(&mut st, &mut after);
+        }
+        self.finish(after);
     }
     pub(crate) fn store_id(&self) -> QueueId {
         self.id
@@ -507,7 +564,7 @@ impl Queue {
         let mut after = After::default();
         let count = {
             let mut st = lock(&self.state);
-            if !st.deleted && (self.args.message_ttl.is_some() || self.has_message_ttls(&st)) {
+            if !st.deleted && (self.args().message_ttl.is_some() || self.has_message_ttls(&st)) {
                 self.expire_head(&mut st, &mut after);
             }
             u32::try_from(st.ready_count).unwrap_or(u32::MAX)
@@ -533,13 +590,13 @@ impl Queue {
     /// Whether a new message of `body_len` bytes would be refused (`x-overflow`
     /// reject-publish with the queue at its limit).
     pub(crate) fn rejects(&self, body_len: usize) -> bool {
-        if self.args.overflow == Overflow::DropHead {
+        let args = self.args();
+        if args.overflow == Overflow::DropHead {
             return false;
         }
         let st = lock(&self.state);
-        self.args.max_length.is_some_and(|m| st.ready_count >= m)
-            || self
-                .args
+        args.max_length.is_some_and(|m| st.ready_count >= m)
+            || args
                 .max_length_bytes
                 .is_some_and(|m| st.ready_bytes + body_len as u64 > m)
     }
@@ -583,7 +640,7 @@ impl Queue {
     }
 
     fn priority_of(&self, tag: u64) -> u8 {
-        match self.args.max_priority {
+        match self.declared.max_priority {
             Some(max) => tag_priority(tag).min(max),
             None => 0,
         }
@@ -707,15 +764,13 @@ impl Queue {
     }
 
     fn enforce_limits(&self, st: &mut State, after: &mut After) {
-        if self.args.overflow != Overflow::DropHead {
+        let args = self.args();
+        if args.overflow != Overflow::DropHead {
             return;
         }
         loop {
-            let over = self.args.max_length.is_some_and(|m| st.ready_count > m)
-                || self
-                    .args
-                    .max_length_bytes
-                    .is_some_and(|m| st.ready_bytes > m);
+            let over = args.max_length.is_some_and(|m| st.ready_count > m)
+                || args.max_length_bytes.is_some_and(|m| st.ready_bytes > m);
             if !over {
                 return;
             }
@@ -728,7 +783,7 @@ impl Queue {
 
     /// A ready entry leaves the queue without a consumer: dead-letter it if configured.
     fn drop_entry(&self, off: u64, e: Entry, reason: &'static str, after: &mut After) {
-        if self.args.dead_letter_exchange.is_some() {
+        if self.args().dead_letter_exchange.is_some() {
             if let Ok(rec) = self.store.read_entry(self.id, off, e.commit_offset) {
                 after.dead.push((off, rec, reason));
                 return;
@@ -746,7 +801,7 @@ impl Queue {
         } else {
             None
         };
-        let ttl = match (self.args.message_ttl, msg_ttl) {
+        let ttl = match (self.args().message_ttl, msg_ttl) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }?;
@@ -866,7 +921,7 @@ impl Queue {
             st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
             // just published: no need to read it back (TTL checks need the record)
             if let Some((_, h)) = hot.filter(|(o, _)| *o == off) {
-                if e.tag & TAG_HAS_TTL == 0 && self.args.message_ttl.is_none() {
+                if e.tag & TAG_HAS_TTL == 0 && self.args().message_ttl.is_none() {
                     return Some(Ready {
                         offset: off,
                         entry: e,
@@ -1194,8 +1249,9 @@ impl Queue {
     /// been unused past `x-expires`.
     /// Whether [`Queue::tick`] may have anything to do.
     pub(crate) fn needs_tick(&self) -> bool {
-        self.args.message_ttl.is_some()
-            || self.args.expires.is_some()
+        let args = self.args();
+        args.message_ttl.is_some()
+            || args.expires.is_some()
             || self.tick_wanted.load(Ordering::Relaxed)
     }
 
@@ -1214,11 +1270,12 @@ impl Queue {
             if st.deleted {
                 return false;
             }
-            if self.args.message_ttl.is_some() || self.has_message_ttls(&st) {
+            let args = self.args();
+            if args.message_ttl.is_some() || self.has_message_ttls(&st) {
                 self.expire_head(&mut st, &mut after);
             }
             self.flow_check(&mut st, &mut after);
-            expired = self.args.expires.is_some_and(|ms| {
+            expired = args.expires.is_some_and(|ms| {
                 st.consumers.is_empty() && st.last_used.elapsed() >= Duration::from_millis(ms)
             });
         }
@@ -1273,7 +1330,7 @@ impl Queue {
         props: &mut Properties,
         own_deaths: bool,
     ) -> Option<(String, String)> {
-        let dlx = self.args.dead_letter_exchange.clone()?;
+        let dlx = self.args().dead_letter_exchange.clone()?;
         let mut headers = props.headers.take().unwrap_or_default();
         if !own_deaths {
             for k in [
@@ -1351,7 +1408,7 @@ impl Queue {
         }
         props.headers = Some(headers);
         let key = self
-            .args
+            .args()
             .dead_letter_routing_key
             .clone()
             .unwrap_or_else(|| routing_key.to_string());

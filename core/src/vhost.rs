@@ -279,6 +279,8 @@ pub struct Vhost {
     /// Exclusive queues by owning connection, so a closing connection finds its own
     /// without a scan of every queue. Guarded after `queues` in the lock order.
     exclusive: std::sync::Mutex<HashMap<ConnectionId, Vec<Arc<Queue>>>>,
+    /// The vhost's policies (see [`crate::policy`]).
+    policies: crate::policy::Policies,
 }
 
 impl std::fmt::Debug for Vhost {
@@ -316,6 +318,7 @@ impl Vhost {
     ) -> Result<Arc<Vhost>, CoreError> {
         import_legacy_doc(&store, name)?;
         let journal = store.journal();
+        let policies = crate::policy::Policies::load(journal, name)?;
         let vh = Arc::new_cyclic(|me| Vhost {
             name: name.to_string(),
             store: store.clone(),
@@ -326,6 +329,7 @@ impl Vhost {
             max_queues,
             me: me.clone(),
             exclusive: Default::default(),
+            policies,
         });
         let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
         {
@@ -362,6 +366,9 @@ impl Vhost {
                 store.clone(),
                 Arc::downgrade(&vh),
             )?;
+            if let Some(p) = vh.policies.for_queue(&q.name) {
+                queue.apply_policy(Some(p));
+            }
             vh.queues_mut().insert(q.name.clone(), queue);
         }
         // store queues of this vhost that the topology does not know: a crash between
@@ -756,6 +763,11 @@ impl Vhost {
                 self.store.clone(),
                 self.me.clone(),
             )?;
+            // under the queue map's lock: a policy change walks the map after
+            // changing the list, so it either sees this queue or this sees it
+            if let Some(p) = self.policies.for_queue(&name) {
+                q.apply_policy(Some(p));
+            }
             if d.exclusive {
                 self.exclusive_mut()
                     .entry(d.conn)
@@ -1208,9 +1220,56 @@ impl Vhost {
                 self.delete_queue(&name, false, false, owner)?;
             }
         }
-        let ops = [TAG_EXCHANGE, TAG_QUEUE, TAG_BINDING]
-            .map(|t| MetaOp::delete_prefix(KeyBuilder::new(t).part(self.name.as_bytes()).build()));
-        Self::durable(self.journal(ops.to_vec())?)
+        let mut ops = [TAG_EXCHANGE, TAG_QUEUE, TAG_BINDING]
+            .map(|t| MetaOp::delete_prefix(KeyBuilder::new(t).part(self.name.as_bytes()).build()))
+            .to_vec();
+        ops.push(MetaOp::delete_prefix(crate::policy::vhost_prefix(
+            &self.name,
+        )));
+        Self::durable(self.journal(ops)?)
+    }
+
+    /// The vhost's policies, highest priority first.
+    pub fn policies(&self) -> Vec<Arc<crate::policy::Policy>> {
+        self.policies.list()
+    }
+
+    /// Adds or replaces a policy (once on disk) and applies it to the queues it now
+    /// governs, walking the vhost's queues once. `true` when it is new.
+    pub fn set_policy(&self, p: crate::policy::Policy) -> Result<bool, CoreError> {
+        let _change = self.policies.begin_change();
+        let created = self.policies.put(self.store.journal(), p)?;
+        self.reapply_policies();
+        Ok(created)
+    }
+
+    /// Deletes a policy (once on disk) and reapplies what governs its queues now;
+    /// `false` when there was none.
+    pub fn delete_policy(&self, name: &str) -> Result<bool, CoreError> {
+        let _change = self.policies.begin_change();
+        let deleted = self
+            .policies
+            .delete(self.store.journal(), &self.name, name)?;
+        if deleted {
+            self.reapply_policies();
+        }
+        Ok(deleted)
+    }
+
+    /// Gives every queue whose governing policy changed its new one.
+    fn reapply_policies(&self) {
+        let queues: Vec<Arc<Queue>> = self.queues_read().values().cloned().collect();
+        for q in queues {
+            let now = self.policies.for_queue(q.name());
+            let same = match (&now, q.policy()) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, &b),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                q.apply_policy(now);
+            }
+        }
     }
 
     /// The exchange definitions (for listings).

@@ -21,11 +21,13 @@
 //! - Handlers run on a blocking thread: changes wait for the metadata journal's fsync.
 //!
 //! Modules: [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
-//! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import).
+//! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
+//! [`policies`] (policies).
 
 pub mod defs;
 pub mod json;
 pub mod list;
+pub mod policies;
 pub mod read;
 pub mod write;
 

@@ -15,6 +15,7 @@ use super::{node_name, ok_json, Api, ApiError, ApiResult};
 /// A queue, RabbitMQ's fields for what Triad has.
 pub fn queue_json(vhost: &str, q: &Queue) -> Value {
     let s = q.stats();
+    let policy = q.policy();
     json!({
         "name": q.name(),
         "vhost": vhost,
@@ -25,7 +26,9 @@ pub fn queue_json(vhost: &str, q: &Queue) -> Value {
         "node": node_name(),
         "type": "classic",
         "state": if s.flow { "flow" } else { "running" },
-        "policy": null,
+        "policy": policy.as_ref().map(|p| p.name.as_str()),
+        "operator_policy": null,
+        "effective_policy_definition": policy.as_ref().map_or_else(|| json!({}), |p| p.definition.to_json()),
         "consumers": s.consumers,
         "messages": s.ready + s.unacked,
         "messages_ready": s.ready,
@@ -683,15 +686,9 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             }
             ok_json(&json!(items))
         }
-        ["policies"] => ok_json(&json!([])),
-        ["policies", v] => {
-            api.vhost_read(v)?;
-            ok_json(&json!([]))
-        }
-        ["policies", v, _] => {
-            api.vhost_read(v)?;
-            Err(ApiError::not_found())
-        }
+        ["policies"] => super::policies::get(api, None, None),
+        ["policies", v] => super::policies::get(api, Some(v), None),
+        ["policies", v, name] => super::policies::get(api, Some(v), Some(name)),
         ["definitions"] => {
             api.require_admin()?;
             Ok(super::defs::export(api, None))
