@@ -247,7 +247,9 @@ fn queues_bindings_publish_get_and_purge() {
         (Some(3), Some(3))
     );
     assert_eq!(queue["arguments"], json!({"x-max-length": 10}));
-    assert_eq!(queue["message_stats"], json!({"publish": 3}));
+    assert_eq!(queue["message_stats"]["publish"], 3);
+    assert!(queue["message_stats"]["publish_details"]["rate"].is_number());
+    assert_eq!(queue["message_stats"]["ack"], 0);
 
     // get with requeue leaves them; without removes one
     let got = |mode: &str, count: u32| {
@@ -783,4 +785,67 @@ fn policies_govern_queues_without_redeclaring_and_survive_a_restart() {
     assert_eq!(q["policy"], Value::Null);
     assert_eq!(q["effective_policy_definition"], json!({}));
     assert_eq!(get(http, "/api/policies", GUEST).1, json!([]));
+}
+
+#[test]
+fn message_stats_count_and_rate_like_rabbitmq() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    assert_eq!(status(http, "PUT", "/api/queues/%2F/r", json!({})), 201);
+    let publish = |n: usize| {
+        for i in 0..n {
+            assert_eq!(
+                status(
+                    http,
+                    "POST",
+                    "/api/exchanges/%2F/amq.default/publish",
+                    json!({"routing_key": "r", "payload": format!("m{i}"),
+                        "payload_encoding": "string", "properties": {}})
+                ),
+                200
+            );
+        }
+    };
+    // the first reading starts sampling
+    let (_, q) = get(http, "/api/queues/%2F/r", GUEST);
+    assert_eq!(q["message_stats"]["publish_details"]["rate"], 0.0);
+    get(http, "/api/overview", GUEST);
+    publish(6);
+    assert_eq!(
+        status(
+            http,
+            "POST",
+            "/api/queues/%2F/r/get",
+            json!({"count": 2, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        ),
+        200
+    );
+    let mut last = Value::Null;
+    eventually("a publish rate", || {
+        last = get(http, "/api/queues/%2F/r", GUEST).1;
+        last["message_stats"]["publish_details"]["rate"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0)
+    });
+    let m = &last["message_stats"];
+    assert_eq!(
+        (&m["publish"], &m["get"], &m["ack"], &m["deliver_get"]),
+        (&json!(6), &json!(2), &json!(2), &json!(2)),
+        "{m}"
+    );
+    assert!(
+        m["ack_details"]["rate"].as_f64().is_some_and(|r| r > 0.0),
+        "{m}"
+    );
+    let mut overview = Value::Null;
+    eventually("an overview publish rate", || {
+        overview = get(http, "/api/overview", GUEST).1;
+        overview["message_stats"]["publish_details"]["rate"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0)
+    });
+    assert_eq!(overview["message_stats"]["publish"], 6);
+    assert_eq!(overview["rates_mode"], "basic");
+    let (_, vh) = get(http, "/api/vhosts/%2F", GUEST);
+    assert_eq!(vh["message_stats"]["ack"], 2);
 }

@@ -20,6 +20,7 @@
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
 //! - [`policy`]: RabbitMQ-style policies (pattern, apply-to, priority, definition) that
 //!   set queue limits, TTLs and dead-lettering without redeclaring, persisted per change.
+//! - [`stats`]: message counters (sharded where there is no owner lock) and rates.
 //! - [`throttle`]: failed-login throttling per source address and per user name.
 //! - [`link`]: a connection's [`Link`], which login creates: user, vhost, permissions,
 //!   connection slot; check-and-act methods; teardown on drop.
@@ -64,6 +65,7 @@ pub mod queue;
 pub mod replies;
 pub mod reserved;
 pub mod routing;
+pub mod stats;
 pub mod testing;
 pub mod throttle;
 pub mod value;

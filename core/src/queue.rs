@@ -13,7 +13,7 @@
 //! persistent (41).
 
 mod info;
-pub use info::{ConsumerInfo, QueueStats};
+pub use info::{ConsumerInfo, QueueStats, RATE_NAMES};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -283,6 +283,10 @@ struct State {
     /// Publishers waiting for the throttle to lift: made by the first one to wait, so
     /// a queue that never throttles (most MQTT session queues) does not carry it.
     flow: Option<Arc<tokio::sync::Notify>>,
+    /// Deliver / get / ack / redeliver counters.
+    counts: crate::stats::Counts,
+    /// The management API's last reading of the counters (made when first read).
+    rate: Option<Box<crate::stats::RateSample>>,
 }
 
 /// A queue's settings in force and the policy they come from.
@@ -465,6 +469,8 @@ impl Queue {
             throttled: false,
             credit: 0,
             flow: None,
+            counts: Default::default(),
+            rate: None,
         };
         Ok(Arc::new_cyclic(|me| Queue {
             name: spec.name,
@@ -883,6 +889,12 @@ impl Queue {
                 st.ready_bytes += tag_len(e.tag);
                 return;
             }
+            if no_ack {
+                st.counts.deliver_no_ack += 1;
+            } else {
+                st.counts.deliver += 1;
+            }
+            st.counts.redeliver += u64::from(e.redelivered);
             let _ = self.store.mark_delivered(self.id, off);
             if no_ack {
                 after.acks.push(off);
@@ -1111,6 +1123,7 @@ impl Queue {
                 if let Some(u) = st.unacked.remove(off) {
                     release(&mut st, &u, &mut after);
                     after.acks.push(*off);
+                    st.counts.ack += 1;
                 }
             }
             if !st.deleted {
@@ -1168,6 +1181,12 @@ impl Queue {
             out = self.take_next(&mut st, &mut after, None).map(|m| {
                 let off = m.offset;
                 let _ = self.store.mark_delivered(self.id, off);
+                st.counts.redeliver += u64::from(m.entry.redelivered);
+                if no_ack {
+                    st.counts.get_no_ack += 1;
+                } else {
+                    st.counts.get += 1;
+                }
                 if no_ack {
                     after.acks.push(off);
                 } else {

@@ -281,6 +281,10 @@ pub struct Vhost {
     exclusive: std::sync::Mutex<HashMap<ConnectionId, Vec<Arc<Queue>>>>,
     /// The vhost's policies (see [`crate::policy`]).
     policies: crate::policy::Policies,
+    /// Messages clients published into the vhost (sharded: no lock on that path).
+    published: crate::stats::Counter,
+    /// The management API's last reading of the vhost's counters.
+    rate: std::sync::Mutex<Option<crate::stats::RateSample>>,
 }
 
 impl std::fmt::Debug for Vhost {
@@ -330,6 +334,8 @@ impl Vhost {
             me: me.clone(),
             exclusive: Default::default(),
             policies,
+            published: Default::default(),
+            rate: Default::default(),
         });
         let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
         {
@@ -1040,6 +1046,10 @@ impl Vhost {
 
     /// `basic.publish` (and STOMP SEND, MQTT PUBLISH).
     pub fn publish(&self, p: Publish) -> Result<Published, CoreError> {
+        // the broker's own `$SYS` publishes are not client traffic
+        if !reserved::is_reserved_topic(&p.exchange, &p.routing_key) {
+            self.published.add(1);
+        }
         let targets = self.check_and_route(&p)?;
         self.publish_to(
             targets,
@@ -1055,6 +1065,7 @@ impl Vhost {
     /// far as the publisher can cause it: every message is checked and routed before the
     /// first is stored, so one whose exchange is gone or that is too large stores none.
     pub fn publish_all(&self, batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
+        self.published.add(batch.len() as u64);
         let mut routed = Vec::with_capacity(batch.len());
         for p in batch {
             let targets = self.check_and_route(&p)?;
@@ -1227,6 +1238,37 @@ impl Vhost {
             &self.name,
         )));
         Self::durable(self.journal(ops)?)
+    }
+
+    /// Messages clients published into the vhost since it was opened.
+    pub fn published(&self) -> u64 {
+        self.published.get()
+    }
+
+    /// The vhost's message counters in [`crate::queue::RATE_NAMES`] order (`publish`:
+    /// what clients published into it; the others summed over its queues, one queue
+    /// lock at a time) and their per-second rates (0 at the first call).
+    pub fn message_stats(&self) -> (crate::stats::Values, [f64; 8]) {
+        let mut values = [0u64; 8];
+        let queues: Vec<Arc<Queue>> = self.queues_read().values().cloned().collect();
+        for q in queues {
+            for (v, x) in values.iter_mut().zip(q.stats().values()) {
+                *v = v.wrapping_add(x);
+            }
+        }
+        if let Some(p) = values.first_mut() {
+            *p = self.published();
+        }
+        let now = std::time::Instant::now();
+        let mut rate = self.rate.lock().unwrap_or_else(|e| e.into_inner());
+        let rates = match rate.as_mut() {
+            Some(r) => r.rates(values, now),
+            None => {
+                *rate = Some(crate::stats::RateSample::new(values, now));
+                [0.0; 8]
+            }
+        };
+        (values, rates)
     }
 
     /// The vhost's policies, highest priority first.
