@@ -849,3 +849,53 @@ fn message_stats_count_and_rate_like_rabbitmq() {
     let (_, vh) = get(http, "/api/vhosts/%2F", GUEST);
     assert_eq!(vh["message_stats"]["ack"], 2);
 }
+
+#[test]
+fn prometheus_metrics_aggregated_and_per_object() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    for q in ["m1", "m\"2"] {
+        let path = format!("/api/queues/%2F/{}", q.replace('"', "%22"));
+        assert_eq!(status(http, "PUT", &path, json!({})), 201);
+        assert_eq!(
+            status(
+                http,
+                "POST",
+                "/api/exchanges/%2F/amq.default/publish",
+                json!({"routing_key": q, "payload": "x", "payload_encoding": "string", "properties": {}})
+            ),
+            200
+        );
+    }
+    // no login needed, as RabbitMQ's Prometheus endpoint
+    let (code, head, body) = call(http, "GET", "/metrics", None, None);
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        head.contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let value = |name: &str| -> Option<f64> {
+        body.lines()
+            .find(|l| l.split([' ', '{']).next() == Some(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    assert_eq!(value("rabbitmq_queue_messages_ready"), Some(2.0), "{body}");
+    assert_eq!(value("rabbitmq_queues"), Some(2.0));
+    assert_eq!(value("rabbitmq_global_messages_received_total"), Some(2.0));
+    assert_eq!(value("rabbitmq_alarms_memory_used_watermark"), Some(0.0));
+    assert!(body.contains("# TYPE rabbitmq_global_messages_acknowledged_total counter"));
+    assert!(value("triad_store_segments").is_some_and(|n| n >= 1.0));
+    // one series per queue on the per-object endpoint, label values escaped
+    let (code, _, per) = call(http, "GET", "/metrics/per-object", None, None);
+    assert_eq!(code, 200);
+    assert!(
+        per.contains("rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"m1\"} 1"),
+        "{per}"
+    );
+    assert!(
+        per.contains("rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"m\\\"2\"} 1"),
+        "{per}"
+    );
+    assert_eq!(call(http, "POST", "/metrics", None, None).0, 405);
+}

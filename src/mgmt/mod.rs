@@ -22,11 +22,12 @@
 //!
 //! Modules: [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
 //! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
-//! [`policies`] (policies).
+//! [`policies`] (policies), [`metrics`] (Prometheus `/metrics`).
 
 pub mod defs;
 pub mod json;
 pub mod list;
+pub mod metrics;
 pub mod policies;
 pub mod read;
 pub mod write;
