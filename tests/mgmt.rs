@@ -899,3 +899,120 @@ fn prometheus_metrics_aggregated_and_per_object() {
     );
     assert_eq!(call(http, "POST", "/metrics", None, None).0, 405);
 }
+
+#[test]
+fn messages_are_found_by_id_offset_and_time() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    assert_eq!(
+        status(http, "PUT", "/api/queues/%2F/mq", json!({"durable": true})),
+        201
+    );
+    for i in 0..3 {
+        assert_eq!(
+            status(
+                http,
+                "POST",
+                "/api/exchanges/%2F/amq.default/publish",
+                json!({"routing_key": "mq", "payload": format!("body-{i}-{}", "x".repeat(2000)),
+                    "payload_encoding": "string",
+                    "properties": {"message_id": format!("id-{i}"), "delivery_mode": 2}})
+            ),
+            200
+        );
+    }
+    let (code, found) = get(http, "/api/messages/by-id/id-1", GUEST);
+    assert_eq!(code, 200, "{found}");
+    let m = &found[0];
+    assert_eq!(found.as_array().map(Vec::len), Some(1));
+    assert_eq!(m["properties"]["message_id"], "id-1");
+    assert_eq!(
+        (&m["routing_key"], &m["payload_bytes"]),
+        (&json!("mq"), &json!(2007))
+    );
+    // truncated unless asked for
+    assert_eq!(m["payload_truncated"], true);
+    assert_eq!(m["payload"].as_str().map(str::len), Some(1024));
+    assert!(m["store_time"].as_u64().is_some_and(|t| t >= start));
+    assert_eq!(
+        m["queues"],
+        json!([{"vhost": "/", "name": "mq", "offset": 1, "held": true}])
+    );
+    let (_, full) = get(http, "/api/messages/by-id/id-1?body=full", GUEST);
+    assert_eq!(full[0]["payload_truncated"], false);
+    assert_eq!(full[0]["payload"].as_str().map(str::len), Some(2007));
+    assert_eq!(get(http, "/api/messages/by-id/nope", GUEST).1, json!([]));
+    // by offset; a consumed message is no longer held
+    assert_eq!(
+        status(
+            http,
+            "POST",
+            "/api/queues/%2F/mq/get",
+            json!({"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        ),
+        200
+    );
+    let (_, by_off) = get(
+        http,
+        "/api/messages/%2F/mq/offset/0?count=2&truncate=6",
+        GUEST,
+    );
+    // the consumed entry is below the queue's first kept offset now: the answer starts
+    // at offset 1
+    assert_eq!(by_off.as_array().map(Vec::len), Some(2), "{by_off}");
+    assert_eq!(by_off[0]["payload"], "body-1");
+    assert_eq!(by_off[0]["payload_truncated"], true);
+    assert_eq!(by_off[0]["queues"][0]["held"], true);
+    // the record itself is still in the commitlog, found by id, held by no queue
+    let (_, gone) = get(http, "/api/messages/by-id/id-0", GUEST);
+    assert_eq!(
+        gone[0]["queues"],
+        json!([{"vhost": "/", "name": "mq", "offset": 0, "held": false}])
+    );
+    // by time range
+    let (_, by_time) = get(
+        http,
+        &format!("/api/messages/%2F/mq/time?from={start}"),
+        GUEST,
+    );
+    assert_eq!(by_time.as_array().map(Vec::len), Some(2));
+    assert_eq!(by_time[0]["properties"]["message_id"], "id-1");
+    let later = start + 3_600_000;
+    let (_, none) = get(
+        http,
+        &format!("/api/messages/%2F/mq/time?from={later}"),
+        GUEST,
+    );
+    assert_eq!(none, json!([]));
+    // bounded and checked
+    assert_eq!(
+        get(http, "/api/messages/by-id/id-1?count=1000", GUEST).0,
+        400
+    );
+    assert_eq!(get(http, "/api/messages/%2F/nope/offset/0", GUEST).0, 404);
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/peek",
+            json!({"password": "pw", "tags": "management"})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/permissions/%2F/peek",
+            json!({"configure": "", "write": "", "read": "^other$"})
+        ),
+        201
+    );
+    let peek = Some(("peek", "pw"));
+    assert_eq!(get(http, "/api/messages/%2F/mq/offset/0", peek).0, 401);
+    assert_eq!(get(http, "/api/messages/by-id/id-1", peek).0, 401);
+}

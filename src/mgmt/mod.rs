@@ -22,11 +22,13 @@
 //!
 //! Modules: [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
 //! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
-//! [`policies`] (policies), [`metrics`] (Prometheus `/metrics`).
+//! [`policies`] (policies), [`metrics`] (Prometheus `/metrics`), [`messages`] (message
+//! queries from the store).
 
 pub mod defs;
 pub mod json;
 pub mod list;
+pub mod messages;
 pub mod metrics;
 pub mod policies;
 pub mod read;

@@ -710,6 +710,7 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             }
             ok_json(&json!(items))
         }
+        ["messages", rest @ ..] => super::messages::get(api, rest),
         ["policies"] => super::policies::get(api, None, None),
         ["policies", v] => super::policies::get(api, Some(v), None),
         ["policies", v, name] => super::policies::get(api, Some(v), Some(name)),
