@@ -1016,3 +1016,38 @@ fn messages_are_found_by_id_offset_and_time() {
     assert_eq!(get(http, "/api/messages/%2F/mq/offset/0", peek).0, 401);
     assert_eq!(get(http, "/api/messages/by-id/id-1", peek).0, 401);
 }
+
+#[test]
+fn the_dashboard_is_served_from_the_binary() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let (code, head, body) = call(http, "GET", "/", None, None);
+    assert_eq!(code, 200);
+    assert!(head.contains("content-type: text/html"), "{head}");
+    assert!(
+        head.contains("content-security-policy: default-src 'self'"),
+        "{head}"
+    );
+    assert!(body.contains("<script src=\"/ui/app.js\""), "{body}");
+    let (code, head, js) = call(http, "GET", "/ui/app.js", None, None);
+    assert_eq!(code, 200);
+    assert!(head.contains("content-type: text/javascript"), "{head}");
+    assert!(js.contains("/api"));
+    assert_eq!(call(http, "GET", "/ui/style.css", None, None).0, 200);
+    assert_eq!(call(http, "POST", "/", None, None).0, 405);
+    assert_eq!(call(http, "GET", "/ui/nope.js", None, None).0, 404);
+    // the dashboard's requests get no WWW-Authenticate (no browser login dialog); others do
+    let mut s = std::net::TcpStream::connect(http).expect("connect");
+    s.write_all(b"GET /api/whoami HTTP/1.1\r\nHost: x\r\nX-Requested-With: XMLHttpRequest\r\nAuthorization: Basic Z3Vlc3Q6bm9wZQ==\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+    assert!(
+        !out.to_ascii_lowercase().contains("www-authenticate"),
+        "{out}"
+    );
+    let (code, head, _) = call(http, "GET", "/api/whoami", Some(("guest", "nope")), None);
+    assert_eq!(code, 401);
+    assert!(head.contains("www-authenticate: basic"), "{head}");
+}
