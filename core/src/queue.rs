@@ -326,7 +326,8 @@ pub struct Queue {
     me: Weak<Queue>,
     state: Mutex<State>,
     /// Set (for good) once the queue held a message with its own TTL or throttled its
-    /// publishers: only then, or with `x-message-ttl` / `x-expires`, does the periodic
+    /// publishers, or a policy gave it a TTL or `expires`: only then, or with
+    /// `x-message-ttl` / `x-expires`, does the periodic
     /// tick have work here, so the tick skips the many queues that never need it.
     tick_wanted: AtomicBool,
 }
@@ -543,6 +544,9 @@ impl Queue {
             None => self.declared.clone(),
         };
         let ttl = args.message_ttl.is_some();
+        if ttl || args.expires.is_some() {
+            self.tick_wanted.store(true, Ordering::Relaxed);
+        }
         *self.applied.write().unwrap_or_else(|e| e.into_inner()) = Applied {
             args: Arc::new(args),
             policy,
@@ -1268,9 +1272,10 @@ impl Queue {
     /// been unused past `x-expires`.
     /// Whether [`Queue::tick`] may have anything to do.
     pub(crate) fn needs_tick(&self) -> bool {
-        let args = self.args();
-        args.message_ttl.is_some()
-            || args.expires.is_some()
+        // the declared settings and a flag (set by a policy with a TTL or `expires`):
+        // no lock, since every tick asks every queue
+        self.declared.message_ttl.is_some()
+            || self.declared.expires.is_some()
             || self.tick_wanted.load(Ordering::Relaxed)
     }
 

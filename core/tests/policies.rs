@@ -161,3 +161,25 @@ fn a_deleted_vhost_takes_its_policies_with_it() {
     let v = b.add_vhost("tmp").unwrap();
     assert!(v.policies().is_empty());
 }
+
+#[test]
+fn a_policy_ttl_and_expiry_are_enforced_by_the_tick() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    declare(&b, "ttl.q", FieldTable::new());
+    declare(&b, "gone.q", FieldTable::new());
+    publish(&b, "ttl.q", 3);
+    v.set_policy(policy("ttl", r"^ttl\.", 0, json!({"message-ttl": 1})))
+        .unwrap();
+    v.set_policy(policy("gone", r"^gone\.", 0, json!({"expires": 1})))
+        .unwrap();
+    triad_core::testing::eventually_blocking(
+        "messages expired and the unused queue deleted",
+        std::time::Duration::from_secs(10),
+        || {
+            b.tick();
+            v.queue("ttl.q").unwrap().message_count() == 0 && v.queue("gone.q").is_none()
+        },
+    );
+}
