@@ -283,6 +283,9 @@ struct State {
     /// Publishers waiting for the throttle to lift: made by the first one to wait, so
     /// a queue that never throttles (most MQTT session queues) does not carry it.
     flow: Option<Arc<tokio::sync::Notify>>,
+    /// The settings in force (the same `Arc` as [`Queue::args`]), read here by the
+    /// paths that hold this lock anyway.
+    args: Arc<QueueArgs>,
     /// Deliver / get / ack / redeliver counters.
     counts: crate::stats::Counts,
     /// The management API's last reading of the counters (made when first read).
@@ -330,6 +333,13 @@ pub struct Queue {
     /// `x-message-ttl` / `x-expires`, does the periodic
     /// tick have work here, so the tick skips the many queues that never need it.
     tick_wanted: AtomicBool,
+    /// Whether the settings in force refuse publishes when full (`x-overflow`
+    /// reject-publish with a length limit): read without a lock on every publish.
+    rejecting: AtomicBool,
+}
+
+fn refuses_when_full(a: &QueueArgs) -> bool {
+    a.overflow != Overflow::DropHead && (a.max_length.is_some() || a.max_length_bytes.is_some())
 }
 
 impl std::fmt::Debug for Queue {
@@ -472,6 +482,7 @@ impl Queue {
             flow: None,
             counts: Default::default(),
             rate: None,
+            args: Arc::new(spec.args.clone()),
         };
         Ok(Arc::new_cyclic(|me| Queue {
             name: spec.name,
@@ -480,8 +491,9 @@ impl Queue {
             durable: spec.durable,
             exclusive_owner: spec.exclusive_owner,
             auto_delete: spec.auto_delete,
+            rejecting: AtomicBool::new(refuses_when_full(&spec.args)),
             applied: std::sync::RwLock::new(Applied {
-                args: Arc::new(spec.args.clone()),
+                args: state.args.clone(),
                 policy: None,
             }),
             arguments: spec.arguments,
@@ -547,13 +559,17 @@ impl Queue {
         if ttl || args.expires.is_some() {
             self.tick_wanted.store(true, Ordering::Relaxed);
         }
-        *self.applied.write().unwrap_or_else(|e| e.into_inner()) = Applied {
-            args: Arc::new(args),
-            policy,
-        };
+        let args = Arc::new(args);
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
+            *self.applied.write().unwrap_or_else(|e| e.into_inner()) = Applied {
+                args: args.clone(),
+                policy,
+            };
+            self.rejecting
+                .store(refuses_when_full(&args), Ordering::Relaxed);
+            st.args = args;
             if st.deleted {
                 return;
             }
@@ -574,7 +590,7 @@ impl Queue {
         let mut after = After::default();
         let count = {
             let mut st = lock(&self.state);
-            if !st.deleted && (self.args().message_ttl.is_some() || self.has_message_ttls(&st)) {
+            if !st.deleted && (st.args.message_ttl.is_some() || self.has_message_ttls(&st)) {
                 self.expire_head(&mut st, &mut after);
             }
             u32::try_from(st.ready_count).unwrap_or(u32::MAX)
@@ -600,15 +616,16 @@ impl Queue {
     /// Whether a new message of `body_len` bytes would be refused (`x-overflow`
     /// reject-publish with the queue at its limit).
     pub(crate) fn rejects(&self, body_len: usize) -> bool {
-        let args = self.args();
-        if args.overflow == Overflow::DropHead {
+        if !self.rejecting.load(Ordering::Relaxed) {
             return false;
         }
         let st = lock(&self.state);
-        args.max_length.is_some_and(|m| st.ready_count >= m)
-            || args
-                .max_length_bytes
-                .is_some_and(|m| st.ready_bytes + body_len as u64 > m)
+        let args = &st.args;
+        args.overflow != Overflow::DropHead
+            && (args.max_length.is_some_and(|m| st.ready_count >= m)
+                || args
+                    .max_length_bytes
+                    .is_some_and(|m| st.ready_bytes + body_len as u64 > m))
     }
 
     fn me(&self) -> Option<Arc<Queue>> {
@@ -774,13 +791,13 @@ impl Queue {
     }
 
     fn enforce_limits(&self, st: &mut State, after: &mut After) {
-        let args = self.args();
-        if args.overflow != Overflow::DropHead {
+        if st.args.overflow != Overflow::DropHead {
             return;
         }
+        let (max_length, max_bytes) = (st.args.max_length, st.args.max_length_bytes);
         loop {
-            let over = args.max_length.is_some_and(|m| st.ready_count > m)
-                || args.max_length_bytes.is_some_and(|m| st.ready_bytes > m);
+            let over = max_length.is_some_and(|m| st.ready_count > m)
+                || max_bytes.is_some_and(|m| st.ready_bytes > m);
             if !over {
                 return;
             }
@@ -802,7 +819,13 @@ impl Queue {
         after.acks.push(off);
     }
 
-    fn expiry(&self, tag: u64, rec: &StoredRecord, props: &Properties) -> Option<u64> {
+    fn expiry(
+        &self,
+        queue_ttl: Option<u64>,
+        tag: u64,
+        rec: &StoredRecord,
+        props: &Properties,
+    ) -> Option<u64> {
         let msg_ttl = if tag & TAG_HAS_TTL != 0 {
             props
                 .expiration
@@ -811,7 +834,7 @@ impl Queue {
         } else {
             None
         };
-        let ttl = match (self.args().message_ttl, msg_ttl) {
+        let ttl = match (queue_ttl, msg_ttl) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }?;
@@ -937,7 +960,7 @@ impl Queue {
             st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
             // just published: no need to read it back (TTL checks need the record)
             if let Some((_, h)) = hot.filter(|(o, _)| *o == off) {
-                if e.tag & TAG_HAS_TTL == 0 && self.args().message_ttl.is_none() {
+                if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() {
                     return Some(Ready {
                         offset: off,
                         entry: e,
@@ -952,7 +975,7 @@ impl Queue {
                 continue;
             };
             if self
-                .expiry(e.tag, &rec, &properties)
+                .expiry(st.args.message_ttl, e.tag, &rec, &properties)
                 .is_some_and(|t| t <= now_ms())
             {
                 self.drop_entry(off, e, "expired", after);
@@ -1294,12 +1317,11 @@ impl Queue {
             if st.deleted {
                 return false;
             }
-            let args = self.args();
-            if args.message_ttl.is_some() || self.has_message_ttls(&st) {
+            if st.args.message_ttl.is_some() || self.has_message_ttls(&st) {
                 self.expire_head(&mut st, &mut after);
             }
             self.flow_check(&mut st, &mut after);
-            expired = args.expires.is_some_and(|ms| {
+            expired = st.args.expires.is_some_and(|ms| {
                 st.consumers.is_empty() && st.last_used.elapsed() >= Duration::from_millis(ms)
             });
         }
@@ -1327,7 +1349,10 @@ impl Queue {
             let Ok((_, _, props)) = envelope::decode(&rec.properties) else {
                 return;
             };
-            if self.expiry(e.tag, &rec, &props).is_none_or(|t| t > now) {
+            if self
+                .expiry(st.args.message_ttl, e.tag, &rec, &props)
+                .is_none_or(|t| t > now)
+            {
                 return;
             }
             st.ready.remove(&key);
