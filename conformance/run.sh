@@ -2,7 +2,8 @@
 # Runs the third-party-client conformance suite against a broker it starts itself on
 # free loopback ports with a temporary data directory. Installs its own Python venv
 # (conformance/.venv) from the pinned requirements.txt, and mosquitto-clients
-# (mosquitto_pub / mosquitto_sub) and rabbitmq-server (for rabbitmqadmin) through apt when
+# (mosquitto_pub / mosquitto_sub), rabbitmq-server (for rabbitmqadmin), prometheus (for promtool)
+# and chromium (dashboard test) through apt when
 # they are missing and we are root; otherwise the tests that need them are skipped with
 # the reason.
 #
@@ -45,6 +46,34 @@ if ! command -v rabbitmqadmin >/dev/null 2>&1; then
     fi
   else
     echo "conformance: rabbitmqadmin missing and not root; its tests will be skipped" >&2
+  fi
+fi
+
+# promtool (Prometheus's Debian package) checks the /metrics exposition.
+if ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "conformance: installing prometheus (for promtool)" >&2
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+             prometheus >/dev/null; }; then
+      echo "conformance: could not install prometheus; the promtool tests will be skipped" >&2
+    fi
+  else
+    echo "conformance: promtool missing and not root; its tests will be skipped" >&2
+  fi
+fi
+
+# chromium drives the web dashboard's browser test (headless, over CDP).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "conformance: installing chromium (for the dashboard test)" >&2
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+             chromium >/dev/null; }; then
+      echo "conformance: could not install chromium; the dashboard test will be skipped" >&2
+    fi
+  else
+    echo "conformance: chromium missing and not root; the dashboard test will be skipped" >&2
   fi
 fi
 

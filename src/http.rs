@@ -17,6 +17,8 @@
 //! | other method on `/health` | `405`, with `Allow: GET, HEAD` |
 //! | WebSocket upgrade on `/ws`, `/stomp` or `/mqtt` | `101`, then STOMP or MQTT ([`crate::websocket`]) |
 //! | `/api/...` | the management API ([`crate::mgmt`]) |
+//! | `GET /metrics`, `GET /metrics/per-object` | Prometheus text format, no login ([`crate::mgmt::metrics`]) |
+//! | `GET /`, `/ui/...` | the web dashboard ([`crate::mgmt::ui`]) |
 //! | other path | `404` |
 
 use std::borrow::Cow;
@@ -187,6 +189,12 @@ async fn handle(req: Request<Incoming>, st: Arc<ConnState>) -> Response<Body> {
     }
     if path == "/api" || path.starts_with("/api/") {
         return crate::mgmt::handle(req, &st.ctx, st.peer).await;
+    }
+    if let Some(r) = crate::mgmt::metrics::handle(path, req.method(), &st.ctx.broker).await {
+        return r;
+    }
+    if let Some(r) = crate::mgmt::ui::file(path, req.method()) {
+        return r;
     }
     error_response(StatusCode::NOT_FOUND, "not_found", "Not Found")
 }

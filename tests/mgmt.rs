@@ -247,7 +247,9 @@ fn queues_bindings_publish_get_and_purge() {
         (Some(3), Some(3))
     );
     assert_eq!(queue["arguments"], json!({"x-max-length": 10}));
-    assert_eq!(queue["message_stats"], json!({"publish": 3}));
+    assert_eq!(queue["message_stats"]["publish"], 3);
+    assert!(queue["message_stats"]["publish_details"]["rate"].is_number());
+    assert_eq!(queue["message_stats"]["ack"], 0);
 
     // get with requeue leaves them; without removes one
     let got = |mode: &str, count: u32| {
@@ -300,16 +302,17 @@ fn queues_bindings_publish_get_and_purge() {
         204
     );
     assert_eq!(get(http, "/api/queues/%2F/q1", GUEST).0, 404);
-    // policies are refused, not accepted and ignored
+    // a policy key Triad does not implement is refused naming it, not ignored
     let (code, _, body) = call(
         http,
         "PUT",
         "/api/policies/%2F/p",
         GUEST,
-        Some(&json!({"pattern": ".*", "definition": {"max-length": 1}})),
+        Some(&json!({"pattern": ".*", "definition": {"max-length": 1, "queue-mode": "lazy"}})),
     );
-    assert_eq!(code, 501);
-    assert!(body.contains("policies are not implemented"), "{body}");
+    assert_eq!(code, 400);
+    assert!(body.contains("'queue-mode'"), "{body}");
+    assert_eq!(get(http, "/api/policies/%2F/p", GUEST).0, 404);
 }
 
 #[test]
@@ -549,6 +552,15 @@ fn definitions_export_and_import_round_trip() {
         .0,
         201
     );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/policies/app/cap",
+            json!({"pattern": "^in", "apply-to": "queues", "priority": 1, "definition": {"max-length": 5}})
+        ),
+        201
+    );
     let (code, defs) = get(http, "/api/definitions", GUEST);
     assert_eq!(code, 200);
 
@@ -559,15 +571,27 @@ fn definitions_export_and_import_round_trip() {
         204
     );
     let (_, again) = get(http_b, "/api/definitions", GUEST);
-    for k in ["vhosts", "permissions", "queues", "exchanges", "bindings"] {
+    assert_eq!(
+        defs["policies"],
+        json!([{"vhost": "app", "name": "cap", "pattern": "^in", "apply-to": "queues",
+            "definition": {"max-length": 5}, "priority": 1}])
+    );
+    for k in [
+        "vhosts",
+        "permissions",
+        "policies",
+        "queues",
+        "exchanges",
+        "bindings",
+    ] {
         assert_eq!(again[k], defs[k], "{k}");
     }
     // password hashes are carried over: `app` logs in on the new broker
     assert_eq!(get(http_b, "/api/whoami", Some(("app", "pw"))).0, 200);
     // what is not implemented is refused before anything changes
     let mut with_policy = defs.clone();
-    with_policy["policies"] =
-        json!([{"vhost": "/", "name": "p", "pattern": ".*", "definition": {}}]);
+    with_policy["policies"] = json!([{"vhost": "/", "name": "p", "pattern": ".*",
+        "apply-to": "queues", "priority": 0, "definition": {"ha-mode": "all"}}]);
     with_policy["queues"] = json!([{"vhost": "/", "name": "never", "durable": true, "auto_delete": false, "arguments": {}}]);
     assert_eq!(
         call(
@@ -578,7 +602,7 @@ fn definitions_export_and_import_round_trip() {
             Some(&with_policy)
         )
         .0,
-        501
+        400
     );
     assert_eq!(get(http_b, "/api/queues/%2F/never", GUEST).0, 404);
     let mut md5 = defs;
@@ -649,4 +673,381 @@ fn health_checks_name_the_listeners() {
             .any(|l| l["protocol"] == "amqp" && l["port"] == amqp),
         "{overview}"
     );
+}
+
+#[test]
+fn policies_govern_queues_without_redeclaring_and_survive_a_restart() {
+    let mut broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    for q in ["jobs.a", "other"] {
+        assert_eq!(
+            status(
+                http,
+                "PUT",
+                &format!("/api/queues/%2F/{q}"),
+                json!({"durable": true})
+            ),
+            201
+        );
+        for i in 0..4 {
+            let (code, v) = {
+                let (c, _, b) = call(
+                    http,
+                    "POST",
+                    "/api/exchanges/%2F/amq.default/publish",
+                    GUEST,
+                    Some(&json!({"routing_key": q, "payload": format!("m{i}"),
+                        "payload_encoding": "string", "properties": {"delivery_mode": 2}})),
+                );
+                (c, serde_json::from_str::<Value>(&b).unwrap_or(Value::Null))
+            };
+            assert_eq!((code, &v["routed"]), (200, &json!(true)));
+        }
+    }
+    let pol = json!({"pattern": "^jobs\\.", "apply-to": "queues", "priority": 2,
+        "definition": {"max-length": 2, "message-ttl": 60000}});
+    assert_eq!(
+        status(http, "PUT", "/api/policies/%2F/jobs", pol.clone()),
+        201
+    );
+    assert_eq!(status(http, "PUT", "/api/policies/%2F/jobs", pol), 204);
+    // applied to the existing queue: its backlog is cut to the new limit now (drop-head)
+    let (_, q) = get(http, "/api/queues/%2F/jobs.a", GUEST);
+    assert_eq!(q["policy"], "jobs");
+    assert_eq!(q["messages"], 2, "{q}");
+    assert_eq!(q["effective_policy_definition"]["max-length"], 2);
+    let (_, other) = get(http, "/api/queues/%2F/other", GUEST);
+    assert_eq!(
+        (&other["policy"], &other["messages"]),
+        (&Value::Null, &json!(4))
+    );
+    let (code, list) = get(http, "/api/policies", GUEST);
+    assert_eq!(code, 200);
+    assert_eq!(
+        list,
+        json!([{"vhost": "/", "name": "jobs", "pattern": "^jobs\\.", "apply-to": "queues",
+            "definition": {"max-length": 2, "message-ttl": 60000},
+            "priority": 2}])
+    );
+    // with overflow reject-publish (the policy replaced), a queue declared later is
+    // governed too and refuses the third message
+    let pol = json!({"pattern": "^jobs\\.", "apply-to": "queues", "priority": 2,
+        "definition": {"max-length": 2, "overflow": "reject-publish", "message-ttl": 60000}});
+    assert_eq!(status(http, "PUT", "/api/policies/%2F/jobs", pol), 204);
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/queues/%2F/jobs.b",
+            json!({"durable": true})
+        ),
+        201
+    );
+    let routed: Vec<Value> = (0..3)
+        .map(|i| {
+            let (_, _, b) = call(
+                http,
+                "POST",
+                "/api/exchanges/%2F/amq.default/publish",
+                GUEST,
+                Some(&json!({"routing_key": "jobs.b", "payload": format!("n{i}"),
+                    "payload_encoding": "string", "properties": {}})),
+            );
+            serde_json::from_str::<Value>(&b).unwrap_or(Value::Null)["routed"].clone()
+        })
+        .collect();
+    assert_eq!(routed, [json!(true), json!(true), json!(false)]);
+    // only policymakers and administrators manage policies
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/mon",
+            json!({"password": "pw", "tags": "monitoring"})
+        ),
+        201
+    );
+    assert_eq!(get(http, "/api/policies", Some(("mon", "pw"))).0, 401);
+
+    broker.restart();
+    let http = broker.http_addr();
+    let (_, q) = get(http, "/api/queues/%2F/jobs.a", GUEST);
+    assert_eq!((&q["policy"], &q["messages"]), (&json!("jobs"), &json!(2)));
+    assert_eq!(
+        call(http, "DELETE", "/api/policies/%2F/jobs", GUEST, None).0,
+        204
+    );
+    assert_eq!(
+        call(http, "DELETE", "/api/policies/%2F/jobs", GUEST, None).0,
+        404
+    );
+    let (_, q) = get(http, "/api/queues/%2F/jobs.b", GUEST);
+    assert_eq!(q["policy"], Value::Null);
+    assert_eq!(q["effective_policy_definition"], json!({}));
+    assert_eq!(get(http, "/api/policies", GUEST).1, json!([]));
+}
+
+#[test]
+fn message_stats_count_and_rate_like_rabbitmq() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    assert_eq!(status(http, "PUT", "/api/queues/%2F/r", json!({})), 201);
+    let publish = |n: usize| {
+        for i in 0..n {
+            assert_eq!(
+                status(
+                    http,
+                    "POST",
+                    "/api/exchanges/%2F/amq.default/publish",
+                    json!({"routing_key": "r", "payload": format!("m{i}"),
+                        "payload_encoding": "string", "properties": {}})
+                ),
+                200
+            );
+        }
+    };
+    // the first reading starts sampling
+    let (_, q) = get(http, "/api/queues/%2F/r", GUEST);
+    assert_eq!(q["message_stats"]["publish_details"]["rate"], 0.0);
+    get(http, "/api/overview", GUEST);
+    publish(6);
+    assert_eq!(
+        status(
+            http,
+            "POST",
+            "/api/queues/%2F/r/get",
+            json!({"count": 2, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        ),
+        200
+    );
+    let mut last = Value::Null;
+    eventually("a publish rate", || {
+        last = get(http, "/api/queues/%2F/r", GUEST).1;
+        last["message_stats"]["publish_details"]["rate"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0)
+    });
+    let m = &last["message_stats"];
+    assert_eq!(
+        (&m["publish"], &m["get"], &m["ack"], &m["deliver_get"]),
+        (&json!(6), &json!(2), &json!(2), &json!(2)),
+        "{m}"
+    );
+    assert!(
+        m["ack_details"]["rate"].as_f64().is_some_and(|r| r > 0.0),
+        "{m}"
+    );
+    let mut overview = Value::Null;
+    eventually("an overview publish rate", || {
+        overview = get(http, "/api/overview", GUEST).1;
+        overview["message_stats"]["publish_details"]["rate"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0)
+    });
+    assert_eq!(overview["message_stats"]["publish"], 6);
+    assert_eq!(overview["rates_mode"], "basic");
+    let (_, vh) = get(http, "/api/vhosts/%2F", GUEST);
+    assert_eq!(vh["message_stats"]["ack"], 2);
+}
+
+#[test]
+fn prometheus_metrics_aggregated_and_per_object() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    for q in ["m1", "m\"2"] {
+        let path = format!("/api/queues/%2F/{}", q.replace('"', "%22"));
+        assert_eq!(status(http, "PUT", &path, json!({})), 201);
+        assert_eq!(
+            status(
+                http,
+                "POST",
+                "/api/exchanges/%2F/amq.default/publish",
+                json!({"routing_key": q, "payload": "x", "payload_encoding": "string", "properties": {}})
+            ),
+            200
+        );
+    }
+    // no login needed, as RabbitMQ's Prometheus endpoint
+    let (code, head, body) = call(http, "GET", "/metrics", None, None);
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        head.contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let value = |name: &str| -> Option<f64> {
+        body.lines()
+            .find(|l| l.split([' ', '{']).next() == Some(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    assert_eq!(value("rabbitmq_queue_messages_ready"), Some(2.0), "{body}");
+    assert_eq!(value("rabbitmq_queues"), Some(2.0));
+    assert_eq!(value("rabbitmq_global_messages_received_total"), Some(2.0));
+    assert_eq!(value("rabbitmq_alarms_memory_used_watermark"), Some(0.0));
+    assert!(body.contains("# TYPE rabbitmq_global_messages_acknowledged_total counter"));
+    assert!(value("triad_store_segments").is_some_and(|n| n >= 1.0));
+    // one series per queue on the per-object endpoint, label values escaped
+    let (code, _, per) = call(http, "GET", "/metrics/per-object", None, None);
+    assert_eq!(code, 200);
+    assert!(
+        per.contains("rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"m1\"} 1"),
+        "{per}"
+    );
+    assert!(
+        per.contains("rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"m\\\"2\"} 1"),
+        "{per}"
+    );
+    assert_eq!(call(http, "POST", "/metrics", None, None).0, 405);
+}
+
+#[test]
+fn messages_are_found_by_id_offset_and_time() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    assert_eq!(
+        status(http, "PUT", "/api/queues/%2F/mq", json!({"durable": true})),
+        201
+    );
+    for i in 0..3 {
+        assert_eq!(
+            status(
+                http,
+                "POST",
+                "/api/exchanges/%2F/amq.default/publish",
+                json!({"routing_key": "mq", "payload": format!("body-{i}-{}", "x".repeat(2000)),
+                    "payload_encoding": "string",
+                    "properties": {"message_id": format!("id-{i}"), "delivery_mode": 2}})
+            ),
+            200
+        );
+    }
+    let (code, found) = get(http, "/api/messages/by-id/id-1", GUEST);
+    assert_eq!(code, 200, "{found}");
+    let m = &found[0];
+    assert_eq!(found.as_array().map(Vec::len), Some(1));
+    assert_eq!(m["properties"]["message_id"], "id-1");
+    assert_eq!(
+        (&m["routing_key"], &m["payload_bytes"]),
+        (&json!("mq"), &json!(2007))
+    );
+    // truncated unless asked for
+    assert_eq!(m["payload_truncated"], true);
+    assert_eq!(m["payload"].as_str().map(str::len), Some(1024));
+    assert!(m["store_time"].as_u64().is_some_and(|t| t >= start));
+    assert_eq!(
+        m["queues"],
+        json!([{"vhost": "/", "name": "mq", "offset": 1, "held": true}])
+    );
+    let (_, full) = get(http, "/api/messages/by-id/id-1?body=full", GUEST);
+    assert_eq!(full[0]["payload_truncated"], false);
+    assert_eq!(full[0]["payload"].as_str().map(str::len), Some(2007));
+    assert_eq!(get(http, "/api/messages/by-id/nope", GUEST).1, json!([]));
+    // by offset; a consumed message is no longer held
+    assert_eq!(
+        status(
+            http,
+            "POST",
+            "/api/queues/%2F/mq/get",
+            json!({"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+        ),
+        200
+    );
+    let (_, by_off) = get(
+        http,
+        "/api/messages/%2F/mq/offset/0?count=2&truncate=6",
+        GUEST,
+    );
+    // the consumed entry is below the queue's first kept offset now: the answer starts
+    // at offset 1
+    assert_eq!(by_off.as_array().map(Vec::len), Some(2), "{by_off}");
+    assert_eq!(by_off[0]["payload"], "body-1");
+    assert_eq!(by_off[0]["payload_truncated"], true);
+    assert_eq!(by_off[0]["queues"][0]["held"], true);
+    // the record itself is still in the commitlog, found by id, held by no queue
+    let (_, gone) = get(http, "/api/messages/by-id/id-0", GUEST);
+    assert_eq!(
+        gone[0]["queues"],
+        json!([{"vhost": "/", "name": "mq", "offset": 0, "held": false}])
+    );
+    // by time range
+    let (_, by_time) = get(
+        http,
+        &format!("/api/messages/%2F/mq/time?from={start}"),
+        GUEST,
+    );
+    assert_eq!(by_time.as_array().map(Vec::len), Some(2));
+    assert_eq!(by_time[0]["properties"]["message_id"], "id-1");
+    let later = start + 3_600_000;
+    let (_, none) = get(
+        http,
+        &format!("/api/messages/%2F/mq/time?from={later}"),
+        GUEST,
+    );
+    assert_eq!(none, json!([]));
+    // bounded and checked
+    assert_eq!(
+        get(http, "/api/messages/by-id/id-1?count=1000", GUEST).0,
+        400
+    );
+    assert_eq!(get(http, "/api/messages/%2F/nope/offset/0", GUEST).0, 404);
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/peek",
+            json!({"password": "pw", "tags": "management"})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/permissions/%2F/peek",
+            json!({"configure": "", "write": "", "read": "^other$"})
+        ),
+        201
+    );
+    let peek = Some(("peek", "pw"));
+    assert_eq!(get(http, "/api/messages/%2F/mq/offset/0", peek).0, 401);
+    assert_eq!(get(http, "/api/messages/by-id/id-1", peek).0, 401);
+}
+
+#[test]
+fn the_dashboard_is_served_from_the_binary() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let (code, head, body) = call(http, "GET", "/", None, None);
+    assert_eq!(code, 200);
+    assert!(head.contains("content-type: text/html"), "{head}");
+    assert!(
+        head.contains("content-security-policy: default-src 'self'"),
+        "{head}"
+    );
+    assert!(body.contains("<script src=\"/ui/app.js\""), "{body}");
+    let (code, head, js) = call(http, "GET", "/ui/app.js", None, None);
+    assert_eq!(code, 200);
+    assert!(head.contains("content-type: text/javascript"), "{head}");
+    assert!(js.contains("/api"));
+    assert_eq!(call(http, "GET", "/ui/style.css", None, None).0, 200);
+    assert_eq!(call(http, "POST", "/", None, None).0, 405);
+    assert_eq!(call(http, "GET", "/ui/nope.js", None, None).0, 404);
+    // the dashboard's requests get no WWW-Authenticate (no browser login dialog); others do
+    let mut s = std::net::TcpStream::connect(http).expect("connect");
+    s.write_all(b"GET /api/whoami HTTP/1.1\r\nHost: x\r\nX-Requested-With: XMLHttpRequest\r\nAuthorization: Basic Z3Vlc3Q6bm9wZQ==\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    assert!(out.starts_with("HTTP/1.1 401"), "{out}");
+    assert!(
+        !out.to_ascii_lowercase().contains("www-authenticate"),
+        "{out}"
+    );
+    let (code, head, _) = call(http, "GET", "/api/whoami", Some(("guest", "nope")), None);
+    assert_eq!(code, 401);
+    assert!(head.contains("www-authenticate: basic"), "{head}");
 }

@@ -20,6 +20,9 @@
 //! - [`access`]: permissions ([`VhostAccess`]): RabbitMQ's configure / write / read
 //!   regexes per user and vhost, checked per operation by every adapter.
 //! - [`password`]: [`PasswordHash`], RabbitMQ's salted SHA-256 password hashes.
+//! - [`policy`]: RabbitMQ-style policies (pattern, apply-to, priority, definition) that
+//!   set queue limits, TTLs and dead-lettering without redeclaring, persisted per change.
+//! - [`stats`]: message counters (sharded where there is no owner lock) and rates.
 //! - [`throttle`]: failed-login throttling per source address and per user name.
 //! - [`link`]: a connection's [`Link`], which login creates: user, vhost, permissions,
 //!   connection slot; check-and-act methods; teardown on drop.
@@ -60,10 +63,12 @@ pub mod link;
 pub mod message;
 pub mod outbox;
 pub mod password;
+pub mod policy;
 pub mod queue;
 pub mod replies;
 pub mod reserved;
 pub mod routing;
+pub mod stats;
 pub mod testing;
 pub mod throttle;
 pub mod value;

@@ -13,7 +13,7 @@
 //! persistent (41).
 
 mod info;
-pub use info::{ConsumerInfo, QueueStats};
+pub use info::{ConsumerInfo, QueueStats, RATE_NAMES};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +27,7 @@ use triad_store::store::{QueueId, Store};
 use crate::error::CoreError;
 use crate::message::Properties;
 use crate::outbox::{CreditGate, Delivery, OutEvent, Outbox};
+use crate::policy::Policy;
 use crate::value::{FieldTable, FieldValue};
 use crate::vhost::Vhost;
 use crate::{envelope, ConnectionId};
@@ -323,6 +324,19 @@ struct State {
     /// Publishers waiting for the throttle to lift: made by the first one to wait, so
     /// a queue that never throttles (most MQTT session queues) does not carry it.
     flow: Option<Arc<tokio::sync::Notify>>,
+    /// The settings in force (the same `Arc` as [`Queue::args`]), read here by the
+    /// paths that hold this lock anyway.
+    args: Arc<QueueArgs>,
+    /// Deliver / get / ack / redeliver counters.
+    counts: crate::stats::Counts,
+    /// The management API's last reading of the counters (made when first read).
+    rate: Option<Box<crate::stats::RateSample>>,
+}
+
+/// A queue's settings in force and the policy they come from.
+struct Applied {
+    args: Arc<QueueArgs>,
+    policy: Option<Arc<Policy>>,
 }
 
 /// Work to do once the queue's lock is released.
@@ -345,16 +359,28 @@ pub struct Queue {
     exclusive_owner: Option<ConnectionId>,
     auto_delete: bool,
     arguments: FieldTable,
-    args: QueueArgs,
+    /// What the arguments set.
+    declared: QueueArgs,
+    /// The settings in force: the arguments combined with the policy that applies
+    /// (see [`crate::policy`]); replaced when a policy changes.
+    applied: std::sync::RwLock<Applied>,
     window: usize,
     store: Arc<Store>,
     vhost: Weak<Vhost>,
     me: Weak<Queue>,
     state: Mutex<State>,
     /// Set (for good) once the queue held a message with its own TTL or throttled its
-    /// publishers: only then, or with `x-message-ttl` / `x-expires`, does the periodic
+    /// publishers, or a policy gave it a TTL or `expires`: only then, or with
+    /// `x-message-ttl` / `x-expires`, does the periodic
     /// tick have work here, so the tick skips the many queues that never need it.
     tick_wanted: AtomicBool,
+    /// Whether the settings in force refuse publishes when full (`x-overflow`
+    /// reject-publish with a length limit): read without a lock on every publish.
+    rejecting: AtomicBool,
+}
+
+fn refuses_when_full(a: &QueueArgs) -> bool {
+    a.overflow != Overflow::DropHead && (a.max_length.is_some() || a.max_length_bytes.is_some())
 }
 
 impl std::fmt::Debug for Queue {
@@ -495,6 +521,9 @@ impl Queue {
             throttled: false,
             credit: 0,
             flow: None,
+            counts: Default::default(),
+            rate: None,
+            args: Arc::new(spec.args.clone()),
         };
         Ok(Arc::new_cyclic(|me| Queue {
             name: spec.name,
@@ -503,8 +532,13 @@ impl Queue {
             durable: spec.durable,
             exclusive_owner: spec.exclusive_owner,
             auto_delete: spec.auto_delete,
+            rejecting: AtomicBool::new(refuses_when_full(&spec.args)),
+            applied: std::sync::RwLock::new(Applied {
+                args: state.args.clone(),
+                policy: None,
+            }),
             arguments: spec.arguments,
-            args: spec.args,
+            declared: spec.args,
             window: spec.window.max(16),
             store,
             vhost,
@@ -534,9 +568,58 @@ impl Queue {
     pub fn arguments(&self) -> &FieldTable {
         &self.arguments
     }
-    /// Parsed arguments.
-    pub fn args(&self) -> &QueueArgs {
-        &self.args
+    /// The settings in force (arguments and policy).
+    pub fn args(&self) -> Arc<QueueArgs> {
+        self.applied
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .args
+            .clone()
+    }
+    /// What the declared arguments set.
+    pub fn declared_args(&self) -> &QueueArgs {
+        &self.declared
+    }
+    /// The policy that applies, if any.
+    pub fn policy(&self) -> Option<Arc<Policy>> {
+        self.applied
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .policy
+            .clone()
+    }
+
+    /// Applies `policy` (or none): the settings become the arguments combined with it,
+    /// and a lowered length limit or TTL takes effect now, as in RabbitMQ.
+    pub(crate) fn apply_policy(&self, policy: Option<Arc<Policy>>) {
+        let args = match &policy {
+            Some(p) => p.definition.effective(&self.declared, &self.arguments),
+            None => self.declared.clone(),
+        };
+        let ttl = args.message_ttl.is_some();
+        if ttl || args.expires.is_some() {
+            self.tick_wanted.store(true, Ordering::Relaxed);
+        }
+        let args = Arc::new(args);
+        let mut after = After::default();
+        {
+            let mut st = lock(&self.state);
+            *self.applied.write().unwrap_or_else(|e| e.into_inner()) = Applied {
+                args: args.clone(),
+                policy,
+            };
+            self.rejecting
+                .store(refuses_when_full(&args), Ordering::Relaxed);
+            st.args = args;
+            if st.deleted {
+                return;
+            }
+            if ttl {
+                self.expire_head(&mut st, &mut after);
+            }
+            self.enforce_limits(&mut st, &mut after);
+        }
+        self.finish(after);
     }
     pub(crate) fn store_id(&self) -> QueueId {
         self.id
@@ -548,7 +631,7 @@ impl Queue {
         let mut after = After::default();
         let count = {
             let mut st = lock(&self.state);
-            if !st.deleted && (self.args.message_ttl.is_some() || self.has_message_ttls(&st)) {
+            if !st.deleted && (st.args.message_ttl.is_some() || self.has_message_ttls(&st)) {
                 self.expire_head(&mut st, &mut after);
             }
             u32::try_from(st.ready_count).unwrap_or(u32::MAX)
@@ -574,15 +657,16 @@ impl Queue {
     /// Whether a new message of `body_len` bytes would be refused (`x-overflow`
     /// reject-publish with the queue at its limit).
     pub(crate) fn rejects(&self, body_len: usize) -> bool {
-        if self.args.overflow == Overflow::DropHead {
+        if !self.rejecting.load(Ordering::Relaxed) {
             return false;
         }
         let st = lock(&self.state);
-        self.args.max_length.is_some_and(|m| st.ready_count >= m)
-            || self
-                .args
-                .max_length_bytes
-                .is_some_and(|m| st.ready_bytes + body_len as u64 > m)
+        let args = &st.args;
+        args.overflow != Overflow::DropHead
+            && (args.max_length.is_some_and(|m| st.ready_count >= m)
+                || args
+                    .max_length_bytes
+                    .is_some_and(|m| st.ready_bytes + body_len as u64 > m))
     }
 
     fn me(&self) -> Option<Arc<Queue>> {
@@ -624,7 +708,7 @@ impl Queue {
     }
 
     fn priority_of(&self, tag: u64) -> u8 {
-        match self.args.max_priority {
+        match self.declared.max_priority {
             Some(max) => tag_priority(tag).min(max),
             None => 0,
         }
@@ -748,15 +832,13 @@ impl Queue {
     }
 
     fn enforce_limits(&self, st: &mut State, after: &mut After) {
-        if self.args.overflow != Overflow::DropHead {
+        if st.args.overflow != Overflow::DropHead {
             return;
         }
+        let (max_length, max_bytes) = (st.args.max_length, st.args.max_length_bytes);
         loop {
-            let over = self.args.max_length.is_some_and(|m| st.ready_count > m)
-                || self
-                    .args
-                    .max_length_bytes
-                    .is_some_and(|m| st.ready_bytes > m);
+            let over = max_length.is_some_and(|m| st.ready_count > m)
+                || max_bytes.is_some_and(|m| st.ready_bytes > m);
             if !over {
                 return;
             }
@@ -769,7 +851,7 @@ impl Queue {
 
     /// A ready entry leaves the queue without a consumer: dead-letter it if configured.
     fn drop_entry(&self, off: u64, e: Entry, reason: &'static str, after: &mut After) {
-        if self.args.dead_letter_exchange.is_some() {
+        if self.args().dead_letter_exchange.is_some() {
             if let Ok(rec) = self.store.read_entry(self.id, off, e.commit_offset) {
                 after.dead.push((off, rec, reason));
                 return;
@@ -778,7 +860,13 @@ impl Queue {
         after.acks.push(off);
     }
 
-    fn expiry(&self, tag: u64, rec: &StoredRecord, props: &Properties) -> Option<u64> {
+    fn expiry(
+        &self,
+        queue_ttl: Option<u64>,
+        tag: u64,
+        rec: &StoredRecord,
+        props: &Properties,
+    ) -> Option<u64> {
         let msg_ttl = if tag & TAG_HAS_TTL != 0 {
             props
                 .expiration
@@ -787,7 +875,7 @@ impl Queue {
         } else {
             None
         };
-        let ttl = match (self.args.message_ttl, msg_ttl) {
+        let ttl = match (queue_ttl, msg_ttl) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }?;
@@ -797,7 +885,7 @@ impl Queue {
     fn pick_consumer(&self, st: &State) -> Option<usize> {
         // single active consumer: the earliest registered one only (consumers are kept
         // in registration order), whatever the others' priorities
-        let n = if self.args.single_active_consumer {
+        let n = if self.declared.single_active_consumer {
             st.consumers.len().min(1)
         } else {
             st.consumers.len()
@@ -875,6 +963,12 @@ impl Queue {
                 st.ready_bytes += tag_len(e.tag);
                 return;
             }
+            if no_ack {
+                st.counts.deliver_no_ack += 1;
+            } else {
+                st.counts.deliver += 1;
+            }
+            st.counts.redeliver += u64::from(e.redelivered);
             let _ = self.store.mark_delivered(self.id, off);
             if no_ack {
                 after.acks.push(off);
@@ -913,7 +1007,7 @@ impl Queue {
             st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
             // just published: no need to read it back (TTL checks need the record)
             if let Some((_, h)) = hot.filter(|(o, _)| *o == off) {
-                if e.tag & TAG_HAS_TTL == 0 && self.args.message_ttl.is_none() {
+                if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() {
                     return Some(Ready {
                         offset: off,
                         entry: e,
@@ -928,7 +1022,7 @@ impl Queue {
                 continue;
             };
             if self
-                .expiry(e.tag, &rec, &properties)
+                .expiry(st.args.message_ttl, e.tag, &rec, &properties)
                 .is_some_and(|t| t <= now_ms())
             {
                 self.drop_entry(off, e, "expired", after);
@@ -1044,7 +1138,7 @@ impl Queue {
             let id = st.next_consumer;
             st.next_consumer += 1;
             let tag: Arc<str> = Arc::from(req.tag.as_str());
-            if !self.args.single_active_consumer || st.consumers.is_empty() {
+            if !self.declared.single_active_consumer || st.consumers.is_empty() {
                 st.credit += self.credit_of(req.prefetch);
             }
             st.consumers.push(Consumer {
@@ -1080,7 +1174,7 @@ impl Queue {
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
-            let sac = self.args.single_active_consumer;
+            let sac = self.declared.single_active_consumer;
             let was_active = st.consumers.first().map(|c| (c.id, c.unacked));
             let before = st.consumers.len();
             st.consumers.retain(|c| c.id != id);
@@ -1116,6 +1210,7 @@ impl Queue {
                 if let Some(u) = st.unacked.remove(off) {
                     release(&mut st, &u, &mut after);
                     after.acks.push(*off);
+                    st.counts.ack += 1;
                 }
             }
             if !st.deleted {
@@ -1173,6 +1268,12 @@ impl Queue {
             out = self.take_next(&mut st, &mut after, None).map(|m| {
                 let off = m.offset;
                 let _ = self.store.mark_delivered(self.id, off);
+                st.counts.redeliver += u64::from(m.entry.redelivered);
+                if no_ack {
+                    st.counts.get_no_ack += 1;
+                } else {
+                    st.counts.get += 1;
+                }
                 if no_ack {
                     after.acks.push(off);
                 } else {
@@ -1254,8 +1355,10 @@ impl Queue {
     /// been unused past `x-expires`.
     /// Whether [`Queue::tick`] may have anything to do.
     pub(crate) fn needs_tick(&self) -> bool {
-        self.args.message_ttl.is_some()
-            || self.args.expires.is_some()
+        // the declared settings and a flag (set by a policy with a TTL or `expires`):
+        // no lock, since every tick asks every queue
+        self.declared.message_ttl.is_some()
+            || self.declared.expires.is_some()
             || self.tick_wanted.load(Ordering::Relaxed)
     }
 
@@ -1274,11 +1377,11 @@ impl Queue {
             if st.deleted {
                 return false;
             }
-            if self.args.message_ttl.is_some() || self.has_message_ttls(&st) {
+            if st.args.message_ttl.is_some() || self.has_message_ttls(&st) {
                 self.expire_head(&mut st, &mut after);
             }
             self.flow_check(&mut st, &mut after);
-            expired = self.args.expires.is_some_and(|ms| {
+            expired = st.args.expires.is_some_and(|ms| {
                 st.consumers.is_empty() && st.last_used.elapsed() >= Duration::from_millis(ms)
             });
         }
@@ -1306,7 +1409,10 @@ impl Queue {
             let Ok((_, _, props)) = envelope::decode(&rec.properties) else {
                 return;
             };
-            if self.expiry(e.tag, &rec, &props).is_none_or(|t| t > now) {
+            if self
+                .expiry(st.args.message_ttl, e.tag, &rec, &props)
+                .is_none_or(|t| t > now)
+            {
                 return;
             }
             st.ready.remove(&key);
@@ -1333,7 +1439,7 @@ impl Queue {
         props: &mut Properties,
         own_deaths: bool,
     ) -> Option<(String, String)> {
-        let dlx = self.args.dead_letter_exchange.clone()?;
+        let dlx = self.args().dead_letter_exchange.clone()?;
         let mut headers = props.headers.take().unwrap_or_default();
         if !own_deaths {
             for k in [
@@ -1411,7 +1517,7 @@ impl Queue {
         }
         props.headers = Some(headers);
         let key = self
-            .args
+            .args()
             .dead_letter_routing_key
             .clone()
             .unwrap_or_else(|| routing_key.to_string());

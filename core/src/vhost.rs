@@ -281,6 +281,12 @@ pub struct Vhost {
     exclusive: std::sync::Mutex<HashMap<ConnectionId, Vec<Arc<Queue>>>>,
     /// Direct reply-to consumers' names ([`crate::direct_reply`]).
     replies: Arc<crate::direct_reply::Registry>,
+    /// The vhost's policies (see [`crate::policy`]).
+    policies: crate::policy::Policies,
+    /// Messages clients published into the vhost (sharded: no lock on that path).
+    published: crate::stats::Counter,
+    /// The management API's last reading of the vhost's counters.
+    rate: std::sync::Mutex<Option<crate::stats::RateSample>>,
 }
 
 impl std::fmt::Debug for Vhost {
@@ -318,6 +324,7 @@ impl Vhost {
     ) -> Result<Arc<Vhost>, CoreError> {
         import_legacy_doc(&store, name)?;
         let journal = store.journal();
+        let policies = crate::policy::Policies::load(journal, name)?;
         let vh = Arc::new_cyclic(|me| Vhost {
             name: name.to_string(),
             store: store.clone(),
@@ -329,6 +336,9 @@ impl Vhost {
             me: me.clone(),
             exclusive: Default::default(),
             replies: Default::default(),
+            policies,
+            published: Default::default(),
+            rate: Default::default(),
         });
         let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
         {
@@ -365,6 +375,9 @@ impl Vhost {
                 store.clone(),
                 Arc::downgrade(&vh),
             )?;
+            if let Some(p) = vh.policies.for_queue(&q.name) {
+                queue.apply_policy(Some(p));
+            }
             vh.queues_mut().insert(q.name.clone(), queue);
         }
         // store queues of this vhost that the topology does not know: a crash between
@@ -759,6 +772,11 @@ impl Vhost {
                 self.store.clone(),
                 self.me.clone(),
             )?;
+            // under the queue map's lock: a policy change walks the map after
+            // changing the list, so it either sees this queue or this sees it
+            if let Some(p) = self.policies.for_queue(&name) {
+                q.apply_policy(Some(p));
+            }
             if d.exclusive {
                 self.exclusive_mut()
                     .entry(d.conn)
@@ -1057,6 +1075,10 @@ impl Vhost {
         if Self::is_reply(&p) {
             return self.publish_reply(p);
         }
+        // the broker's own `$SYS` publishes are not client traffic
+        if !reserved::is_reserved_topic(&p.exchange, &p.routing_key) {
+            self.published.add(1);
+        }
         let targets = self.check_and_route(&p)?;
         self.publish_to(
             targets,
@@ -1072,6 +1094,7 @@ impl Vhost {
     /// far as the publisher can cause it: every message is checked and routed before the
     /// first is stored, so one whose exchange is gone or that is too large stores none.
     pub fn publish_all(&self, batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
+        self.published.add(batch.len() as u64);
         let mut routed = Vec::with_capacity(batch.len());
         for p in batch {
             if Self::is_reply(&p) {
@@ -1250,9 +1273,87 @@ impl Vhost {
                 self.delete_queue(&name, false, false, owner)?;
             }
         }
-        let ops = [TAG_EXCHANGE, TAG_QUEUE, TAG_BINDING]
-            .map(|t| MetaOp::delete_prefix(KeyBuilder::new(t).part(self.name.as_bytes()).build()));
-        Self::durable(self.journal(ops.to_vec())?)
+        let mut ops = [TAG_EXCHANGE, TAG_QUEUE, TAG_BINDING]
+            .map(|t| MetaOp::delete_prefix(KeyBuilder::new(t).part(self.name.as_bytes()).build()))
+            .to_vec();
+        ops.push(MetaOp::delete_prefix(crate::policy::vhost_prefix(
+            &self.name,
+        )));
+        Self::durable(self.journal(ops)?)
+    }
+
+    /// Messages clients published into the vhost since it was opened.
+    pub fn published(&self) -> u64 {
+        self.published.get()
+    }
+
+    /// The vhost's message counters in [`crate::queue::RATE_NAMES`] order (`publish`:
+    /// what clients published into it; the others summed over its queues, one queue
+    /// lock at a time) and their per-second rates (0 at the first call).
+    pub fn message_stats(&self) -> (crate::stats::Values, [f64; 8]) {
+        let mut values = [0u64; 8];
+        let queues: Vec<Arc<Queue>> = self.queues_read().values().cloned().collect();
+        for q in queues {
+            for (v, x) in values.iter_mut().zip(q.stats().values()) {
+                *v = v.wrapping_add(x);
+            }
+        }
+        if let Some(p) = values.first_mut() {
+            *p = self.published();
+        }
+        let now = std::time::Instant::now();
+        let mut rate = self.rate.lock().unwrap_or_else(|e| e.into_inner());
+        let rates = match rate.as_mut() {
+            Some(r) => r.rates(values, now),
+            None => {
+                *rate = Some(crate::stats::RateSample::new(values, now));
+                [0.0; 8]
+            }
+        };
+        (values, rates)
+    }
+
+    /// The vhost's policies, highest priority first.
+    pub fn policies(&self) -> Vec<Arc<crate::policy::Policy>> {
+        self.policies.list()
+    }
+
+    /// Adds or replaces a policy (once on disk) and applies it to the queues it now
+    /// governs, walking the vhost's queues once. `true` when it is new.
+    pub fn set_policy(&self, p: crate::policy::Policy) -> Result<bool, CoreError> {
+        let _change = self.policies.begin_change();
+        let created = self.policies.put(self.store.journal(), p)?;
+        self.reapply_policies();
+        Ok(created)
+    }
+
+    /// Deletes a policy (once on disk) and reapplies what governs its queues now;
+    /// `false` when there was none.
+    pub fn delete_policy(&self, name: &str) -> Result<bool, CoreError> {
+        let _change = self.policies.begin_change();
+        let deleted = self
+            .policies
+            .delete(self.store.journal(), &self.name, name)?;
+        if deleted {
+            self.reapply_policies();
+        }
+        Ok(deleted)
+    }
+
+    /// Gives every queue whose governing policy changed its new one.
+    fn reapply_policies(&self) {
+        let queues: Vec<Arc<Queue>> = self.queues_read().values().cloned().collect();
+        for q in queues {
+            let now = self.policies.for_queue(q.name());
+            let same = match (&now, q.policy()) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, &b),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                q.apply_policy(now);
+            }
+        }
     }
 
     /// The exchange definitions (for listings).

@@ -1,10 +1,10 @@
 //! Definitions: `GET /api/definitions[/{vhost}]` exports users, vhosts, permissions,
-//! topic permissions, queues, exchanges and bindings in RabbitMQ's format;
+//! topic permissions, policies, queues, exchanges and bindings in RabbitMQ's format;
 //! `POST /api/definitions[/{vhost}]` imports such a file, password hashes included,
 //! so that moving from RabbitMQ is one command.
 //!
 //! What an import does not take is refused before anything is changed (400 naming it):
-//! policies, operator policies, runtime parameters (shovels, federation), limits, and
+//! operator policies, runtime parameters (shovels, federation), limits, and
 //! password hashes of another algorithm than SHA-256. RabbitMQ's own
 //! `cluster_name` and `internal_cluster_id` global parameters, which every RabbitMQ
 //! export carries, are skipped with a log line: a single Triad node has no cluster; so
@@ -97,11 +97,27 @@ fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
         section(out, "global_parameters", std::iter::empty());
     }
     section(out, "parameters", std::iter::empty());
-    section(out, "policies", std::iter::empty());
     let vhs: Vec<_> = vhosts
         .iter()
         .filter_map(|v| api.broker().vhost(v).ok())
         .collect();
+    section(
+        out,
+        "policies",
+        vhs.iter().flat_map(|vh| {
+            let mut ps = vh.policies();
+            ps.sort_by(|a, b| a.name.cmp(&b.name));
+            ps.into_iter().map(|p| {
+                let mut j = p.to_json();
+                if only.is_some() {
+                    if let Some(m) = j.as_object_mut() {
+                        m.remove("vhost");
+                    }
+                }
+                j
+            })
+        }),
+    );
     section(
         out,
         "queues",
@@ -219,9 +235,9 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
     let d: Defs = serde_json::from_value(body.clone())
         .map_err(|e| bad(format!("not a definitions file: {e}")))?;
     // refuse what is not taken before changing anything
-    if !d.policies.is_empty() || !d.operator_policies.is_empty() {
+    if !d.operator_policies.is_empty() {
         return Err(ApiError::not_implemented(
-            "the definitions contain policies, which Triad does not implement yet; remove them (or set the x- arguments on the queues) and import again",
+            "the definitions contain operator policies, which Triad does not implement; remove them (or make them policies) and import again",
         ));
     }
     if !d.parameters.is_empty() {
@@ -252,6 +268,16 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
             None => s(v, "vhost", what).map(str::to_owned),
         }
     };
+    let policies = d
+        .policies
+        .iter()
+        .map(|p| {
+            let vhost = vhost_of(p, "policies")?;
+            let name = s(p, "name", "policies")?;
+            super::policies::policy(&vhost, name, p)
+                .map_err(|e| bad(format!("policy '{name}': {}", e.reason)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let broker = api.broker();
     for u in users {
         broker.auth().put_user(u)?;
@@ -292,6 +318,9 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
         boolean(v.get(k), default).map_err(|e| bad(format!("{k}: {e}")))
     };
     let table = |v: &Value| json_table(v.get("arguments").unwrap_or(&Value::Null)).map_err(bad);
+    for p in policies {
+        broker.vhost(&p.vhost)?.set_policy(p)?;
+    }
     for x in &d.exchanges {
         let vh = broker.vhost(&vhost_of(x, "exchanges")?)?;
         let kind: ExchangeKind = s(x, "type", "exchanges")?.parse()?;

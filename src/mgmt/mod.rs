@@ -21,12 +21,18 @@
 //! - Handlers run on a blocking thread: changes wait for the metadata journal's fsync.
 //!
 //! Modules: [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
-//! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import).
+//! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
+//! [`policies`] (policies), [`metrics`] (Prometheus `/metrics`), [`messages`] (message
+//! queries from the store), [`ui`] (the web dashboard's static files).
 
 pub mod defs;
 pub mod json;
 pub mod list;
+pub mod messages;
+pub mod metrics;
+pub mod policies;
 pub mod read;
+pub mod ui;
 pub mod write;
 
 use std::borrow::Cow;
@@ -278,8 +284,20 @@ impl Api {
     }
 }
 
-fn unauthorized(reason: &str) -> Response<Body> {
+/// Whether the request comes from a script that handles 401 itself (the dashboard sends
+/// `X-Requested-With: XMLHttpRequest`): then no `WWW-Authenticate` is sent, so a browser
+/// does not put up its own login dialog.
+fn from_script<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get("x-requested-with")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"XMLHttpRequest"))
+}
+
+fn unauthorized(reason: &str, challenge: bool) -> Response<Body> {
     let mut r = error_response(StatusCode::UNAUTHORIZED, "not_authorized", reason);
+    if !challenge {
+        return r;
+    }
     r.headers_mut().insert(
         WWW_AUTHENTICATE,
         HeaderValue::from_static("Basic realm=\"RabbitMQ Management\""),
@@ -336,6 +354,7 @@ pub async fn handle(req: Request<Incoming>, ctx: &ConnContext, peer: SocketAddr)
         return ApiError::bad_request("path is not valid UTF-8 after percent-decoding").response();
     };
     let params = query_params(req.uri().query());
+    let challenge = !from_script(&req);
     let Some((name, pass)) = credentials(&req) else {
         let mut r = json_response(StatusCode::UNAUTHORIZED, Bytes::new());
         r.headers_mut().insert(
@@ -366,7 +385,7 @@ pub async fn handle(req: Request<Incoming>, ctx: &ConnContext, peer: SocketAddr)
                 CoreError::NotAllowed(_) => "User can only log in via localhost",
                 _ => "Login failed",
             };
-            return unauthorized(reason);
+            return unauthorized(reason, challenge);
         }
     };
     if !user

@@ -12,9 +12,20 @@ use super::json::table_json;
 use super::list::{respond, ListQuery};
 use super::{node_name, ok_json, Api, ApiError, ApiResult};
 
+/// RabbitMQ's `message_stats`: each counter and its `*_details.rate` (per second).
+pub fn message_stats_json(values: &[u64; 8], rates: &[f64; 8]) -> Value {
+    let mut m = serde_json::Map::new();
+    for ((name, v), r) in triad_core::queue::RATE_NAMES.iter().zip(values).zip(rates) {
+        m.insert((*name).to_owned(), json!(v));
+        m.insert(format!("{name}_details"), json!({"rate": r}));
+    }
+    Value::Object(m)
+}
+
 /// A queue, RabbitMQ's fields for what Triad has.
 pub fn queue_json(vhost: &str, q: &Queue) -> Value {
-    let s = q.stats();
+    let (s, rates) = q.stats_with_rates();
+    let policy = q.policy();
     json!({
         "name": q.name(),
         "vhost": vhost,
@@ -25,15 +36,17 @@ pub fn queue_json(vhost: &str, q: &Queue) -> Value {
         "node": node_name(),
         "type": "classic",
         "state": if s.flow { "flow" } else { "running" },
-        "policy": null,
+        "policy": policy.as_ref().map(|p| p.name.as_str()),
+        "operator_policy": null,
+        "effective_policy_definition": policy.as_ref().map_or_else(|| json!({}), |p| p.definition.to_json()),
         "consumers": s.consumers,
         "messages": s.ready + s.unacked,
         "messages_ready": s.ready,
         "messages_unacknowledged": s.unacked,
         "message_bytes_ready": s.ready_bytes,
-        // counters only (RabbitMQ's `rates_mode = none` shape): messages ever routed
-        // to the queue since it was created
-        "message_stats": {"publish": s.enqueued},
+        // `publish`: messages ever routed to the queue since it was created; the
+        // others since the broker started
+        "message_stats": message_stats_json(&s.values(), &rates),
     })
 }
 
@@ -157,6 +170,7 @@ pub fn connection_json(c: &ConnInfo) -> Value {
 
 fn vhost_json(api: &Api, name: &str) -> Value {
     let (mut ready, mut unacked) = (0u64, 0u64);
+    let mut stats = Value::Null;
     if let Ok(vh) = api.broker().vhost(name) {
         for q in queue_names(&vh) {
             if let Some(q) = vh.queue(&q) {
@@ -165,8 +179,11 @@ fn vhost_json(api: &Api, name: &str) -> Value {
                 unacked += s.unacked;
             }
         }
+        let (values, rates) = vh.message_stats();
+        stats = message_stats_json(&values, &rates);
     }
     json!({
+        "message_stats": stats,
         "name": name,
         "description": "",
         "tags": [],
@@ -361,8 +378,16 @@ fn overview(api: &Api) -> ApiResult {
     let vhosts = api.visible_vhosts();
     let (mut queues, mut exchanges, mut consumers) = (0u64, 0u64, 0u64);
     let (mut ready, mut unacked) = (0u64, 0u64);
+    let (mut values, mut rates) = ([0u64; 8], [0f64; 8]);
     for v in &vhosts {
         if let Ok(vh) = api.broker().vhost(v) {
+            let (vs, rs) = vh.message_stats();
+            for (a, b) in values.iter_mut().zip(vs) {
+                *a = a.wrapping_add(b);
+            }
+            for (a, b) in rates.iter_mut().zip(rs) {
+                *a += b;
+            }
             exchanges += vh.exchanges().len() as u64;
             for n in queue_names(&vh) {
                 if let Some(q) = vh.queue(&n) {
@@ -389,7 +414,9 @@ fn overview(api: &Api) -> ApiResult {
         "management_version": env!("CARGO_PKG_VERSION"),
         "product_name": "Triad",
         "product_version": env!("CARGO_PKG_VERSION"),
-        "rates_mode": "none",
+        "rates_mode": "basic",
+        // `publish`: messages clients published; the others summed over the queues
+        "message_stats": message_stats_json(&values, &rates),
         "cluster_name": node_name(),
         "node": node_name(),
         "exchange_types": exchange_types(),
@@ -683,15 +710,10 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             }
             ok_json(&json!(items))
         }
-        ["policies"] => ok_json(&json!([])),
-        ["policies", v] => {
-            api.vhost_read(v)?;
-            ok_json(&json!([]))
-        }
-        ["policies", v, _] => {
-            api.vhost_read(v)?;
-            Err(ApiError::not_found())
-        }
+        ["messages", rest @ ..] => super::messages::get(api, rest),
+        ["policies"] => super::policies::get(api, None, None),
+        ["policies", v] => super::policies::get(api, Some(v), None),
+        ["policies", v, name] => super::policies::get(api, Some(v), Some(name)),
         ["definitions"] => {
             api.require_admin()?;
             Ok(super::defs::export(api, None))

@@ -477,8 +477,9 @@ pub fn put(api: &Api, path: &[&str], body: &Value) -> ApiResult {
         ["users", u] => put_user(api, u, body),
         ["permissions", v, u] => set_permission(api, v, u, body),
         ["topic-permissions", v, u] => set_topic_permission(api, v, u, body),
-        ["policies", ..] | ["operator-policies", ..] => Err(ApiError::not_implemented(
-            "policies are not implemented yet: set the x- arguments on the queue instead",
+        ["policies", v, name] => super::policies::put(api, v, name, body),
+        ["operator-policies", ..] => Err(ApiError::not_implemented(
+            "operator policies are not implemented: use policies",
         )),
         ["parameters", ..]
         | ["global-parameters", ..]
@@ -542,7 +543,7 @@ pub fn delete(api: &Api, path: &[&str]) -> ApiResult {
                 Err(ApiError::not_found())
             }
         }
-        ["policies", ..] | ["operator-policies", ..] => Err(ApiError::not_found()),
+        ["policies", v, name] => super::policies::delete(api, v, name),
         _ => Err(ApiError::not_found()),
     }
 }
@@ -715,8 +716,10 @@ mod tests {
             &["policies", "/", "p"],
             json!({"pattern": ".*", "definition": {}}),
         );
-        assert_eq!(s, StatusCode::NOT_IMPLEMENTED);
-        assert!(v["reason"].as_str().is_some_and(|r| r.contains("policies")));
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(v["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("no policy provided")));
         assert_eq!(
             call(&a, Method::PUT, &["vhosts", "v"], json!({"tracing": true})).0,
             StatusCode::NOT_IMPLEMENTED

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::{lock, Queue};
+use crate::stats::{Counts, RateSample, Values};
 use crate::ConnectionId;
 
 /// A queue's counters at one moment.
@@ -22,6 +23,37 @@ pub struct QueueStats {
     /// Messages ever enqueued (its consume-queue's next offset): a counter since the
     /// queue was created, kept by the store, not a rate.
     pub enqueued: u64,
+    /// Deliver / get / ack / redeliver counters since the queue was opened.
+    pub counts: Counts,
+}
+
+/// RabbitMQ's `message_stats` counters, in [`Values`] order.
+pub const RATE_NAMES: [&str; 8] = [
+    "publish",
+    "deliver",
+    "deliver_no_ack",
+    "get",
+    "get_no_ack",
+    "redeliver",
+    "ack",
+    "deliver_get",
+];
+
+impl QueueStats {
+    /// The counters in [`RATE_NAMES`] order.
+    pub fn values(&self) -> Values {
+        let c = &self.counts;
+        [
+            self.enqueued,
+            c.deliver,
+            c.deliver_no_ack,
+            c.get,
+            c.get_no_ack,
+            c.redeliver,
+            c.ack,
+            c.deliver + c.deliver_no_ack + c.get + c.get_no_ack,
+        ]
+    }
 }
 
 /// One consumer of a queue.
@@ -55,7 +87,24 @@ impl Queue {
             consumers: st.consumers.len() as u32,
             flow: st.throttled,
             enqueued: st.cq_next,
+            counts: st.counts,
         }
+    }
+
+    /// The counters and their per-second rates (RabbitMQ's `message_stats` with
+    /// `*_details.rate`): the first call starts sampling, so its rates are 0.
+    pub fn stats_with_rates(&self) -> (QueueStats, [f64; 8]) {
+        let s = self.stats();
+        let now = std::time::Instant::now();
+        let mut st = lock(&self.state);
+        let rates = match &mut st.rate {
+            Some(r) => r.rates(s.values(), now),
+            None => {
+                st.rate = Some(Box::new(RateSample::new(s.values(), now)));
+                [0.0; 8]
+            }
+        };
+        (s, rates)
     }
 
     /// The queue's consumers.

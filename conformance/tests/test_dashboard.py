@@ -1,0 +1,137 @@
+"""The web dashboard in a real headless Chromium (Debian package chromium), driven over
+the Chrome DevTools Protocol with websocket-client: log in with the API's basic auth, see
+a queue an AMQP client filled with its depth, purge it from the UI, see it reach 0."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pika
+import pytest
+import websocket
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM,
+    reason="chromium not installed (Debian package chromium; run.sh installs it when run as root)",
+)
+
+
+class Browser:
+    """One headless Chromium and its first page, over CDP."""
+
+    def __init__(self):
+        self.dir = tempfile.TemporaryDirectory(prefix="triad-chromium-")
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
+             "--no-first-run", "--remote-debugging-port=0", "--window-size=1200,900",
+             f"--user-data-dir={self.dir.name}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = os.path.join(self.dir.name, "DevToolsActivePort")
+        deadline = time.time() + 30
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            assert time.time() < deadline, "chromium did not start"
+            time.sleep(0.1)
+        port = int(open(port_file).read().split()[0])
+        deadline = time.time() + 10
+        while True:
+            pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
+            pages = [p for p in pages if p.get("type") == "page"]
+            if pages:
+                break
+            assert time.time() < deadline, "no page target"
+            time.sleep(0.1)
+        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=30)
+        self.next_id = 0
+
+    def cmd(self, method, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.next_id:
+                assert "error" not in msg, msg
+                return msg.get("result", {})
+
+    def js(self, expr):
+        r = self.cmd("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
+        assert "exceptionDetails" not in r, r
+        return r["result"].get("value")
+
+    def wait(self, expr, what, timeout=20):
+        deadline = time.time() + timeout
+        while True:
+            v = self.js(expr)
+            if v:
+                return v
+            assert time.time() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    def close(self):
+        try:
+            self.ws.close()
+        finally:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.dir.cleanup()
+
+
+@pytest.fixture
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+def cell(queue, col):
+    """JS: the text of column `col` (0-based) in the queues table row of `queue`."""
+    return (f"(() => {{ const r = [...document.querySelectorAll('#queues tbody tr')]"
+            f".find(r => r.dataset.name === {json.dumps(queue)});"
+            f" return r ? r.children[{col}].textContent : null; }})()")
+
+
+def test_login_see_a_queue_purge_it_in_the_browser(broker, browser, uid):
+    host, amqp = broker.host_port("amqp")
+    conn = pika.BlockingConnection(pika.ConnectionParameters(host=host, port=amqp))
+    ch = conn.channel()
+    q = f"ui-{uid}"
+    ch.queue_declare(q, durable=True)
+    for i in range(7):
+        ch.basic_publish("", q, f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+
+    h, port = broker.host_port("http")
+    browser.cmd("Page.enable")
+    browser.cmd("Page.navigate", url=f"http://{h}:{port}/")
+    browser.wait("!!document.querySelector('#login') && !document.querySelector('#login').hidden",
+                 "the login form")
+    # a wrong password is refused on the page
+    browser.js("document.querySelector('#user').value = 'guest';"
+               "document.querySelector('#password').value = 'nope';"
+               "document.querySelector('#login button').click(); true")
+    browser.wait("document.querySelector('#login-error').textContent.length > 0", "the refusal")
+    browser.js("document.querySelector('#password').value = 'guest';"
+               "document.querySelector('#login button').click(); true")
+    browser.wait("document.querySelector('#who').textContent === 'guest'", "the login")
+    browser.wait("!!document.querySelector('#totals')", "the overview")
+    assert browser.js("!!document.querySelector('#rate-chart')")
+
+    browser.js("location.hash = '#queues'; true")
+    # the queue the AMQP client filled, with its depth (column 2: messages)
+    browser.wait(f"{cell(q, 2)} === '7'", "the queue's depth in the table")
+    if os.environ.get("TRIAD_SCREENSHOT"):
+        shot = browser.cmd("Page.captureScreenshot", format="png")["data"]
+        import base64
+        with open(os.environ["TRIAD_SCREENSHOT"], "wb") as f:
+            f.write(base64.b64decode(shot))
+    browser.js(f"[...document.querySelectorAll('#queues tbody tr')]"
+               f".find(r => r.dataset.name === {json.dumps(q)})"
+               f".querySelector('button.purge').click(); true")
+    browser.wait(f"{cell(q, 2)} === '0'", "the purged queue at 0")
+    assert ch.queue_declare(q, passive=True).method.message_count == 0
+    ch.queue_delete(q)
+    conn.close()

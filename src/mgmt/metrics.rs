@@ -1,0 +1,356 @@
+//! Prometheus metrics in the text exposition format (0.0.4), named as
+//! `rabbitmq_prometheus` names them where RabbitMQ has a counterpart, so that
+//! RabbitMQ's Grafana dashboards show Triad:
+//!
+//! - `GET /metrics`: aggregated, as RabbitMQ's default endpoint: queue gauges are summed
+//!   over every queue (one series each, whatever the number of queues).
+//! - `GET /metrics/per-object`: the queue gauges once per queue, labelled `vhost` and
+//!   `queue`, streamed one queue at a time.
+//!
+//! Like RabbitMQ's Prometheus endpoint, these need no login (they carry counts and,
+//! per object, queue names; put the HTTP listener where only the scraper reaches it if
+//! that matters). Triad's own metrics are prefixed `triad_`.
+//!
+//! Counters are read when scraped: queue counters under each queue's lock for a moment,
+//! the publish counter summed over its shards; nothing is added to a message path.
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
+use triad_core::Broker;
+
+use crate::http::Body;
+
+const CONTENT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A label value, escaped as the format wants (`\\`, `\"`, `\n`).
+fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn head(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn one(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    labels: &str,
+    v: impl std::fmt::Display,
+) {
+    head(out, name, kind, help);
+    if labels.is_empty() {
+        let _ = writeln!(out, "{name} {v}");
+    } else {
+        let _ = writeln!(out, "{name}{{{labels}}} {v}");
+    }
+}
+
+/// The per-queue gauges: (name, help, value from stats).
+type QueueGauge = (
+    &'static str,
+    &'static str,
+    fn(&triad_core::queue::QueueStats) -> u64,
+);
+
+const QUEUE_GAUGES: [QueueGauge; 5] = [
+    (
+        "rabbitmq_queue_messages_ready",
+        "Messages ready to be delivered to consumers",
+        |s| s.ready,
+    ),
+    (
+        "rabbitmq_queue_messages_unacked",
+        "Messages delivered to consumers but not yet acknowledged",
+        |s| s.unacked,
+    ),
+    (
+        "rabbitmq_queue_messages",
+        "Sum of ready and unacknowledged messages - total queue depth",
+        |s| s.ready + s.unacked,
+    ),
+    ("rabbitmq_queue_consumers", "Consumers on a queue", |s| {
+        u64::from(s.consumers)
+    }),
+    (
+        "rabbitmq_queue_messages_ready_bytes",
+        "Size in bytes of ready messages (bodies)",
+        |s| s.ready_bytes,
+    ),
+];
+
+fn identity(out: &mut String, endpoint: &str) {
+    let node = esc(super::node_name());
+    one(
+        out,
+        "rabbitmq_identity_info",
+        "untyped",
+        "RabbitMQ node & cluster identity info",
+        &format!(
+            "rabbitmq_node=\"{node}\",rabbitmq_cluster=\"{node}\",rabbitmq_endpoint=\"{endpoint}\""
+        ),
+        1,
+    );
+    one(
+        out,
+        "rabbitmq_build_info",
+        "untyped",
+        "RabbitMQ & Erlang/OTP version info",
+        &format!(
+            "product_name=\"Triad\",product_version=\"{}\"",
+            env!("CARGO_PKG_VERSION")
+        ),
+        1,
+    );
+}
+
+/// The aggregated metrics.
+pub fn aggregated(broker: &Broker) -> String {
+    let mut out = String::with_capacity(8192);
+    identity(&mut out, "default");
+    let (mut queues, mut consumers) = (0u64, 0u64);
+    let mut sums = [0u64; QUEUE_GAUGES.len()];
+    let mut values = [0u64; 8];
+    for v in broker.vhost_names() {
+        let Ok(vh) = broker.vhost(&v) else { continue };
+        values[0] = values[0].wrapping_add(vh.published());
+        for n in vh.queue_names() {
+            if triad_core::reserved::is_reserved_queue(&n) {
+                continue;
+            }
+            let Some(q) = vh.queue(&n) else { continue };
+            let s = q.stats();
+            queues += 1;
+            consumers += u64::from(s.consumers);
+            for (sum, (_, _, f)) in sums.iter_mut().zip(QUEUE_GAUGES.iter()) {
+                *sum = sum.wrapping_add(f(&s));
+            }
+            for (a, b) in values.iter_mut().zip(s.values()).skip(1) {
+                *a = a.wrapping_add(b);
+            }
+        }
+    }
+    let conns = broker.connections().list();
+    one(
+        &mut out,
+        "rabbitmq_connections",
+        "gauge",
+        "Connections currently open",
+        "",
+        conns.len(),
+    );
+    one(
+        &mut out,
+        "rabbitmq_queues",
+        "gauge",
+        "Queues available",
+        "",
+        queues,
+    );
+    one(
+        &mut out,
+        "rabbitmq_consumers",
+        "gauge",
+        "Consumers currently connected",
+        "",
+        consumers,
+    );
+    for (sum, (name, help, _)) in sums.iter().zip(QUEUE_GAUGES.iter()) {
+        one(&mut out, name, "gauge", help, "", sum);
+    }
+    // [publish, deliver, deliver_no_ack, get, get_no_ack, redeliver, ack, deliver_get]
+    let [publish, deliver, deliver_no_ack, get, get_no_ack, redeliver, ack, deliver_get] = values;
+    let counters: [(&str, &str, u64); 8] = [
+        ("rabbitmq_global_messages_received_total", "Total number of messages received from publishers", publish),
+        ("rabbitmq_global_messages_delivered_total", "Total number of messages delivered to consumers", deliver_get),
+        ("rabbitmq_global_messages_delivered_consume_manual_ack_total", "Total number of messages delivered to consumers using basic.consume with manual acknowledgment", deliver),
+        ("rabbitmq_global_messages_delivered_consume_auto_ack_total", "Total number of messages delivered to consumers using basic.consume with automatic acknowledgment", deliver_no_ack),
+        ("rabbitmq_global_messages_delivered_get_manual_ack_total", "Total number of messages delivered to consumers using basic.get with manual acknowledgment", get),
+        ("rabbitmq_global_messages_delivered_get_auto_ack_total", "Total number of messages delivered to consumers using basic.get with automatic acknowledgment", get_no_ack),
+        ("rabbitmq_global_messages_redelivered_total", "Total number of messages redelivered to consumers", redeliver),
+        ("rabbitmq_global_messages_acknowledged_total", "Total number of messages acknowledged by consumers", ack),
+    ];
+    for (name, help, v) in counters {
+        one(&mut out, name, "counter", help, "", v);
+    }
+    let alarms = broker.current_alarms();
+    one(
+        &mut out,
+        "rabbitmq_alarms_memory_used_watermark",
+        "gauge",
+        "is 1 if VM memory watermark alarm is in effect",
+        "",
+        u8::from(alarms.memory),
+    );
+    one(
+        &mut out,
+        "rabbitmq_alarms_free_disk_space_watermark",
+        "gauge",
+        "is 1 if free disk space watermark alarm is in effect",
+        "",
+        u8::from(alarms.disk),
+    );
+
+    // Triad's own
+    head(
+        &mut out,
+        "triad_connections",
+        "gauge",
+        "Connections currently open, by protocol",
+    );
+    let mut by_proto: Vec<(&str, usize)> = Vec::new();
+    for c in &conns {
+        match by_proto.iter_mut().find(|(p, _)| *p == c.protocol) {
+            Some((_, n)) => *n += 1,
+            None => by_proto.push((c.protocol, 1)),
+        }
+    }
+    by_proto.sort_unstable();
+    for (p, n) in by_proto {
+        let _ = writeln!(out, "triad_connections{{protocol=\"{}\"}} {n}", esc(p));
+    }
+    let st = broker.store().stats();
+    one(
+        &mut out,
+        "triad_store_commitlog_bytes",
+        "gauge",
+        "Bytes of commitlog between the oldest kept offset and the end",
+        "",
+        st.commitlog_end.saturating_sub(st.commitlog_min),
+    );
+    one(
+        &mut out,
+        "triad_store_appended_bytes",
+        "gauge",
+        "Commitlog end offset: bytes appended over the store's life",
+        "",
+        st.commitlog_end,
+    );
+    one(
+        &mut out,
+        "triad_store_unflushed_bytes",
+        "gauge",
+        "Bytes appended but not yet flushed to disk",
+        "",
+        st.commitlog_end.saturating_sub(st.flushed),
+    );
+    one(
+        &mut out,
+        "triad_store_segments",
+        "gauge",
+        "Commitlog segment files",
+        "",
+        st.segments,
+    );
+    one(
+        &mut out,
+        "triad_store_failed",
+        "gauge",
+        "is 1 if the store has failed (disk full)",
+        "",
+        u8::from(broker.store().disk_full()),
+    );
+    out
+}
+
+/// The per-object metrics, streamed.
+fn per_object(broker: std::sync::Arc<Broker>) -> Response<Body> {
+    super::list::stream(move |out| {
+        let mut s = String::new();
+        identity(&mut s, "per-object");
+        out.put(s.as_bytes());
+        let mut vhosts = Vec::new();
+        for v in broker.vhost_names() {
+            if let Ok(vh) = broker.vhost(&v) {
+                let mut names = vh.queue_names();
+                names.retain(|n| !triad_core::reserved::is_reserved_queue(n));
+                names.sort_unstable();
+                vhosts.push((vh, names));
+            }
+        }
+        // one family at a time (the format wants a family's samples together)
+        for (name, help, f) in QUEUE_GAUGES.iter() {
+            let mut s = String::new();
+            head(&mut s, name, "gauge", help);
+            out.put(s.as_bytes());
+            for (vh, names) in &vhosts {
+                let vl = esc(vh.name());
+                for n in names {
+                    if out.gone() {
+                        return;
+                    }
+                    if let Some(q) = vh.queue(n) {
+                        let line = format!(
+                            "{name}{{vhost=\"{vl}\",queue=\"{}\"}} {}\n",
+                            esc(n),
+                            f(&q.stats())
+                        );
+                        out.put(line.as_bytes());
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn text(body: String) -> Response<Body> {
+    let mut r = crate::http::json_response(StatusCode::OK, Bytes::from(body));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT));
+    r
+}
+
+/// Answers `/metrics` and `/metrics/per-object` (`None`: not a metrics path).
+pub async fn handle(
+    path: &str,
+    method: &hyper::Method,
+    broker: &std::sync::Arc<Broker>,
+) -> Option<Response<Body>> {
+    let detailed = match path {
+        "/metrics" => false,
+        "/metrics/per-object" => true,
+        _ => return None,
+    };
+    if method != hyper::Method::GET {
+        return Some(super::ApiError::method_not_allowed().response());
+    }
+    let broker = std::sync::Arc::clone(broker);
+    if detailed {
+        let mut r = per_object(broker);
+        r.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT));
+        return Some(r);
+    }
+    let body = tokio::task::spawn_blocking(move || aggregated(&broker)).await;
+    Some(match body {
+        Ok(b) => text(b),
+        Err(_) => crate::http::error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "metrics could not be gathered",
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
