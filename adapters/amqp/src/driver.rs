@@ -111,7 +111,9 @@ where
     session.teardown();
     drop(rbuf);
     if drain {
-        drain_until_closed(stream, cfg.close_timeout, &ctx.shutdown).await;
+        // boxed: its 8 KiB buffer is held only while it runs, not in every connection's
+        // task for its whole life (a task is sized for its largest state)
+        Box::pin(drain_until_closed(stream, cfg.close_timeout, &ctx.shutdown)).await;
     }
     // bounded: a TLS close_notify cannot be written to a peer that does not read
     let _ = tokio::time::timeout(LAST_WORDS, stream.shutdown()).await;
@@ -125,7 +127,8 @@ where
 /// reset the connection, and the client would see `EPIPE`/`ECONNRESET` instead of the
 /// close it asked for. RabbitMQ does the same (its reader drops frames in the `closed`
 /// state until the socket closes, for at most 30 s). The connection's core resources
-/// are already released; this holds an 8 KiB buffer on the task's stack and nothing else.
+/// are already released; this holds an 8 KiB buffer (in its own boxed future) and
+/// nothing else.
 async fn drain_until_closed<S>(stream: &mut S, limit: Duration, shutdown: &CancellationToken)
 where
     S: AsyncRead + Unpin,
