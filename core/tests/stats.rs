@@ -60,7 +60,7 @@ fn queues_count_deliveries_gets_acks_and_redeliveries() {
         evs.into_iter()
             .filter_map(|e| match e {
                 OutEvent::Deliver(d) => Some(d),
-                OutEvent::Cancelled { .. } => None,
+                OutEvent::Cancelled { .. } | OutEvent::Reply(_) => None,
             })
             .collect::<Vec<_>>()
     };
