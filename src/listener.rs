@@ -375,24 +375,37 @@ fn connection(
     peer: SocketAddr,
     via: Option<SocketAddr>,
 ) -> (ConnContext, Option<Registration>) {
-    let mut ctx = ctx.clone();
     let protocol = match ctx.proto.plain() {
         Proto::Amqp => "amqp",
         Proto::Stomp => "stomp",
         Proto::Mqtt => "mqtt",
-        _ => return (ctx, None),
+        _ => return (ctx.clone(), None),
     };
+    let (ctx, reg) = register(ctx, protocol, peer, via, false);
+    (ctx, Some(reg))
+}
+
+/// Registers a connection speaking `protocol` (through a WebSocket with `websocket`):
+/// its context gets a shutdown token of its own, a child of `ctx`'s.
+pub(crate) fn register(
+    ctx: &ConnContext,
+    protocol: &'static str,
+    peer: SocketAddr,
+    via: Option<SocketAddr>,
+    websocket: bool,
+) -> (ConnContext, Registration) {
+    let mut ctx = ctx.clone();
     ctx.shutdown = ctx.shutdown.child_token();
     let reg = ctx.broker.connections().register(NewConn {
         protocol,
         tls: ctx.proto.is_tls(),
-        websocket: false,
+        websocket,
         peer,
         via,
         close: ctx.shutdown.clone(),
     });
     ctx.conn = Some(Arc::clone(reg.info()));
-    (ctx, Some(reg))
+    (ctx, reg)
 }
 
 /// `serve` run as the registered connection `reg` (if any), which it hands back with

@@ -23,7 +23,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Message, Role, WebSocketConfig};
 use tokio_tungstenite::WebSocketStream;
-use triad_core::conns::NewConn;
 
 use crate::listener::{ConnContext, ConnResult, Stream};
 
@@ -237,20 +236,11 @@ pub async fn serve<S: Stream>(
     let text = u.target == Target::Stomp;
     let pump = tokio::spawn(bridge(ws, pump_side, text));
     // registered as the protocol it speaks, with a shutdown token of its own
-    let mut ctx = ctx;
-    ctx.shutdown = ctx.shutdown.child_token();
-    let reg = ctx.broker.connections().register(NewConn {
-        protocol: match u.target {
-            Target::Stomp => "stomp",
-            Target::Mqtt => "mqtt",
-        },
-        tls: ctx.proto.is_tls(),
-        websocket: true,
-        peer,
-        via: None,
-        close: ctx.shutdown.clone(),
-    });
-    ctx.conn = Some(Arc::clone(reg.info()));
+    let protocol = match u.target {
+        Target::Stomp => "stomp",
+        Target::Mqtt => "mqtt",
+    };
+    let (ctx, reg) = crate::listener::register(&ctx, protocol, peer, None, true);
     let served = match u.target {
         Target::Stomp => {
             reg.scope(crate::adapters::stomp(adapter_side, peer, ctx))

@@ -22,7 +22,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::Context;
 
 use triad_core::{Backpressure, CoreError, Durability, ReplyQueue};
 
@@ -119,27 +119,21 @@ impl ConfirmQueue {
     pub fn take_ready(&mut self, out: &mut Vec<Settled>, cx: Option<&mut Context<'_>>) -> bool {
         let mut done = Vec::new();
         let left = self.replies.take_ready(&mut done, cx);
-        // A store failure turns the ack into a nack (the message may be lost).
-        out.extend(done.into_iter().map(|(mut s, r)| {
-            s.ack &= r.is_ok();
-            s
-        }));
+        out.extend(done.into_iter().map(settle));
         left
     }
 
     /// Completes when at least one entry has left (cancel-safe: entries stay in the
     /// queue until taken).
     pub async fn ready(&mut self) -> Vec<Settled> {
-        std::future::poll_fn(|cx| {
-            let mut out = Vec::new();
-            if self.take_ready(&mut out, Some(cx)) {
-                Poll::Ready(out)
-            } else {
-                Poll::Pending
-            }
-        })
-        .await
+        self.replies.ready().await.into_iter().map(settle).collect()
     }
+}
+
+/// A store failure turns the ack into a nack (the message may be lost).
+fn settle((mut s, r): (Settled, Result<(), CoreError>)) -> Settled {
+    s.ack &= r.is_ok();
+    s
 }
 
 #[cfg(test)]

@@ -281,8 +281,10 @@ pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Packet>, Dec
         .checked_add(rlen)
         .ok_or(DecodeError::MalformedRemainingLength)?;
     if buf.len() < total {
-        // reserve what the declared (bounded) length needs, once
-        buf.reserve(total - buf.len());
+        // reserve what the declared (bounded) length needs, once, but at most 1 MiB
+        // before the bytes arrive: a fixed header alone cannot make the broker allocate
+        // a whole large packet
+        buf.reserve((total - buf.len()).min(1 << 20));
         return Ok(None);
     }
     let mut frame = buf.split_to(total).freeze();

@@ -18,6 +18,9 @@ use crate::frame::Frame;
 use crate::session::{Action, Caps, Session, SessionConfig};
 use triad_core::io::read_some;
 
+/// The most a declared `content-length` reserves before the body's bytes arrive.
+const RESERVE_AHEAD: usize = 1 << 20;
+
 /// Everything a STOMP connection needs from the process.
 #[derive(Debug, Clone)]
 pub struct StompContext {
@@ -357,10 +360,12 @@ where
                             }
                         }
                         Ok(None) => {
-                            // a declared body: room for the whole frame at once (within
-                            // the limits, checked), not doubled read by read
+                            // a declared body: room for the frame at once (within the
+                            // limits, checked), not doubled read by read; at most
+                            // `RESERVE_AHEAD` before its bytes arrive, so a head alone
+                            // cannot make the broker allocate a whole large frame
                             if let Some(n) = decoder.pending_len() {
-                                rbuf.reserve(n.saturating_sub(rbuf.len()));
+                                rbuf.reserve(n.saturating_sub(rbuf.len()).min(RESERVE_AHEAD));
                             }
                             break;
                         }

@@ -628,9 +628,11 @@ impl Session {
                 props.reply_to = Some(format!("/reply-queue/{q}"));
             }
         }
+        // the declare of a `/queue/` with `x-` headers: the receipt waits for it too
+        let mut declared = None;
         let (exchange, key) = match dest {
             Destination::Queue(q) => {
-                self.ensure_queue(&q, queue_arguments(f)?)?;
+                declared = self.ensure_queue(&q, queue_arguments(f)?)?;
                 (String::new(), q)
             }
             Destination::Topic(k) => ("amq.topic".to_string(), k),
@@ -646,7 +648,14 @@ impl Session {
             body: f.body.clone(),
             conn: self.conn,
         })?;
-        Ok((published.durable, published.backpressure))
+        let durable = match (declared, published.durable) {
+            (Some(d), Some(m)) if !d.is_durable() => Some(Durability::from_future(async move {
+                d.await?;
+                m.await
+            })),
+            (d, m) => m.or(d.filter(|d| !d.is_durable())),
+        };
+        Ok((durable, published.backpressure))
     }
 
     /// Declares durable queue `q` with `arguments` (the `x-` headers), through the
@@ -655,18 +664,21 @@ impl Session {
     /// Without arguments an existing queue is used as it is (RabbitMQ would compare
     /// them with none and refuse). Configure permission on it is needed either way
     /// (RabbitMQ declares on every use of `/queue/`).
-    fn ensure_queue(&self, q: &str, arguments: FieldTable) -> Res {
+    /// Returns what the SEND's receipt must also wait for: the declaration's journal
+    /// record (never waited for here, on the connection's task).
+    fn ensure_queue(&self, q: &str, arguments: FieldTable) -> Res<Option<Durability>> {
         let link = self.linked()?;
         link.access().queue_declare(q, &arguments)?;
         if !arguments.is_empty() || link.vhost().queue(q).is_none() {
-            link.declare_queue(QueueDeclare {
+            let (_, done) = link.declare_queue_deferred(QueueDeclare {
                 name: q.to_string(),
                 durable: true,
                 arguments,
                 ..Default::default()
             })?;
+            return Ok(Some(done));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The connection's private queue for `/temp-queue/<t>`, created on first use
@@ -781,7 +793,9 @@ impl Session {
         let mut destination_override = None;
         let queue = match dest {
             Destination::Queue(q) => {
-                self.ensure_queue(&q, args)?;
+                if let Some(declared) = self.ensure_queue(&q, args)? {
+                    declared.wait()?;
+                }
                 q
             }
             Destination::AmqQueue(_) | Destination::ReplyQueue(_) | Destination::TempQueue(_)
