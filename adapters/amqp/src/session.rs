@@ -610,8 +610,10 @@ impl Session {
             (c, o) => c.min(o),
         };
         let ours_hb = u16::try_from(self.cfg.heartbeat.as_secs()).unwrap_or(u16::MAX);
+        // The client's answer is final, as RabbitMQ takes it: 0 vetoes heartbeats (the
+        // AMQP 0-9-1 spec: "zero means the client does not want a heartbeat").
         self.heartbeat = match (ok.heartbeat, ours_hb) {
-            (0, o) => o,
+            (0, _) => 0,
             (c, 0) => c,
             (c, o) => c.min(o),
         };

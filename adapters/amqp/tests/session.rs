@@ -24,6 +24,13 @@ fn m(ch: u16, c: AMQPClass) -> Frame {
 }
 
 fn open_session(b: Arc<Broker>) -> Session {
+    let s = open_session_hb(b, 30);
+    assert_eq!(s.heartbeat(), 30);
+    s
+}
+
+/// Opens a session whose client answers `connection.tune` with `heartbeat`.
+fn open_session_hb(b: Arc<Broker>, heartbeat: u16) -> Session {
     let mut s = Session::new(b, AmqpConfig::default(), IpAddr::V4(Ipv4Addr::LOCALHOST));
     s.start();
     assert!(matches!(
@@ -57,11 +64,10 @@ fn open_session(b: Arc<Broker>) -> Session {
         AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
             channel_max: 0,
             frame_max: 65536,
-            heartbeat: 30,
+            heartbeat,
         })),
     ));
     assert_eq!(s.limits().frame_max, 65536);
-    assert_eq!(s.heartbeat(), 30);
     s.handle(m(
         0,
         AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
@@ -82,6 +88,17 @@ fn close_code(frames: &[Frame]) -> Option<(u16, u16)> {
         },
         _ => None,
     })
+}
+
+/// The client's `tune-ok` has the last word, as RabbitMQ takes it: 0 vetoes heartbeats
+/// (the server then sends none and expects none), a value above ours is cut to ours.
+#[test]
+fn tune_ok_heartbeat_zero_disables_heartbeats() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let b = broker(dir.path());
+    assert_eq!(open_session_hb(b.clone(), 0).heartbeat(), 0);
+    assert_eq!(open_session_hb(b.clone(), 10).heartbeat(), 10);
+    assert_eq!(open_session_hb(b, 600).heartbeat(), 60);
 }
 
 #[test]
