@@ -7,9 +7,10 @@
 //! arrive meanwhile share the next flush. Appends nobody waits for (transient messages,
 //! acks) do not wake it: they ride along with the next flush or the next checkpoint. In `async` mode the
 //! flusher runs on an interval or once enough bytes are dirty, and appends complete at
-//! once (after the page-cache write). A failed flush is fatal: every waiter, present and
-//! future, gets `StoreError::Fatal`, because retrying `fsync` can report success for data
-//! the kernel already dropped.
+//! once (after the page-cache write), unless writes outrun the disk: past four flushes'
+//! worth of unflushed bytes an append waits for the flusher. A failed flush is fatal:
+//! every waiter, present and future, gets `StoreError::Fatal`, because retrying `fsync`
+//! can report success for data the kernel already dropped.
 
 use std::future::Future;
 use std::pin::Pin;

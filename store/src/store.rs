@@ -1037,7 +1037,15 @@ impl Inner {
             }
             FlushMode::Async { dirty_bytes, .. } => {
                 self.flush.appended(end, dirty_bytes);
-                Durable::ready()
+                // Appends complete at once, unless they outrun the disk: past
+                // ASYNC_BACKLOG_FLUSHES flushes' worth of unflushed bytes, an append waits
+                // until the flusher has brought the backlog back to that. Without this the
+                // backlog (and the log the checkpoint cannot pass) grows with the
+                // difference between the write rate and the disk's.
+                match async_wait(end, self.flush.flushed(), dirty_bytes) {
+                    Some(offset) => Durable::new(offset, self.flush.clone()),
+                    None => Durable::ready(),
+                }
             }
         }
     }
@@ -1632,6 +1640,17 @@ impl Inner {
 /// the log holds at most about twice the live data plus the segments the checkpoint has
 /// not reached yet.
 const COMPACT_LIVE_PERCENT: u64 = 50;
+/// In `async` flush mode, appends wait once the unflushed bytes exceed this many times
+/// the flusher's `dirty_bytes` (64 MiB with the defaults).
+const ASYNC_BACKLOG_FLUSHES: u64 = 4;
+/// What an `async`-mode append that ends at `end` waits for: nothing while at most
+/// [`ASYNC_BACKLOG_FLUSHES`] × `dirty_bytes` are unflushed, else the offset that brings
+/// the backlog back to that.
+fn async_wait(end: u64, flushed: u64, dirty_bytes: u64) -> Option<u64> {
+    let limit = dirty_bytes.saturating_mul(ASYNC_BACKLOG_FLUSHES);
+    (end.saturating_sub(flushed) > limit).then(|| end - limit)
+}
+
 /// Retention passes start at least this many times their last liveness walk apart.
 const RETENTION_PACE: u32 = 10;
 /// One retention pass copies at most this many segments' worth of live records.
@@ -1758,6 +1777,16 @@ mod tests {
         assert_eq!(dir_name("a b/c", None), "a%20b%2Fc");
         let long = "x".repeat(300);
         assert_eq!(dir_name(&long, Some(7)).len(), 182);
+    }
+
+    #[test]
+    fn async_appends_wait_only_past_the_backlog_limit() {
+        let mib = 1 << 20;
+        assert_eq!(async_wait(10 * mib, 0, 16 * mib), None);
+        assert_eq!(async_wait(64 * mib, 0, 16 * mib), None);
+        assert_eq!(async_wait(100 * mib, 0, 16 * mib), Some(36 * mib));
+        assert_eq!(async_wait(100 * mib, 90 * mib, 16 * mib), None);
+        assert_eq!(async_wait(5, 9, 16 * mib), None, "flushed past the end");
     }
 
     #[test]
