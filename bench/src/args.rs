@@ -665,6 +665,9 @@ pub struct IdleArgs {
     /// Over TLS (the server certificate is not verified; give the TLS port)
     #[arg(long)]
     pub tls: bool,
+    /// TLS version offered [default: 1.3 and 1.2, the server picks]
+    #[arg(long, value_enum, requires = "tls")]
+    pub tls_version: Option<TlsVersion>,
     /// Connect from 127.0.0.1 ..= 127.0.0.K in turn, so that many connections do not run
     /// out of ephemeral ports
     #[arg(long, value_name = "K", default_value_t = 1, value_parser = sources)]

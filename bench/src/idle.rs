@@ -28,7 +28,7 @@ use tokio::net::TcpSocket;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::args::{IdleArgs, IdleProto};
+use crate::args::{IdleArgs, IdleProto, TlsVersion};
 use crate::e2e;
 use crate::report::round;
 use crate::sys::{loadavg, Cpu};
@@ -148,10 +148,15 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
     }
 }
 
-fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
+fn tls_connector(version: Option<TlsVersion>) -> Result<tokio_rustls::TlsConnector, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let versions: &[&rustls::SupportedProtocolVersion] = match version {
+        Some(TlsVersion::V12) => &[&rustls::version::TLS12],
+        Some(TlsVersion::V13) => &[&rustls::version::TLS13],
+        None => rustls::DEFAULT_VERSIONS,
+    };
     let config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .map_err(|e| format!("TLS client config: {e}"))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
@@ -465,7 +470,11 @@ async fn run_async(a: IdleArgs, nofile: u64) -> Result<Value, String> {
     let target = Arc::new(Target {
         addr,
         sources: a.sources,
-        tls: if a.tls { Some(tls_connector()?) } else { None },
+        tls: if a.tls {
+            Some(tls_connector(a.tls_version)?)
+        } else {
+            None
+        },
         proto: a.proto,
         user: a.user.clone().unwrap_or_else(|| "guest".into()),
         pass: a.pass.clone().unwrap_or_else(|| "guest".into()),
@@ -609,6 +618,10 @@ async fn run_async(a: IdleArgs, nofile: u64) -> Result<Value, String> {
         "bench": format!("{}-idle", a.proto.name()),
         "target": format!("{}:{}", a.host, a.port),
         "tls": a.tls,
+        "tls_version": a.tls_version.map(|v| match v {
+            TlsVersion::V12 => "1.2",
+            TlsVersion::V13 => "1.3",
+        }),
         "connections": a.connections,
         "connected": connected,
         "failed": failed.load(Ordering::Relaxed),

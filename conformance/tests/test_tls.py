@@ -279,3 +279,62 @@ def test_openssl_key_updates_both_ways_over_stomp(tls_broker, certs, uid):
         p.kill()
         p.wait(timeout=10)
         t.join(timeout=5)
+
+
+@pytest.mark.parametrize("cipher", ["ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384",
+                                    "ECDHE-RSA-CHACHA20-POLY1305"])
+def test_tls12_records_after_the_handshake_with_openssl(tls_broker, certs, uid, cipher):
+    """After a TLS 1.2 handshake the broker seals and opens records itself (src/tls/
+    records.rs), not rustls: OpenSSL's TLS 1.2 record layer against ours, for each
+    suite, with a STOMP SEND and MESSAGE of 300 KB (many records each way) and a
+    close_notify at the end."""
+    host, port = tls_broker.host_port("stomps")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(certs("ca.pem"))
+    ctx.minimum_version = ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(cipher)
+    body = bytes((i * 7) % 251 for i in range(300_000))
+    with socket.create_connection((host, port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+            assert s.version() == "TLSv1.2" and s.cipher()[0] == cipher, s.cipher()
+
+            def frame(command, headers, payload=b""):
+                head = "".join(f"{k}:{v}\n" for k, v in headers.items())
+                s.sendall(command.encode() + b"\n" + head.encode() + b"\n" + payload + b"\0")
+
+            buf = bytearray()
+
+            def read_frame():
+                while True:
+                    # heart-beat EOLs between frames
+                    while buf[:1] in (b"\n", b"\r"):
+                        del buf[:1]
+                    end = buf.find(b"\n\n")
+                    if end >= 0:
+                        lines = bytes(buf[:end]).decode().split("\n")
+                        headers = dict(line.split(":", 1) for line in lines[1:])
+                        n = int(headers.get("content-length", "-1"))
+                        start = end + 2
+                        stop = start + n if n >= 0 else buf.find(b"\0", start)
+                        if stop >= 0 and len(buf) > stop:
+                            payload = bytes(buf[start:stop])
+                            del buf[:stop + 1]
+                            return lines[0], headers, payload
+                    chunk = s.recv(65536)
+                    assert chunk, "connection closed early"
+                    buf.extend(chunk)
+
+            frame("CONNECT", {"accept-version": "1.2", "host": "/", "login": "guest",
+                              "passcode": "guest"})
+            assert read_frame()[0] == "CONNECTED"
+            dest = f"/queue/tls12-{uid}"
+            frame("SUBSCRIBE", {"id": "0", "destination": dest, "ack": "auto"})
+            frame("SEND", {"destination": dest, "content-length": str(len(body)),
+                           "receipt": "r1"}, body)
+            got = {}
+            while len(got) < 2:
+                command, headers, payload = read_frame()
+                got[command] = payload
+            assert got["RECEIPT"] == b""
+            assert got["MESSAGE"] == body
+            s.unwrap()  # our close_notify, and the broker's in answer

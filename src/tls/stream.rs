@@ -16,13 +16,13 @@
 //! when a read finds the socket empty, i.e. the connection waits, each one that holds
 //! nothing is freed.
 //!
-//! [`TlsStream::accept`] runs the handshake with rustls. A TLS 1.3 connection then
-//! leaves rustls: its records are sealed and opened by [`Tls13Records`] (see
-//! [`super::records`]), which keeps the traffic secrets and sequence numbers and only
-//! expands the keys while the connection is busy, so an idle TLS 1.3 connection holds
-//! about 250 bytes of TLS state and no buffer. TLS 1.2 connections stay with rustls
-//! (about 3 KiB of state and keys while idle). The stream is then [`AsyncRead`] and
-//! [`AsyncWrite`] like `tokio_rustls::server::TlsStream`.
+//! [`TlsStream::accept`] runs the handshake with rustls. The connection then leaves
+//! rustls: its records are sealed and opened by [`Records`] (see [`super::records`]),
+//! which keeps the keys (for TLS 1.3 also the traffic secrets) and sequence numbers and
+//! only expands the keys while the connection is busy, so an idle TLS connection holds
+//! about 250 bytes of TLS state and no buffer (with rustls' record layer, about 3 KiB).
+//! The stream is then [`AsyncRead`] and [`AsyncWrite`] like
+//! `tokio_rustls::server::TlsStream`.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -36,7 +36,7 @@ use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedS
 use rustls::{CipherSuite, ProtocolVersion, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::records::{self, Captured, Tls13Records};
+use super::records::{self, Captured, Records};
 
 /// The largest TLS record on the wire (16 KiB of payload, 2 KiB of expansion, header): one
 /// socket read is at most this much, on the stack.
@@ -47,15 +47,15 @@ const WRITE_CHUNK: usize = 64 * 1024;
 /// Past this many unsent TLS bytes, `poll_write` waits for the socket first.
 const OUTGOING_HIGH: usize = 64 * 1024;
 
-/// What carries the records. The TLS 1.3 state is inline on purpose: the stream is
+/// What carries the records. Our record state is inline on purpose: the stream is
 /// boxed once per connection, and a second box would cost an allocation and its
 /// malloc overhead for nothing.
 #[allow(clippy::large_enum_variant)]
 enum Engine {
-    /// The handshake, and TLS 1.2 connections throughout.
+    /// The handshake, and connections whose configuration was not [`prepare`]d.
     Rustls(Box<UnbufferedServerConnection>),
-    /// TLS 1.3 after the handshake.
-    Tls13(Tls13Records),
+    /// TLS 1.2 and 1.3 after the handshake.
+    Own(Records),
     /// Only while a connection leaves rustls.
     Moving,
 }
@@ -69,8 +69,9 @@ pub struct Established {
 }
 
 /// Sets what [`TlsStream`] needs in a server configuration: secret extraction and the
-/// [`records::CaptureSecrets`] key log, so that TLS 1.3 connections leave rustls after
-/// the handshake. Without them a connection stays with rustls.
+/// [`records::CaptureSecrets`] key log (TLS 1.3's traffic secrets, for key updates), so
+/// that connections leave rustls after the handshake. Without them a connection stays
+/// with rustls.
 pub fn prepare(config: &mut ServerConfig) {
     config.enable_secret_extraction = true;
     config.key_log = Arc::new(records::CaptureSecrets);
@@ -106,6 +107,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         io: IO,
         config: Arc<ServerConfig>,
     ) -> io::Result<(TlsStream<IO>, Established)> {
+        let prepared = config.enable_secret_extraction;
         let conn = UnbufferedServerConnection::new(config).map_err(invalid)?;
         let mut s = TlsStream {
             io,
@@ -134,7 +136,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                             .and_then(|chain| chain.first())
                             .map(|c| c.clone().into_owned()),
                     };
-                    s.leave_rustls(secrets)?;
+                    s.leave_rustls(prepared, secrets)?;
                     return Ok((s, established));
                 }
             }
@@ -148,13 +150,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         }
     }
 
-    /// A TLS 1.3 connection whose handshake is done moves to [`Tls13Records`] (when
-    /// the configuration was [`prepare`]d); any other stays with rustls.
-    fn leave_rustls(&mut self, secrets: Captured) -> io::Result<()> {
+    /// A connection whose handshake is done moves to [`Records`] when the
+    /// configuration was [`prepare`]d (for TLS 1.3, when its secrets were captured);
+    /// any other stays with rustls.
+    fn leave_rustls(&mut self, prepared: bool, secrets: Captured) -> io::Result<()> {
         let Engine::Rustls(conn) = &self.engine else {
             return Ok(());
         };
-        if conn.protocol_version() != Some(ProtocolVersion::TLSv1_3) || !secrets.complete() {
+        let version = conn.protocol_version();
+        let ready = match version {
+            Some(ProtocolVersion::TLSv1_3) => secrets.complete(),
+            Some(ProtocolVersion::TLSv1_2) => prepared,
+            _ => false,
+        };
+        if !ready {
             return Ok(());
         }
         let Engine::Rustls(conn) = std::mem::replace(&mut self.engine, Engine::Moving) else {
@@ -163,9 +172,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         let (keys, _kernel) = (*conn)
             .dangerous_into_kernel_connection()
             .map_err(invalid)?;
-        let records = Tls13Records::new(keys.rx, keys.tx, secrets)
-            .ok_or_else(|| invalid("TLS 1.3 secrets do not match the connection's keys"))?;
-        self.engine = Engine::Tls13(records);
+        let records = if version == Some(ProtocolVersion::TLSv1_3) {
+            Records::tls13(keys.rx, keys.tx, secrets)
+                .ok_or_else(|| invalid("TLS 1.3 secrets do not match the connection's keys"))?
+        } else {
+            Records::tls12(keys.rx, keys.tx)
+                .ok_or_else(|| invalid("TLS 1.2 cipher suite without own record layer"))?
+        };
+        self.engine = Engine::Own(records);
         Ok(())
     }
 
@@ -179,7 +193,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         }
         let records = match &mut self.engine {
             Engine::Rustls(_) => return self.process_rustls(write),
-            Engine::Tls13(records) => records,
+            Engine::Own(records) => records,
             Engine::Moving => return Err(invalid("TLS connection in an unusable state")),
         };
         let read = records.read(&mut self.incoming, &mut self.plain, &mut self.outgoing)?;
@@ -296,7 +310,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     /// The connection waits for the peer: frees every buffer that holds nothing, and
     /// the expanded keys.
     fn release_idle(&mut self) {
-        if let Engine::Tls13(records) = &mut self.engine {
+        if let Engine::Own(records) = &mut self.engine {
             records.release();
         }
         if self.incoming.is_empty() {
@@ -476,7 +490,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
                         }
                         this.incoming.drain(..discard.min(this.incoming.len()));
                     }
-                    Engine::Tls13(records) => {
+                    Engine::Own(records) => {
                         let _ = records.close_notify(&mut this.outgoing);
                     }
                     Engine::Moving => {}
@@ -498,6 +512,15 @@ mod tests {
         versions: &[&'static rustls::SupportedProtocolVersion],
         prepared: bool,
     ) -> (Arc<ServerConfig>, Arc<rustls::ClientConfig>) {
+        configs_with(versions, prepared, None)
+    }
+
+    /// With `suite`, the client offers only that cipher suite.
+    fn configs_with(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        prepared: bool,
+        suite: Option<rustls::SupportedCipherSuite>,
+    ) -> (Arc<ServerConfig>, Arc<rustls::ClientConfig>) {
         let key = rcgen::KeyPair::generate().expect("key");
         let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
             .expect("params")
@@ -518,7 +541,11 @@ mod tests {
         }
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert.der().clone()).expect("root");
-        let client = rustls::ClientConfig::builder_with_provider(provider)
+        let mut client_provider = (*provider).clone();
+        if let Some(suite) = suite {
+            client_provider.cipher_suites = vec![suite];
+        }
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(client_provider))
             .with_protocol_versions(versions)
             .expect("versions")
             .with_root_certificates(roots)
@@ -547,10 +574,11 @@ mod tests {
         for (versions, prepared, own_records) in [
             (&[&rustls::version::TLS13][..], true, true),
             (&[&rustls::version::TLS13][..], false, false),
-            (&[&rustls::version::TLS12][..], true, false),
+            (&[&rustls::version::TLS12][..], true, true),
+            (&[&rustls::version::TLS12][..], false, false),
         ] {
             let (mut s, mut c) = pair(versions, prepared).await;
-            assert_eq!(matches!(s.engine, Engine::Tls13(_)), own_records);
+            assert_eq!(matches!(s.engine, Engine::Own(_)), own_records);
             let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
             let (w, r) = tokio::join!(
                 async {
@@ -589,7 +617,7 @@ mod tests {
             assert_eq!(s.incoming.capacity(), 0);
             assert_eq!(s.plain.capacity(), 0);
             assert_eq!(s.outgoing.capacity(), 0);
-            if let Engine::Tls13(records) = &s.engine {
+            if let Engine::Own(records) = &s.engine {
                 assert!(
                     !records.keys_expanded(),
                     "idle: the expanded keys are dropped"
@@ -629,7 +657,7 @@ mod tests {
     #[tokio::test]
     async fn key_updates_from_the_client() {
         let (mut s, mut c) = pair(&[&rustls::version::TLS13], true).await;
-        assert!(matches!(s.engine, Engine::Tls13(_)));
+        assert!(matches!(s.engine, Engine::Own(_)));
         for round in 0..3u8 {
             c.get_mut().1.refresh_traffic_keys().expect("key update");
             let msg = [round; 3000];
@@ -664,6 +692,57 @@ mod tests {
         }
     }
 
+    /// Each TLS 1.2 suite rustls offers, our records against rustls' client: the explicit
+    /// nonces of AES-GCM, ChaCha20-Poly1305's implicit ones, and close_notify.
+    #[tokio::test]
+    async fn tls12_suites_leave_rustls_and_interoperate() {
+        use rustls::crypto::ring::cipher_suite as cs;
+        for suite in [
+            cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        ] {
+            let (server, client) = configs_with(&[&rustls::version::TLS12], true, Some(suite));
+            let (a, b) = tokio::io::duplex(1000);
+            let connector = tokio_rustls::TlsConnector::from(client);
+            let name = ServerName::try_from("localhost").expect("name");
+            let (s, c) = tokio::join!(TlsStream::accept(a, server), connector.connect(name, b));
+            let (mut s, est) = s.expect("server");
+            let mut c = c.expect("client");
+            assert_eq!(est.suite, Some(suite.suite()));
+            assert!(matches!(s.engine, Engine::Own(_)), "{suite:?}");
+            let big: Vec<u8> = (0..50_000u32).map(|i| (i * 7) as u8).collect();
+            let (w, got) = tokio::join!(
+                async {
+                    c.write_all(&big).await.expect("client write");
+                    c.flush().await.expect("flush");
+                },
+                async {
+                    let mut got = vec![0u8; big.len()];
+                    s.read_exact(&mut got).await.expect("server read");
+                    got
+                }
+            );
+            let ((), got) = (w, got);
+            assert_eq!(got, big);
+            let (w, got) = tokio::join!(
+                async {
+                    s.write_all(&big).await.expect("server write");
+                    s.shutdown().await.expect("close_notify");
+                },
+                async {
+                    let mut got = Vec::new();
+                    c.read_to_end(&mut got)
+                        .await
+                        .expect("client reads to close_notify");
+                    got
+                }
+            );
+            let ((), got) = (w, got);
+            assert_eq!(got, big, "{suite:?}");
+        }
+    }
+
     /// Resumed handshakes (a ticket from the first connection) leave rustls the same way.
     #[tokio::test]
     async fn resumed_connections_leave_rustls_too() {
@@ -677,7 +756,7 @@ mod tests {
                 connector.connect(name, b)
             );
             let (mut s, mut c) = (s.expect("server").0, c.expect("client"));
-            assert!(matches!(s.engine, Engine::Tls13(_)));
+            assert!(matches!(s.engine, Engine::Own(_)));
             c.write_all(b"ping").await.expect("write");
             let mut got = [0u8; 4];
             s.read_exact(&mut got).await.expect("read");
