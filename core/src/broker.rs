@@ -88,6 +88,8 @@ pub struct CoreConfig {
     /// with a fresh salt at each start: [`crate::auth::AuthDb`] checks whether the
     /// password it seeded last time still verifies, to tell whether the file changed.
     pub default_password: Option<(String, String)>,
+    /// Half messages' check-back ([`crate::txn`]).
+    pub txn: crate::txn::TxnConfig,
 }
 
 impl Default for CoreConfig {
@@ -105,6 +107,7 @@ impl Default for CoreConfig {
             max_message_size: 128 << 20,
             queue_window: 2048,
             default_password: None,
+            txn: crate::txn::TxnConfig::default(),
         }
     }
 }
@@ -329,6 +332,7 @@ impl Broker {
                 cfg.queue_window,
                 cfg.max_message_size,
                 cfg.max_queues_per_vhost,
+                cfg.txn,
             )?;
             vhosts.insert(name.clone(), vh);
         }
@@ -633,6 +637,7 @@ impl Broker {
             self.cfg.queue_window,
             self.cfg.max_message_size,
             self.cfg.max_queues_per_vhost,
+            self.cfg.txn,
         )?;
         self.store
             .journal()
