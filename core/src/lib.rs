@@ -38,6 +38,8 @@
 //! - [`txn`]: half-message (transactional) publishing with check-back, RocketMQ's model:
 //!   `x-txn: half` stores a message durably but invisibly until a commit or rollback by
 //!   message-id; unresolved ones get check messages, then are rolled back.
+//! - [`user_limits`]: per-user `max-connections` / `max-channels` changed at run time,
+//!   persisted in the metadata journal and seeded from the configuration.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
 //! - [`testing`]: `eventually`, the polling wait tests use instead of sleeping.
 //! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while
@@ -75,6 +77,7 @@ pub mod stats;
 pub mod testing;
 pub mod throttle;
 pub mod txn;
+pub mod user_limits;
 pub mod value;
 pub mod vhost;
 
