@@ -55,6 +55,7 @@ pub struct Config {
     pub mqtt: MqttSection,
     pub http: HttpSection,
     pub stomp: StompSection,
+    pub txn: TxnSection,
     /// `[[users]]`: accounts besides the default user, with hashed passwords.
     pub users: Vec<UserSection>,
     /// `[[permissions]]`: what each user may do in each vhost.
@@ -167,6 +168,27 @@ impl Default for StompSection {
             max_transaction_bytes: ByteSize::mib(16),
             max_subscriptions: 256,
             max_id_length: 256,
+        }
+    }
+}
+
+/// `[txn]`: half messages (`x-txn: half`) and their check-back.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TxnSection {
+    /// A half message unresolved this long gets a check message to its `reply-to`,
+    /// and again after each further period (RocketMQ's `transactionTimeOut`).
+    pub check_timeout: HumanDuration,
+    /// Checks sent before an unresolved half message is rolled back
+    /// (RocketMQ's `transactionCheckMax`).
+    pub check_max: u32,
+}
+
+impl Default for TxnSection {
+    fn default() -> Self {
+        TxnSection {
+            check_timeout: HumanDuration::secs(6),
+            check_max: 15,
         }
     }
 }
@@ -713,6 +735,13 @@ impl Config {
                 ));
             }
         }
+        if self.txn.check_timeout.get() < std::time::Duration::from_millis(100) {
+            return Err(invalid(
+                "txn.check_timeout",
+                self.txn.check_timeout,
+                "must be at least 100ms",
+            ));
+        }
         if let Some(e) = self.mqtt.session_expiry {
             if e.get() < std::time::Duration::from_millis(100) {
                 return Err(invalid(
@@ -1122,6 +1151,10 @@ impl Config {
             max_message_size: usize::try_from(self.limits.max_message_size.bytes())
                 .unwrap_or(usize::MAX),
             default_password,
+            txn: triad_core::txn::TxnConfig {
+                check_timeout: self.txn.check_timeout.get(),
+                check_max: self.txn.check_max,
+            },
             ..triad_core::CoreConfig::default()
         })
     }

@@ -88,6 +88,8 @@ pub struct CoreConfig {
     /// with a fresh salt at each start: [`crate::auth::AuthDb`] checks whether the
     /// password it seeded last time still verifies, to tell whether the file changed.
     pub default_password: Option<(String, String)>,
+    /// Half messages' check-back ([`crate::txn`]).
+    pub txn: crate::txn::TxnConfig,
 }
 
 impl Default for CoreConfig {
@@ -105,6 +107,7 @@ impl Default for CoreConfig {
             max_message_size: 128 << 20,
             queue_window: 2048,
             default_password: None,
+            txn: crate::txn::TxnConfig::default(),
         }
     }
 }
@@ -139,7 +142,9 @@ impl UserLimits {
 struct UserCounts {
     conns: Mutex<HashMap<String, u32>>,
     channels: Mutex<HashMap<String, u32>>,
-    limits: HashMap<String, UserLimits>,
+    /// In force: the configuration's, then the management API's changes
+    /// ([`crate::user_limits`]).
+    limits: std::sync::RwLock<HashMap<String, UserLimits>>,
 }
 
 impl UserCounts {
@@ -148,6 +153,8 @@ impl UserCounts {
     fn take_channel(&self, user: &str) -> Result<bool, CoreError> {
         let Some(max) = self
             .limits
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .get(user)
             .and_then(|l| UserLimits::limit(l.max_channels))
         else {
@@ -329,6 +336,7 @@ impl Broker {
                 cfg.queue_window,
                 cfg.max_message_size,
                 cfg.max_queues_per_vhost,
+                cfg.txn,
             )?;
             vhosts.insert(name.clone(), vh);
         }
@@ -342,7 +350,7 @@ impl Broker {
         // memory any more (a vhost added later reads it back from the files)
         store.journal().release_state();
         let user_conns = Arc::new(UserCounts {
-            limits: cfg.user_limits.clone(),
+            limits: std::sync::RwLock::new(crate::user_limits::load(&store, &cfg.user_limits)?),
             ..UserCounts::default()
         });
         Ok(Arc::new(Broker {
@@ -570,7 +578,13 @@ impl Broker {
         proto: Protocol,
     ) -> Result<ConnectionSlot, CoreError> {
         let uc = &self.user_conns;
-        let own = uc.limits.get(&user.name).copied().unwrap_or_default();
+        let own = uc
+            .limits
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&user.name)
+            .copied()
+            .unwrap_or_default();
         let max = match own.max_connections {
             Some(n) => UserLimits::limit(Some(n)),
             None => Some(self.cfg.max_connections_per_user).filter(|n| *n > 0),
@@ -633,6 +647,7 @@ impl Broker {
             self.cfg.queue_window,
             self.cfg.max_message_size,
             self.cfg.max_queues_per_vhost,
+            self.cfg.txn,
         )?;
         self.store
             .journal()
@@ -718,6 +733,56 @@ impl Broker {
     /// Open client connections.
     pub fn connections(&self) -> &Arc<Registry> {
         &self.conns
+    }
+
+    /// Every user's limits in force (RabbitMQ's user limits), by user name.
+    pub fn user_limits(&self) -> Vec<(String, UserLimits)> {
+        let mut v: Vec<(String, UserLimits)> = self
+            .user_conns
+            .limits
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(u, l)| (u.clone(), *l))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Sets (`Some`) or clears (`None`) one limit of `user`, by RabbitMQ's name
+    /// (`max-connections`, `max-channels`), persisted before it returns. It applies to
+    /// connections and channels opened from now on (as RabbitMQ: open ones stay).
+    /// Returns whether that limit was set before.
+    pub fn set_user_limit(
+        &self,
+        user: &str,
+        name: &str,
+        value: Option<u32>,
+    ) -> Result<bool, CoreError> {
+        let mut all = self
+            .user_conns
+            .limits
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut l = all.get(user).copied().unwrap_or_default();
+        let slot = match name {
+            crate::user_limits::MAX_CONNECTIONS => &mut l.max_connections,
+            crate::user_limits::MAX_CHANNELS => &mut l.max_channels,
+            other => {
+                return Err(CoreError::PreconditionFailed(format!(
+                    "unknown user limit '{other}': max-connections or max-channels"
+                )))
+            }
+        };
+        let was = slot.is_some();
+        *slot = value;
+        crate::user_limits::store(&self.store, user, &l)?;
+        if l == UserLimits::default() {
+            all.remove(user);
+        } else {
+            all.insert(user.to_string(), l);
+        }
+        Ok(was)
     }
 
     /// A connection closed: its exclusive queues go.

@@ -20,6 +20,8 @@ pub enum ResourceKind {
     Queue,
     /// A binding between an exchange and a queue or exchange.
     Binding,
+    /// A half message ([`crate::txn`]), by message-id.
+    HalfMessage,
 }
 
 impl fmt::Display for ResourceKind {
@@ -29,6 +31,7 @@ impl fmt::Display for ResourceKind {
             ResourceKind::Exchange => "exchange",
             ResourceKind::Queue => "queue",
             ResourceKind::Binding => "binding",
+            ResourceKind::HalfMessage => "half message",
         })
     }
 }

@@ -35,6 +35,11 @@
 //! - [`outbox`]: how queues hand deliveries to connections, with back-pressure.
 //! - [`reserved`]: the names the broker keeps for itself (its own state's queues,
 //!   `$SYS` topics), which no client can address.
+//! - [`txn`]: half-message (transactional) publishing with check-back, RocketMQ's model:
+//!   `x-txn: half` stores a message durably but invisibly until a commit or rollback by
+//!   message-id; unresolved ones get check messages, then are rolled back.
+//! - [`user_limits`]: per-user `max-connections` / `max-channels` changed at run time,
+//!   persisted in the metadata journal and seeded from the configuration.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
 //! - [`testing`]: `eventually`, the polling wait tests use instead of sleeping.
 //! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while
@@ -71,6 +76,8 @@ pub mod routing;
 pub mod stats;
 pub mod testing;
 pub mod throttle;
+pub mod txn;
+pub mod user_limits;
 pub mod value;
 pub mod vhost;
 

@@ -290,8 +290,11 @@ impl Link {
         exchange: String,
         routing_key: String,
     ) -> Result<PublishTo, CoreError> {
-        self.access
-            .publish_to(&self.vhost, &exchange, &routing_key)?;
+        // a commit or rollback is checked against the half message's own exchange
+        if exchange != crate::txn::TXN_EXCHANGE {
+            self.access
+                .publish_to(&self.vhost, &exchange, &routing_key)?;
+        }
         Ok(PublishTo {
             exchange,
             routing_key,
@@ -312,22 +315,33 @@ impl Link {
                 "a publish checked by another connection".into(),
             ));
         }
-        self.vhost
-            .publish(to.into_publish(mandatory, properties, body))
+        self.publish_now(to.into_publish(mandatory, properties, body))
+    }
+
+    /// A checked publish: half messages, commits and rollbacks to [`crate::txn`]
+    /// (which checks the rights they need), the rest to the vhost.
+    fn publish_now(&self, p: Publish) -> Result<Published, CoreError> {
+        if crate::txn::is_txn(&p) {
+            return self.vhost.txn().publish(&self.vhost, &self.access, p);
+        }
+        self.vhost.publish(p)
     }
 
     /// Publishes `p` as this connection, once the user may write to its exchange
     /// with its routing key.
     pub fn publish(&self, mut p: Publish) -> Result<Published, CoreError> {
-        self.access
-            .publish_to(&self.vhost, &p.exchange, &p.routing_key)?;
+        if p.exchange != crate::txn::TXN_EXCHANGE {
+            self.access
+                .publish_to(&self.vhost, &p.exchange, &p.routing_key)?;
+        }
         p.conn = self.conn;
-        self.vhost.publish(p)
+        self.publish_now(p)
     }
 
     /// Publishes a batch (a transaction) atomically: every message is checked and
     /// routed before any is stored ([`Vhost::publish_all`]).
     pub fn publish_all(&self, mut batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
+        crate::txn::refuse_in_batch(&batch)?;
         for p in &mut batch {
             self.access
                 .publish_to(&self.vhost, &p.exchange, &p.routing_key)?;

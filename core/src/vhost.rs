@@ -287,6 +287,8 @@ pub struct Vhost {
     published: crate::stats::Counter,
     /// The management API's last reading of the vhost's counters.
     rate: std::sync::Mutex<Option<crate::stats::RateSample>>,
+    /// Half messages ([`crate::txn`]).
+    txn: crate::txn::Txn,
 }
 
 impl std::fmt::Debug for Vhost {
@@ -321,10 +323,12 @@ impl Vhost {
         window: usize,
         max_message_size: usize,
         max_queues: usize,
+        txn: crate::txn::TxnConfig,
     ) -> Result<Arc<Vhost>, CoreError> {
         import_legacy_doc(&store, name)?;
         let journal = store.journal();
         let policies = crate::policy::Policies::load(journal, name)?;
+        let txn = crate::txn::Txn::open(store.clone(), name, txn)?;
         let vh = Arc::new_cyclic(|me| Vhost {
             name: name.to_string(),
             store: store.clone(),
@@ -339,6 +343,7 @@ impl Vhost {
             policies,
             published: Default::default(),
             rate: Default::default(),
+            txn,
         });
         let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
         {
@@ -383,7 +388,10 @@ impl Vhost {
         // store queues of this vhost that the topology does not know: a crash between
         // registering one and journaling the vhost's record of it
         for info in store.queues() {
-            if info.vhost == name && !wanted.contains(&info.id) {
+            if info.vhost == name
+                && !wanted.contains(&info.id)
+                && info.name != crate::txn::HALF_QUEUE
+            {
                 store.delete_queue(info.id)?;
             }
         }
@@ -1000,10 +1008,16 @@ impl Vhost {
                 self.remove_queue(&q);
             }
         }
+        self.txn.tick(self);
+    }
+
+    /// The vhost's half messages ([`crate::txn`]).
+    pub fn txn(&self) -> &crate::txn::Txn {
+        &self.txn
     }
 
     /// Routes a message to its queues: names, resolved to queue objects.
-    fn route(
+    pub(crate) fn route(
         &self,
         exchange: &str,
         key: &str,
@@ -1123,7 +1137,7 @@ impl Vhost {
             .collect()
     }
 
-    fn check_size(&self, p: &Publish) -> Result<(), CoreError> {
+    pub(crate) fn check_size(&self, p: &Publish) -> Result<(), CoreError> {
         if p.body.len() > self.max_message_size {
             return Err(CoreError::PreconditionFailed(format!(
                 "message size {} is larger than configured max size {}",
@@ -1139,6 +1153,30 @@ impl Vhost {
         self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())
     }
 
+    /// A committed half message ([`crate::txn`]): routed as published, its copy indexed
+    /// under `commit_key` too.
+    pub(crate) fn publish_committed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        props: Properties,
+        body: &Bytes,
+        commit_key: &[u8],
+        conn: ConnectionId,
+    ) -> Result<Published, CoreError> {
+        self.published.add(1);
+        let targets = self.route(exchange, routing_key, props.headers.as_ref())?;
+        self.publish_to_keyed(
+            targets,
+            exchange,
+            routing_key,
+            props,
+            body,
+            Some(conn),
+            Some(commit_key),
+        )
+    }
+
     fn publish_to(
         &self,
         targets: Vec<Arc<Queue>>,
@@ -1147,6 +1185,20 @@ impl Vhost {
         props: Properties,
         body: &Bytes,
         publisher: Option<ConnectionId>,
+    ) -> Result<Published, CoreError> {
+        self.publish_to_keyed(targets, exchange, routing_key, props, body, publisher, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish_to_keyed(
+        &self,
+        targets: Vec<Arc<Queue>>,
+        exchange: &str,
+        routing_key: &str,
+        props: Properties,
+        body: &Bytes,
+        publisher: Option<ConnectionId>,
+        extra_key: Option<&[u8]>,
     ) -> Result<Published, CoreError> {
         if targets.is_empty() {
             return Ok(Published {
@@ -1178,14 +1230,21 @@ impl Vhost {
         let tag = make_tag(body.len(), props.priority.unwrap_or(0), has_ttl, persistent);
         let env = envelope::encode(exchange, routing_key, &props)?;
         let ids: Vec<u32> = targets.iter().map(|q| q.store_id()).collect();
-        let key_buf;
-        let keys: &[&[u8]] = match &props.message_id {
-            Some(id) if !id.is_empty() && id.len() <= 1024 => {
-                key_buf = [id.as_bytes()];
-                &key_buf
+        let mut key_buf: [&[u8]; 2] = [&[], &[]];
+        let mut n = 0;
+        if let Some(id) = props.message_id.as_deref() {
+            if !id.is_empty() && id.len() <= 1024 {
+                key_buf[0] = id.as_bytes();
+                n = 1;
             }
-            _ => &[],
-        };
+        }
+        if let Some(k) = extra_key {
+            if let Some(slot) = key_buf.get_mut(n) {
+                *slot = k;
+                n += 1;
+            }
+        }
+        let keys: &[&[u8]] = key_buf.get(..n).unwrap_or(&[]);
         let appended = self.store.append(&NewMessage {
             queues: &ids,
             flags: if persistent { FLAG_PERSISTENT } else { 0 }
@@ -1279,6 +1338,7 @@ impl Vhost {
         ops.push(MetaOp::delete_prefix(crate::policy::vhost_prefix(
             &self.name,
         )));
+        self.txn.delete()?;
         Self::durable(self.journal(ops)?)
     }
 

@@ -65,12 +65,14 @@ fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
         j
     };
     if only.is_none() {
+        let limits = super::user_limits::export(api);
         section(
             out,
             "users",
             auth.users().into_iter().map(|u| {
+                let l = limits.get(&u.name).cloned().unwrap_or_else(|| json!({}));
                 json!({"name": u.name, "password_hash": u.password_hash,
-                    "hashing_algorithm": SHA256, "tags": u.tags, "limits": {}})
+                    "hashing_algorithm": SHA256, "tags": u.tags, "limits": l})
             }),
         );
         section(
@@ -260,8 +262,12 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
     let users = d
         .users
         .iter()
-        .map(user_entry)
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|u| {
+            let e = user_entry(u)?;
+            let limits = super::user_limits::parse(&e.name, u.get("limits"))?;
+            Ok((e, limits))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
     let vhost_of = |v: &Value, what: &str| -> Result<String, ApiError> {
         match only {
             Some(o) => Ok(o.to_owned()),
@@ -279,8 +285,12 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
         })
         .collect::<Result<Vec<_>, _>>()?;
     let broker = api.broker();
-    for u in users {
+    for (u, limits) in users {
+        let name = u.name.clone();
         broker.auth().put_user(u)?;
+        for (limit, value) in limits {
+            broker.set_user_limit(&name, limit, Some(value))?;
+        }
     }
     for v in &d.vhosts {
         let name = s(v, "name", "vhosts")?;

@@ -22,7 +22,7 @@
 //!
 //! Modules: [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
 //! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
-//! [`policies`] (policies), [`metrics`] (Prometheus `/metrics`), [`messages`] (message
+//! [`policies`] (policies), [`user_limits`] (per-user limits), [`metrics`] (Prometheus `/metrics`), [`messages`] (message
 //! queries from the store), [`ui`] (the web dashboard's static files).
 
 pub mod defs;
@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod policies;
 pub mod read;
 pub mod ui;
+pub mod user_limits;
 pub mod write;
 
 use std::borrow::Cow;

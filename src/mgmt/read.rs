@@ -197,13 +197,17 @@ fn vhost_json(api: &Api, name: &str) -> Value {
     })
 }
 
-fn user_json(u: &triad_core::auth::UserEntry) -> Value {
+/// A user as RabbitMQ lists it, with its limits (`limits`: [`super::user_limits::export`]).
+fn user_json(
+    u: &triad_core::auth::UserEntry,
+    limits: &std::collections::HashMap<String, Value>,
+) -> Value {
     json!({
         "name": u.name,
         "password_hash": u.password_hash,
         "hashing_algorithm": "rabbit_password_hashing_sha256",
         "tags": u.tags,
-        "limits": {},
+        "limits": limits.get(&u.name).cloned().unwrap_or_else(|| json!({})),
     })
 }
 
@@ -656,22 +660,29 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         ["users"] => {
             api.require_admin()?;
-            ok_json(&json!(auth.users().iter().map(user_json).collect::<Vec<_>>()))
+            let limits = super::user_limits::export(api);
+            ok_json(&json!(auth
+                .users()
+                .iter()
+                .map(|u| user_json(u, &limits))
+                .collect::<Vec<_>>()))
         }
         ["users", "without-permissions"] => {
             api.require_admin()?;
             let perms = auth.permissions();
+            let limits = super::user_limits::export(api);
             let items: Vec<Value> = auth
                 .users()
                 .iter()
                 .filter(|u| !perms.iter().any(|p| p.user == u.name))
-                .map(user_json)
+                .map(|u| user_json(u, &limits))
                 .collect();
             ok_json(&json!(items))
         }
         ["users", u] => {
             api.require_admin()?;
-            ok_json(&user_json(&find(auth.users(), |x| x.name == *u)?))
+            let limits = super::user_limits::export(api);
+            ok_json(&user_json(&find(auth.users(), |x| x.name == *u)?, &limits))
         }
         ["users", u, "permissions"] => {
             api.require_admin()?;
@@ -711,6 +722,8 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             ok_json(&json!(items))
         }
         ["messages", rest @ ..] => super::messages::get(api, rest),
+        ["user-limits"] => super::user_limits::get(api, None),
+        ["user-limits", u] => super::user_limits::get(api, Some(u)),
         ["policies"] => super::policies::get(api, None, None),
         ["policies", v] => super::policies::get(api, Some(v), None),
         ["policies", v, name] => super::policies::get(api, Some(v), Some(name)),

@@ -481,12 +481,10 @@ pub fn put(api: &Api, path: &[&str], body: &Value) -> ApiResult {
         ["operator-policies", ..] => Err(ApiError::not_implemented(
             "operator policies are not implemented: use policies",
         )),
-        ["parameters", ..]
-        | ["global-parameters", ..]
-        | ["vhost-limits", ..]
-        | ["user-limits", ..] => Err(ApiError::not_implemented(
-            "runtime parameters and limits are not implemented",
-        )),
+        ["user-limits", u, name] => super::user_limits::put(api, u, name, body),
+        ["parameters", ..] | ["global-parameters", ..] | ["vhost-limits", ..] => Err(
+            ApiError::not_implemented("runtime parameters and limits are not implemented"),
+        ),
         _ => Err(ApiError::not_found()),
     }
 }
@@ -544,6 +542,7 @@ pub fn delete(api: &Api, path: &[&str]) -> ApiResult {
             }
         }
         ["policies", v, name] => super::policies::delete(api, v, name),
+        ["user-limits", u, name] => super::user_limits::delete(api, u, name),
         _ => Err(ApiError::not_found()),
     }
 }

@@ -8,6 +8,7 @@
 //! | `/amq/queue/Q` | default exchange, key Q | consume existing Q (no declare) |
 //! | `/temp-queue/T` | the connection's reply queue for T | the same queue |
 //! | `/reply-queue/Q` | default exchange, key Q | consume existing Q |
+//! | `/txn/ID` | commit or roll back half message ID (exchange `amq.triad.txn`, key ID) | — |
 
 use thiserror::Error;
 
@@ -37,7 +38,7 @@ pub enum Destination {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum BadDestination {
     /// Not one of the forms in the table above.
-    #[error("unknown destination '{0}': use /queue/, /topic/, /exchange/, /amq/queue/, /temp-queue/ or /reply-queue/")]
+    #[error("unknown destination '{0}': use /queue/, /topic/, /exchange/, /amq/queue/, /temp-queue/, /reply-queue/ or /txn/")]
     Unknown(String),
     /// A queue or exchange name or a routing key longer than [`MAX_NAME`].
     #[error(
@@ -92,6 +93,14 @@ impl Destination {
         if let Some(q) = s.strip_prefix("/reply-queue/") {
             return Ok(Destination::ReplyQueue(nonempty(q, s)?));
         }
+        if let Some(id) = s.strip_prefix("/txn/") {
+            // a half message's commit or rollback (`x-txn` header): the core's
+            // transaction exchange, with the message-id as routing key
+            return Ok(Destination::Exchange {
+                exchange: triad_core::txn::TXN_EXCHANGE.to_string(),
+                key: nonempty(id, s)?,
+            });
+        }
         Err(BadDestination::Unknown(s.to_string()))
     }
 
@@ -133,6 +142,13 @@ mod tests {
             Destination::Exchange {
                 exchange: "x".into(),
                 key: "".into()
+            }
+        );
+        assert_eq!(
+            Destination::parse("/txn/order-1").unwrap(),
+            Destination::Exchange {
+                exchange: "amq.triad.txn".into(),
+                key: "order-1".into()
             }
         );
         assert_eq!(

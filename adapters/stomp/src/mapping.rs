@@ -7,7 +7,7 @@
 //! | `content-encoding` | `content_encoding` |
 //! | `persistent:true` | `delivery_mode = 2` |
 //! | `priority` | `priority` (0-255) |
-//! | `reply-to` | `reply_to` |
+//! | `reply-to` | `reply_to` (on MESSAGE, a value that is no destination, such as an AMQP queue or direct reply-to name, as `/reply-queue/<value>`: RabbitMQ's STOMP plugin's rule, so the header is a destination to SEND the reply to) |
 //! | `correlation-id` | `correlation_id` |
 //! | `expiration` | `expiration` (ms, decimal) |
 //! | `message-id` on SEND / `amqp-message-id` on MESSAGE | `message_id` |
@@ -193,6 +193,11 @@ pub fn message_frame(d: &Delivery, meta: &MessageMeta<'_>) -> Frame {
     }
     f.push("redelivered", if d.redelivered { "true" } else { "false" });
     let p = &d.properties;
+    match p.reply_to.as_deref() {
+        Some(r) if !r.starts_with('/') => f.push("reply-to", format!("/reply-queue/{r}")),
+        Some(r) => f.push("reply-to", r),
+        None => {}
+    }
     let mut opt = |name: &str, v: &Option<String>| {
         if let Some(v) = v {
             f.push(name, v.as_str());
@@ -200,7 +205,6 @@ pub fn message_frame(d: &Delivery, meta: &MessageMeta<'_>) -> Frame {
     };
     opt("content-type", &p.content_type);
     opt("content-encoding", &p.content_encoding);
-    opt("reply-to", &p.reply_to);
     opt("correlation-id", &p.correlation_id);
     opt("expiration", &p.expiration);
     opt("amqp-message-id", &p.message_id);

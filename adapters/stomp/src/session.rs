@@ -631,6 +631,11 @@ impl Session {
         // the declare of a `/queue/` with `x-` headers: the receipt waits for it too
         let mut declared = None;
         let (exchange, key) = match dest {
+            // an AMQP requester's direct reply-to name: to its channel, nothing declared
+            // (RabbitMQ takes `/queue/`, `/amq/queue/` and `/reply-queue/` alike)
+            Destination::Queue(q) if q.starts_with(triad_core::direct_reply::REPLY_PREFIX) => {
+                (String::new(), q)
+            }
             Destination::Queue(q) => {
                 declared = self.ensure_queue(&q, queue_arguments(f)?)?;
                 (String::new(), q)
