@@ -833,6 +833,7 @@ impl Vhost {
             "x-max-priority",
             "x-queue-type",
             "x-single-active-consumer",
+            "x-delivery-limit",
         ] {
             let (a, b) = (d.arguments.get(key), q.arguments().get(key));
             let same = match (a, b) {

@@ -24,6 +24,7 @@
 //!   into snapshots (the store's queue registry and the core's topology live there).
 //! - [`meta`]: atomic JSON metadata files, as earlier versions kept metadata (read once
 //!   and moved into the journal).
+//! - [`returns`]: per-message delivery counts, one journal record per returned message.
 //! - [`store`]: the [`Store`] itself.
 //! - [`file`], [`error`]: helpers.
 
@@ -44,6 +45,7 @@ pub mod index;
 pub mod journal;
 pub mod meta;
 pub mod record;
+pub mod returns;
 pub mod smallcq;
 pub mod store;
 

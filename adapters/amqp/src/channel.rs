@@ -1124,7 +1124,7 @@ impl Session {
         else {
             // Consumer gone (cancelled, channel closed): give the message back.
             if d.needs_ack {
-                d.queue.nack(&[d.offset], true);
+                d.queue.requeue_unsent(&[d.offset]);
             }
             return;
         };

@@ -230,7 +230,7 @@ where
     }
     for ev in k.outbox.close() {
         if let OutEvent::Deliver(d) = ev {
-            d.queue.nack(&[d.offset], true);
+            d.queue.requeue_unsent(&[d.offset]);
         }
     }
     let c = &mut k.c;
@@ -1443,7 +1443,7 @@ impl Conn {
                 }
                 None => {
                     if d.needs_ack {
-                        d.queue.nack(&[d.offset], true);
+                        d.queue.requeue_unsent(&[d.offset]);
                     }
                     return;
                 }

@@ -1154,7 +1154,7 @@ impl Session {
         ) else {
             // its subscription is gone: give it back
             if d.needs_ack {
-                d.queue.nack(&[d.offset], true);
+                d.queue.requeue_unsent(&[d.offset]);
             }
             return;
         };
@@ -1333,6 +1333,7 @@ fn queue_arguments(f: &Frame) -> Res<FieldTable> {
         "x-max-length",
         "x-max-length-bytes",
         "x-max-priority",
+        "x-delivery-limit",
     ];
     const STRINGS: &[&str] = &[
         "x-dead-letter-exchange",
