@@ -26,6 +26,7 @@
 //!   and moved into the journal).
 //! - [`returns`]: per-message delivery counts, one journal record per returned message.
 //! - [`store`]: the [`Store`] itself.
+//! - [`timer`]: the timer wheel and log of delayed messages (derived from their queue).
 //! - [`file`], [`error`]: helpers.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
@@ -48,5 +49,6 @@ pub mod record;
 pub mod returns;
 pub mod smallcq;
 pub mod store;
+pub mod timer;
 
 pub use error::{Result, StoreError};

@@ -312,7 +312,10 @@ impl Session {
                 let kind = if d.passive {
                     d.kind.as_str().parse().unwrap_or(ExchangeKind::Direct)
                 } else {
-                    d.kind.as_str().parse::<ExchangeKind>()?
+                    triad_core::delayed::exchange_kind(
+                        d.kind.as_str(),
+                        &table_from_wire(&d.arguments),
+                    )?
                 };
                 let def = ExchangeDef {
                     name: d.exchange.as_str().to_owned(),
