@@ -156,3 +156,28 @@ def test_stomp_nack_redelivers_with_the_x_delivery_count_header(broker, uid):
             f"q-{uid}", passive=True).method.message_count == 0
     finally:
         conn.close()
+
+
+def test_pika_retry_backoff_delays_a_requeued_message(broker, uid):
+    conn = pika_connect(broker)
+    try:
+        ch = conn.channel()
+        q = f"q-{uid}"
+        ch.queue_declare(q, durable=True, arguments={"x-retry-backoff": "400ms,800ms"})
+        ch.basic_publish("", q, b"retry", pika.BasicProperties(delivery_mode=2))
+        m, _, _ = get(ch, q)
+        t0 = time.monotonic()
+        ch.basic_nack(m.delivery_tag, requeue=True)
+        m, p, b = get(ch, q)
+        assert b == b"retry" and count_of(p) == 1
+        assert time.monotonic() - t0 >= 0.4
+        ch.basic_nack(m.delivery_tag, requeue=True)
+        t1 = time.monotonic()
+        m, p, b = get(ch, q)
+        assert count_of(p) == 2 and time.monotonic() - t1 >= 0.8
+        ch.basic_ack(m.delivery_tag)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            conn.channel().queue_declare(f"bad-{uid}", arguments={"x-retry-backoff": "1 fortnight"})
+        assert e.value.reply_code == 406 and "x-retry-backoff" in e.value.reply_text
+    finally:
+        conn.close()

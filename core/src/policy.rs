@@ -244,6 +244,7 @@ impl PolicyDef {
             single_active_consumer: declared.single_active_consumer,
             // RabbitMQ: the lower of the argument and the policy
             delivery_limit: min(declared.delivery_limit, self.delivery_limit),
+            retry_backoff: declared.retry_backoff.clone(),
         }
     }
 }

@@ -116,6 +116,47 @@ pub struct QueueArgs {
     /// reason `delivery_limit`, or dropped without a dead-letter exchange. `None`: no
     /// limit (also what `-1` declares, as in RabbitMQ 4).
     pub delivery_limit: Option<u64>,
+    /// `x-retry-backoff` (e.g. `1s,5s,10s,30s,1m,2m`): a returned message waits the
+    /// step for its return count (the last step from then on) before it is ready again.
+    /// With it, `x-delivery-limit` defaults to [`DEFAULT_BACKOFF_LIMIT`].
+    pub retry_backoff: Option<Arc<[u64]>>,
+}
+
+/// `x-delivery-limit` when `x-retry-backoff` is set and the limit is not.
+pub const DEFAULT_BACKOFF_LIMIT: u64 = 16;
+/// Most steps in an `x-retry-backoff`.
+pub const MAX_BACKOFF_STEPS: usize = 64;
+
+/// Parses `x-retry-backoff`: comma-separated durations (`500ms`, `1s`, `2m`, `1h`; a
+/// bare number is ms), 1 to [`MAX_BACKOFF_STEPS`] of them, each at most
+/// [`crate::delayed::MAX_DELAY_MS`].
+pub fn parse_backoff(v: &str) -> Result<Arc<[u64]>, String> {
+    let mut out = Vec::new();
+    for step in v.split(',') {
+        let step = step.trim();
+        let (num, unit) = match step.find(|c: char| !c.is_ascii_digit()) {
+            Some(i) => step.split_at(i),
+            None => (step, "ms"),
+        };
+        let mult = match unit.trim() {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            other => return Err(format!("'{step}': unknown unit '{other}' (ms, s, m, h)")),
+        };
+        let ms = num
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(mult))
+            .filter(|ms| *ms <= crate::delayed::MAX_DELAY_MS)
+            .ok_or_else(|| format!("'{step}' is not a duration up to 49 days"))?;
+        out.push(ms);
+        if out.len() > MAX_BACKOFF_STEPS {
+            return Err(format!("more than {MAX_BACKOFF_STEPS} steps"));
+        }
+    }
+    Ok(out.into())
 }
 
 fn non_negative(args: &FieldTable, name: &str) -> Result<Option<u64>, CoreError> {
@@ -220,9 +261,22 @@ impl QueueArgs {
                 ))
             })?,
         };
+        let retry_backoff = match string_arg(args, "x-retry-backoff")? {
+            None => None,
+            Some(v) => Some(parse_backoff(&v).map_err(|why| {
+                CoreError::PreconditionFailed(format!(
+                    "invalid arg 'x-retry-backoff' for queue: {why}"
+                ))
+            })?),
+        };
+        let delivery_limit = match (delivery_limit, &retry_backoff) {
+            (None, Some(_)) if !args.contains("x-delivery-limit") => Some(DEFAULT_BACKOFF_LIMIT),
+            (l, _) => l,
+        };
         Ok(QueueArgs {
             single_active_consumer,
             delivery_limit,
+            retry_backoff,
             message_ttl: non_negative(args, "x-message-ttl")?,
             expires,
             max_length: non_negative(args, "x-max-length")?,
@@ -362,6 +416,11 @@ struct State {
     /// Boxed: 8 bytes in every queue's state instead of an empty map's 48.
     #[allow(clippy::box_collection)]
     restored: Option<Box<HashMap<u64, u32>>>,
+    /// Returned messages waiting out their `x-retry-backoff` step: (ready at ms, queue
+    /// offset) → entry. In memory only: after a restart they are ready at once (their
+    /// delivery counts are kept). `None` while empty; boxed: 8 bytes per queue, not 24.
+    #[allow(clippy::box_collection)]
+    parked: Option<Box<BTreeMap<(u64, u64), Entry>>>,
     /// Deliver / get / ack / redeliver counters.
     counts: crate::stats::Counts,
     /// The management API's last reading of the counters (made when first read).
@@ -577,6 +636,7 @@ impl Queue {
             counts: Default::default(),
             rate: None,
             restored: (!restored.is_empty()).then(|| Box::new(restored)),
+            parked: None,
             args: Arc::new(spec.args.clone()),
         };
         Ok(Arc::new_cyclic(|me| Queue {
@@ -1359,6 +1419,15 @@ impl Queue {
                         if self.count_stored(&e) {
                             after.counted.push((*off, e.returns));
                         }
+                        if let Some(steps) = st.args.retry_backoff.clone() {
+                            let i = (e.returns as usize).saturating_sub(1);
+                            let wait = steps.get(i).or(steps.last()).copied().unwrap_or(0);
+                            st.parked
+                                .get_or_insert_with(Default::default)
+                                .insert((now_ms().saturating_add(wait), *off), e);
+                            self.tick_wanted.store(true, Ordering::Relaxed);
+                            continue;
+                        }
                     }
                     st.ready_count += 1;
                     st.ready_bytes += tag_len(e.tag);
@@ -1431,6 +1500,12 @@ impl Queue {
             // entries not loaded yet: none is unacked, all go below
             if let Some(r) = st.restored.take() {
                 after.forget.extend(r.keys());
+            }
+            // backing-off messages are purged too
+            if let Some(p) = st.parked.take() {
+                for ((_, off), e) in p.iter() {
+                    self.gone(*off, e, &mut after);
+                }
             }
             if let Ok(next) = self.store.queue_next_offset(self.id) {
                 if next > st.loaded_upto {
@@ -1508,6 +1583,9 @@ impl Queue {
             if st.args.message_ttl.is_some() || self.has_message_ttls(&st) {
                 self.expire_head(&mut st, &mut after);
             }
+            if self.unpark(&mut st) {
+                self.dispatch(&mut st, &mut after);
+            }
             self.flow_check(&mut st, &mut after);
             expired = st.args.expires.is_some_and(|ms| {
                 st.consumers.is_empty() && st.last_used.elapsed() >= Duration::from_millis(ms)
@@ -1515,6 +1593,41 @@ impl Queue {
         }
         self.finish(after);
         expired
+    }
+
+    /// Makes the parked (backing-off) messages whose wait is over ready again; returns
+    /// whether there were any.
+    fn unpark(&self, st: &mut State) -> bool {
+        let Some(parked) = st.parked.as_mut() else {
+            return false;
+        };
+        let now = now_ms();
+        let mut due = Vec::new();
+        while let Some(entry) = parked.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, off), e) = entry.remove_entry();
+            due.push((off, e));
+        }
+        if parked.is_empty() {
+            st.parked = None;
+        }
+        for (off, e) in &due {
+            st.ready_count += 1;
+            st.ready_bytes += tag_len(e.tag);
+            self.note_tag(e.tag);
+            st.ready.insert((255 - self.priority_of(e.tag), *off), *e);
+        }
+        !due.is_empty()
+    }
+
+    /// Returned messages waiting out their back-off step.
+    pub fn parked_count(&self) -> u32 {
+        lock(&self.state)
+            .parked
+            .as_ref()
+            .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX))
     }
 
     fn has_message_ttls(&self, st: &State) -> bool {

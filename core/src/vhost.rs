@@ -844,6 +844,7 @@ impl Vhost {
             "x-queue-type",
             "x-single-active-consumer",
             "x-delivery-limit",
+            "x-retry-backoff",
         ] {
             let (a, b) = (d.arguments.get(key), q.arguments().get(key));
             let same = match (a, b) {

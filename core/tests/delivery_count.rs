@@ -253,3 +253,65 @@ fn declare_equivalence_includes_the_delivery_limit() {
         "{other:?}"
     );
 }
+
+#[test]
+fn with_a_retry_backoff_a_returned_message_waits_its_step_and_the_limit_defaults_to_16() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-retry-backoff",
+        FieldValue::LongString(Bytes::from_static(b"300ms,1s")),
+    );
+    declare(&v, "q", true, args);
+    let q = v.queue("q").unwrap();
+    assert_eq!(q.args().delivery_limit, Some(16));
+    assert_eq!(q.args().retry_backoff.as_deref(), Some(&[300, 1000][..]));
+    publish(&v, "q", "m");
+    let o = Outbox::new(16);
+    let _c = consume(&v, "q", &o);
+    let d = one(&o);
+    let returned_at = std::time::Instant::now();
+    d.queue.nack(&[d.offset], true);
+    // parked, not ready: nothing delivered at once
+    assert!(drain(&o).is_empty());
+    assert_eq!(q.parked_count(), 1);
+    assert_eq!(q.message_count(), 0);
+    // the broker's periodic tick makes it ready once its step is over
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let d = loop {
+        b.tick();
+        let mut ds = drain(&o);
+        if let Some(d) = ds.pop() {
+            break d;
+        }
+        assert!(std::time::Instant::now() < deadline, "never came back");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(returned_at.elapsed() >= std::time::Duration::from_millis(300));
+    assert_eq!(count(&d), Some(1));
+    assert_eq!(q.parked_count(), 0);
+}
+
+#[test]
+fn a_bad_retry_backoff_is_refused_naming_it() {
+    for bad in ["", "1s,,2s", "1x", "-1s", "99999h"] {
+        let mut t = FieldTable::default();
+        t.insert("x-retry-backoff", FieldValue::LongString(Bytes::from(bad)));
+        match triad_core::QueueArgs::parse(&t) {
+            Err(triad_core::CoreError::PreconditionFailed(m)) => {
+                assert!(m.contains("x-retry-backoff"), "{m}")
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    // an explicit limit wins over the default, -1 = none
+    let mut t = FieldTable::default();
+    t.insert("x-retry-backoff", FieldValue::LongString(Bytes::from("1s")));
+    t.insert("x-delivery-limit", FieldValue::I32(-1));
+    assert_eq!(
+        triad_core::QueueArgs::parse(&t).unwrap().delivery_limit,
+        None
+    );
+}

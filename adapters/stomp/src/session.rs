@@ -1340,6 +1340,7 @@ fn queue_arguments(f: &Frame) -> Res<FieldTable> {
         "x-dead-letter-routing-key",
         "x-overflow",
         "x-queue-type",
+        "x-retry-backoff",
     ];
     let mut t = FieldTable::new();
     for name in INTS {
