@@ -1085,17 +1085,6 @@ def test_single_active_consumer_channel_close_requeues_unacked_to_the_next(broke
         conn.channel().queue_delete(q)
 
 
-def test_delivery_limit_is_refused_naming_it(broker, conn, uid):
-    """x-delivery-limit on a classic queue (RabbitMQ has it for quorum queues only and
-    ignores it here) is refused until Triad keeps per-message delivery counts, never
-    accepted and ignored."""
-    if getattr(broker, "external", False):
-        pytest.skip("Triad's own refusal; RabbitMQ ignores the argument on classic queues")
-    with pytest.raises(pex.ChannelClosedByBroker) as e:
-        conn.channel().queue_declare(f"q-{uid}", arguments={"x-delivery-limit": 3})
-    assert e.value.reply_code == 406 and "x-delivery-limit" in e.value.reply_text
-
-
 def test_global_qos_is_shared_by_the_channels_consumers(conn, ch, uid):
     q1, q2 = f"q1-{uid}", f"q2-{uid}"
     declare(ch, q1)

@@ -15,6 +15,8 @@
 //! - [`auth`]: users, permissions and topic permissions changed at run time, persisted
 //!   in the metadata journal and seeded from the configuration.
 //! - [`conns`]: the registry of open connections (listing, closing from outside).
+//! - [`delayed`]: delayed delivery (`x-delay`, `x-delay-level`): the delay queue, its
+//!   timer wheel and the scheduler that routes due messages.
 //! - [`direct_reply`]: RabbitMQ's direct reply-to (`amq.rabbitmq.reply-to`): replies
 //!   handed to the requesting channel's consumer, without a queue.
 //! - [`access`]: permissions ([`VhostAccess`]): RabbitMQ's configure / write / read
@@ -58,6 +60,7 @@ pub mod alarm;
 pub mod auth;
 pub mod broker;
 pub mod conns;
+pub mod delayed;
 pub mod direct_reply;
 pub mod durability;
 mod encoding;

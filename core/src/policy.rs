@@ -122,6 +122,8 @@ pub struct PolicyDef {
     pub dead_letter_exchange: Option<String>,
     /// `dead-letter-routing-key`.
     pub dead_letter_routing_key: Option<String>,
+    /// `delivery-limit`.
+    pub delivery_limit: Option<u64>,
 }
 
 fn overflow_name(o: Overflow) -> &'static str {
@@ -172,6 +174,7 @@ impl PolicyDef {
                 }
                 "dead-letter-exchange" => d.dead_letter_exchange = Some(text(k, v)?),
                 "dead-letter-routing-key" => d.dead_letter_routing_key = Some(text(k, v)?),
+                "delivery-limit" => d.delivery_limit = Some(uint(k, v, 0)?),
                 "max-priority" => {
                     return Err(bad(
                         "max-priority cannot be set by a policy (as in RabbitMQ, a queue's priorities are fixed when it is declared): declare the queue with x-max-priority".into(),
@@ -179,7 +182,7 @@ impl PolicyDef {
                 }
                 other => {
                     return Err(bad(format!(
-                        "policy definition key '{other}' is not supported by Triad (supported: message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key)"
+                        "policy definition key '{other}' is not supported by Triad (supported: message-ttl, expires, max-length, max-length-bytes, overflow, dead-letter-exchange, dead-letter-routing-key, delivery-limit)"
                     )))
                 }
             }
@@ -208,6 +211,7 @@ impl PolicyDef {
             "dead-letter-routing-key",
             self.dead_letter_routing_key.clone().map(Value::from),
         );
+        put("delivery-limit", self.delivery_limit.map(Value::from));
         Value::Object(m)
     }
 
@@ -238,6 +242,9 @@ impl PolicyDef {
                 .or_else(|| self.dead_letter_routing_key.clone()),
             max_priority: declared.max_priority,
             single_active_consumer: declared.single_active_consumer,
+            // RabbitMQ: the lower of the argument and the policy
+            delivery_limit: min(declared.delivery_limit, self.delivery_limit),
+            retry_backoff: declared.retry_backoff.clone(),
         }
     }
 }

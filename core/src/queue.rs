@@ -111,6 +111,52 @@ pub struct QueueArgs {
     /// `x-single-active-consumer`: only the earliest registered consumer gets messages;
     /// when it goes, the next one takes over.
     pub single_active_consumer: bool,
+    /// `x-delivery-limit`: a message returned more often than this (nacked or rejected
+    /// with requeue, or left unacked by a consumer that went) is dead-lettered with
+    /// reason `delivery_limit`, or dropped without a dead-letter exchange. `None`: no
+    /// limit (also what `-1` declares, as in RabbitMQ 4).
+    pub delivery_limit: Option<u64>,
+    /// `x-retry-backoff` (e.g. `1s,5s,10s,30s,1m,2m`): a returned message waits the
+    /// step for its return count (the last step from then on) before it is ready again.
+    /// With it, `x-delivery-limit` defaults to [`DEFAULT_BACKOFF_LIMIT`].
+    pub retry_backoff: Option<Arc<[u64]>>,
+}
+
+/// `x-delivery-limit` when `x-retry-backoff` is set and the limit is not.
+pub const DEFAULT_BACKOFF_LIMIT: u64 = 16;
+/// Most steps in an `x-retry-backoff`.
+pub const MAX_BACKOFF_STEPS: usize = 64;
+
+/// Parses `x-retry-backoff`: comma-separated durations (`500ms`, `1s`, `2m`, `1h`; a
+/// bare number is ms), 1 to [`MAX_BACKOFF_STEPS`] of them, each at most
+/// [`crate::delayed::MAX_DELAY_MS`].
+pub fn parse_backoff(v: &str) -> Result<Arc<[u64]>, String> {
+    let mut out = Vec::new();
+    for step in v.split(',') {
+        let step = step.trim();
+        let (num, unit) = match step.find(|c: char| !c.is_ascii_digit()) {
+            Some(i) => step.split_at(i),
+            None => (step, "ms"),
+        };
+        let mult = match unit.trim() {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            other => return Err(format!("'{step}': unknown unit '{other}' (ms, s, m, h)")),
+        };
+        let ms = num
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(mult))
+            .filter(|ms| *ms <= crate::delayed::MAX_DELAY_MS)
+            .ok_or_else(|| format!("'{step}' is not a duration up to 49 days"))?;
+        out.push(ms);
+        if out.len() > MAX_BACKOFF_STEPS {
+            return Err(format!("more than {MAX_BACKOFF_STEPS} steps"));
+        }
+    }
+    Ok(out.into())
 }
 
 fn non_negative(args: &FieldTable, name: &str) -> Result<Option<u64>, CoreError> {
@@ -136,15 +182,15 @@ fn string_arg(args: &FieldTable, name: &str) -> Result<Option<String>, CoreError
 
 impl QueueArgs {
     /// [`QueueArgs::parse`] for a queue read back from the metadata at start. Arguments
-    /// that an earlier version accepted and ignored but declare now refuses
-    /// (`x-delivery-limit`, a non-boolean `x-single-active-consumer`) stay ignored for
-    /// that queue, with a warning, so that the broker still starts.
+    /// that an earlier version accepted and ignored but declare now refuses (a
+    /// non-boolean `x-single-active-consumer`) stay ignored for that queue, with a
+    /// warning, so that the broker still starts. (`x-delivery-limit`, which earlier
+    /// versions ignored, is now in force for such a queue.)
     pub fn parse_stored(queue: &str, args: &FieldTable) -> Result<QueueArgs, CoreError> {
         match Self::parse(args) {
             Ok(a) => Ok(a),
             Err(first) => {
                 let mut t = args.clone();
-                t.remove("x-delivery-limit");
                 if t.get("x-single-active-consumer")
                     .is_some_and(|v| v.as_bool().is_none())
                 {
@@ -193,13 +239,20 @@ impl QueueArgs {
                 )))
             }
         }
-        // RabbitMQ has it for quorum queues only; a per-message delivery count that
-        // survives restarts is not kept here yet, so it is refused rather than ignored
-        if args.contains("x-delivery-limit") {
-            return Err(CoreError::PreconditionFailed(
-                "invalid arg 'x-delivery-limit' for queue: not supported (per-message delivery counts are not implemented)".into(),
-            ));
-        }
+        // RabbitMQ has it for quorum queues only (where -1 means no limit); every
+        // queue keeps its messages' delivery counts here
+        let delivery_limit = match args.get("x-delivery-limit") {
+            None => None,
+            Some(v) => match v.as_i64() {
+                Some(-1) => None,
+                Some(n) if n >= 0 => Some(n as u64),
+                _ => {
+                    return Err(CoreError::PreconditionFailed(format!(
+                        "invalid arg 'x-delivery-limit' for queue: {v:?} is not a non-negative integer (or -1 for no limit)"
+                    )))
+                }
+            },
+        };
         let single_active_consumer = match args.get("x-single-active-consumer") {
             None => false,
             Some(v) => v.as_bool().ok_or_else(|| {
@@ -208,8 +261,22 @@ impl QueueArgs {
                 ))
             })?,
         };
+        let retry_backoff = match string_arg(args, "x-retry-backoff")? {
+            None => None,
+            Some(v) => Some(parse_backoff(&v).map_err(|why| {
+                CoreError::PreconditionFailed(format!(
+                    "invalid arg 'x-retry-backoff' for queue: {why}"
+                ))
+            })?),
+        };
+        let delivery_limit = match (delivery_limit, &retry_backoff) {
+            (None, Some(_)) if !args.contains("x-delivery-limit") => Some(DEFAULT_BACKOFF_LIMIT),
+            (l, _) => l,
+        };
         Ok(QueueArgs {
             single_active_consumer,
+            delivery_limit,
+            retry_backoff,
             message_ttl: non_negative(args, "x-message-ttl")?,
             expires,
             max_length: non_negative(args, "x-max-length")?,
@@ -227,6 +294,8 @@ struct Entry {
     commit_offset: u64,
     tag: u64,
     redelivered: bool,
+    /// Times returned to the queue (the delivery count; fits the struct's padding).
+    returns: u32,
 }
 
 struct Consumer {
@@ -272,6 +341,17 @@ pub(crate) struct Hot {
     pub body: Bytes,
 }
 
+/// `props` with the `x-delivery-count` header (RabbitMQ's quorum queues: absent on the
+/// first delivery, the number of returns on each redelivery), replacing any a client set.
+fn with_delivery_count(props: &Properties, returns: u32) -> Arc<Properties> {
+    let mut p = props.clone();
+    let mut h = p.headers.take().unwrap_or_default();
+    h.remove("x-delivery-count");
+    h.insert("x-delivery-count", FieldValue::I64(i64::from(returns)));
+    p.headers = Some(h);
+    Arc::new(p)
+}
+
 impl Ready {
     fn into_delivery(
         self,
@@ -287,7 +367,11 @@ impl Ready {
             redelivered: self.entry.redelivered,
             exchange: self.exchange,
             routing_key: self.routing_key,
-            properties: self.properties,
+            properties: if self.entry.returns > 0 {
+                with_delivery_count(&self.properties, self.entry.returns)
+            } else {
+                self.properties
+            },
             body: self.body,
             message_count,
             needs_ack,
@@ -327,6 +411,16 @@ struct State {
     /// The settings in force (the same `Arc` as [`Queue::args`]), read here by the
     /// paths that hold this lock anyway.
     args: Arc<QueueArgs>,
+    /// Delivery counts read back at open for entries not loaded into `ready` yet (see
+    /// [`triad_store::returns`]); `None` once none are left, which is the normal case.
+    /// Boxed: 8 bytes in every queue's state instead of an empty map's 48.
+    #[allow(clippy::box_collection)]
+    restored: Option<Box<HashMap<u64, u32>>>,
+    /// Returned messages waiting out their `x-retry-backoff` step: (ready at ms, queue
+    /// offset) → entry. In memory only: after a restart they are ready at once (their
+    /// delivery counts are kept). `None` while empty; boxed: 8 bytes per queue, not 24.
+    #[allow(clippy::box_collection)]
+    parked: Option<Box<BTreeMap<(u64, u64), Entry>>>,
     /// Deliver / get / ack / redeliver counters.
     counts: crate::stats::Counts,
     /// The management API's last reading of the counters (made when first read).
@@ -348,6 +442,10 @@ struct After {
     cancelled_all: bool,
     /// The queue left the throttled state: wake the publishers waiting on it.
     flow_clear: bool,
+    /// Returned entries whose stored delivery count is to be written: (offset, count).
+    counted: Vec<(u64, u32)>,
+    /// Entries that left the queue with a stored delivery count, to be forgotten.
+    forget: Vec<u64>,
 }
 
 /// A queue. Shared as `Arc<Queue>`; deliveries carry one so consumers can ack.
@@ -504,6 +602,20 @@ impl Queue {
         }
         let head = store.queue_info(spec.id)?.ack_head;
         let next = store.queue_next_offset(spec.id)?;
+        // delivery counts of returned messages; those of entries acked since (the ack
+        // and the count's removal are separate writes) are forgotten now
+        let mut restored = HashMap::new();
+        let mut stale = Vec::new();
+        for (off, n) in store.take_delivery_counts(spec.id) {
+            if off < next && !store.is_acked(spec.id, off).unwrap_or(true) {
+                restored.insert(off, n);
+            } else {
+                stale.push(off);
+            }
+        }
+        if !stale.is_empty() {
+            drop(store.drop_delivery_counts(spec.id, &stale)?);
+        }
         let state = State {
             ready: BTreeMap::new(),
             loaded_upto: head,
@@ -523,6 +635,8 @@ impl Queue {
             flow: None,
             counts: Default::default(),
             rate: None,
+            restored: (!restored.is_empty()).then(|| Box::new(restored)),
+            parked: None,
             args: Arc::new(spec.args.clone()),
         };
         Ok(Arc::new_cyclic(|me| Queue {
@@ -695,15 +809,40 @@ impl Queue {
                     .store
                     .may_have_been_delivered(self.id, off)
                     .unwrap_or(false);
+            let returns = match st.restored.as_mut() {
+                Some(r) => {
+                    let n = r.remove(&off).unwrap_or(0);
+                    if r.is_empty() {
+                        st.restored = None;
+                    }
+                    n
+                }
+                None => 0,
+            };
             self.note_tag(e.tag_hash);
             st.ready.insert(
                 (255 - self.priority_of(e.tag_hash), off),
                 Entry {
                     commit_offset: e.commit_offset,
                     tag: e.tag_hash,
-                    redelivered,
+                    redelivered: redelivered || returns > 0,
+                    returns,
                 },
             );
+        }
+    }
+
+    /// Whether `e`'s delivery count is (to be) in the store: a returned persistent
+    /// message of a durable queue (transient ones do not outlive the broker anyway).
+    fn count_stored(&self, e: &Entry) -> bool {
+        e.returns > 0 && self.durable && e.tag & TAG_PERSISTENT != 0
+    }
+
+    /// Entry `off` leaves the queue for good (acked): its count goes with it.
+    fn gone(&self, off: u64, e: &Entry, after: &mut After) {
+        after.acks.push(off);
+        if self.count_stored(e) {
+            after.forget.push(off);
         }
     }
 
@@ -749,6 +888,7 @@ impl Queue {
                         commit_offset,
                         tag,
                         redelivered: false,
+                        returns: 0,
                     },
                 );
             }
@@ -851,6 +991,9 @@ impl Queue {
 
     /// A ready entry leaves the queue without a consumer: dead-letter it if configured.
     fn drop_entry(&self, off: u64, e: Entry, reason: &'static str, after: &mut After) {
+        if self.count_stored(&e) {
+            after.forget.push(off);
+        }
         if self.args().dead_letter_exchange.is_some() {
             if let Ok(rec) = self.store.read_entry(self.id, off, e.commit_offset) {
                 after.dead.push((off, rec, reason));
@@ -971,7 +1114,7 @@ impl Queue {
             st.counts.redeliver += u64::from(e.redelivered);
             let _ = self.store.mark_delivered(self.id, off);
             if no_ack {
-                after.acks.push(off);
+                self.gone(off, &e, after);
             } else {
                 c.unacked += 1;
                 if let Some(g) = &c.gate {
@@ -1051,7 +1194,7 @@ impl Queue {
             Ok(r) => r,
             Err(err) => {
                 tracing::warn!(queue = %self.name, offset = off, error = %err, "dropping an unreadable message");
-                after.acks.push(off);
+                self.gone(off, e, after);
                 return None;
             }
         };
@@ -1059,7 +1202,7 @@ impl Queue {
             Ok((x, rk, p)) => Some((rec, x, rk, p)),
             Err(err) => {
                 tracing::warn!(queue = %self.name, offset = off, error = %err, "dropping a message with undecodable properties");
-                after.acks.push(off);
+                self.gone(off, e, after);
                 None
             }
         }
@@ -1073,7 +1216,19 @@ impl Queue {
             gates,
             cancelled_all,
             flow_clear,
+            counted,
+            forget,
         } = after;
+        if !counted.is_empty() {
+            if let Err(e) = self.store.put_delivery_counts(self.id, &counted) {
+                tracing::warn!(queue = %self.name, error = %e, "storing delivery counts failed");
+            }
+        }
+        if !forget.is_empty() {
+            if let Err(e) = self.store.drop_delivery_counts(self.id, &forget) {
+                tracing::warn!(queue = %self.name, error = %e, "dropping delivery counts failed");
+            }
+        }
         if flow_clear {
             self.wake_flow();
         }
@@ -1209,7 +1364,7 @@ impl Queue {
             for off in offsets {
                 if let Some(u) = st.unacked.remove(off) {
                     release(&mut st, &u, &mut after);
-                    after.acks.push(*off);
+                    self.gone(*off, &u.entry, &mut after);
                     st.counts.ack += 1;
                 }
             }
@@ -1221,9 +1376,21 @@ impl Queue {
         self.finish(after);
     }
 
-    /// Rejects deliveries: back to the queue (marked redelivered) or, without requeue,
-    /// dead-lettered when the queue has a dead-letter exchange, else dropped.
+    /// Rejects deliveries: back to the queue (marked redelivered, their delivery count
+    /// one up) or, without requeue, dead-lettered when the queue has a dead-letter
+    /// exchange, else dropped. A return past `x-delivery-limit` dead-letters (reason
+    /// `delivery_limit`) or drops the message instead.
     pub fn nack(&self, offsets: &[u64], requeue: bool) {
+        self.put_back(offsets, requeue, true);
+    }
+
+    /// Puts back deliveries that never reached the client (still in a closed
+    /// connection's outbox): as a requeueing nack, without counting a return.
+    pub fn requeue_unsent(&self, offsets: &[u64]) {
+        self.put_back(offsets, true, false);
+    }
+
+    fn put_back(&self, offsets: &[u64], requeue: bool, count: bool) {
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
@@ -1238,6 +1405,30 @@ impl Queue {
                 if requeue {
                     let mut e = u.entry;
                     e.redelivered = true;
+                    if count {
+                        e.returns = e.returns.saturating_add(1);
+                        if st
+                            .args
+                            .delivery_limit
+                            .is_some_and(|l| u64::from(e.returns) > l)
+                        {
+                            // `u.entry`: its count as stored (if it was)
+                            self.drop_entry(*off, u.entry, "delivery_limit", &mut after);
+                            continue;
+                        }
+                        if self.count_stored(&e) {
+                            after.counted.push((*off, e.returns));
+                        }
+                        if let Some(steps) = st.args.retry_backoff.clone() {
+                            let i = (e.returns as usize).saturating_sub(1);
+                            let wait = steps.get(i).or(steps.last()).copied().unwrap_or(0);
+                            st.parked
+                                .get_or_insert_with(Default::default)
+                                .insert((now_ms().saturating_add(wait), *off), e);
+                            self.tick_wanted.store(true, Ordering::Relaxed);
+                            continue;
+                        }
+                    }
                     st.ready_count += 1;
                     st.ready_bytes += tag_len(e.tag);
                     self.note_tag(e.tag);
@@ -1275,7 +1466,7 @@ impl Queue {
                     st.counts.get += 1;
                 }
                 if no_ack {
-                    after.acks.push(off);
+                    self.gone(off, &m.entry, &mut after);
                 } else {
                     st.unacked.insert(
                         off,
@@ -1303,7 +1494,19 @@ impl Queue {
             let mut st = lock(&self.state);
             n = st.ready_count;
             let ready = std::mem::take(&mut st.ready);
-            after.acks.extend(ready.keys().map(|k| k.1));
+            for (k, e) in &ready {
+                self.gone(k.1, e, &mut after);
+            }
+            // entries not loaded yet: none is unacked, all go below
+            if let Some(r) = st.restored.take() {
+                after.forget.extend(r.keys());
+            }
+            // backing-off messages are purged too
+            if let Some(p) = st.parked.take() {
+                for ((_, off), e) in p.iter() {
+                    self.gone(*off, e, &mut after);
+                }
+            }
             if let Ok(next) = self.store.queue_next_offset(self.id) {
                 if next > st.loaded_upto {
                     acks_range = Some((st.loaded_upto, next));
@@ -1380,6 +1583,9 @@ impl Queue {
             if st.args.message_ttl.is_some() || self.has_message_ttls(&st) {
                 self.expire_head(&mut st, &mut after);
             }
+            if self.unpark(&mut st) {
+                self.dispatch(&mut st, &mut after);
+            }
             self.flow_check(&mut st, &mut after);
             expired = st.args.expires.is_some_and(|ms| {
                 st.consumers.is_empty() && st.last_used.elapsed() >= Duration::from_millis(ms)
@@ -1387,6 +1593,41 @@ impl Queue {
         }
         self.finish(after);
         expired
+    }
+
+    /// Makes the parked (backing-off) messages whose wait is over ready again; returns
+    /// whether there were any.
+    fn unpark(&self, st: &mut State) -> bool {
+        let Some(parked) = st.parked.as_mut() else {
+            return false;
+        };
+        let now = now_ms();
+        let mut due = Vec::new();
+        while let Some(entry) = parked.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, off), e) = entry.remove_entry();
+            due.push((off, e));
+        }
+        if parked.is_empty() {
+            st.parked = None;
+        }
+        for (off, e) in &due {
+            st.ready_count += 1;
+            st.ready_bytes += tag_len(e.tag);
+            self.note_tag(e.tag);
+            st.ready.insert((255 - self.priority_of(e.tag), *off), *e);
+        }
+        !due.is_empty()
+    }
+
+    /// Returned messages waiting out their back-off step.
+    pub fn parked_count(&self) -> u32 {
+        lock(&self.state)
+            .parked
+            .as_ref()
+            .map_or(0, |p| u32::try_from(p.len()).unwrap_or(u32::MAX))
     }
 
     fn has_message_ttls(&self, st: &State) -> bool {
@@ -1577,7 +1818,36 @@ mod tests {
     }
 
     #[test]
-    fn delivery_limit_is_refused_but_a_stored_one_still_opens() {
+    fn delivery_limit_is_parsed() {
+        let limit = |v: FieldValue| {
+            let mut t = FieldTable::default();
+            t.insert("x-delivery-limit", v);
+            QueueArgs::parse(&t).map(|a| a.delivery_limit)
+        };
+        assert_eq!(limit(FieldValue::I32(3)).unwrap(), Some(3));
+        assert_eq!(limit(FieldValue::I64(0)).unwrap(), Some(0));
+        assert_eq!(limit(FieldValue::I32(-1)).unwrap(), None);
+        for bad in [
+            FieldValue::I32(-2),
+            FieldValue::LongString(Bytes::from_static(b"3")),
+        ] {
+            match limit(bad) {
+                Err(CoreError::PreconditionFailed(m)) => {
+                    assert!(m.contains("x-delivery-limit"), "{m}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            QueueArgs::parse(&FieldTable::default())
+                .unwrap()
+                .delivery_limit,
+            None
+        );
+    }
+
+    #[test]
+    fn a_stored_queue_with_a_refused_argument_still_opens() {
         let mut t = FieldTable::default();
         t.insert("x-delivery-limit", FieldValue::I32(3));
         t.insert(
@@ -1585,13 +1855,12 @@ mod tests {
             FieldValue::LongString(Bytes::from_static(b"yes")),
         );
         t.insert("x-max-length", FieldValue::I32(5));
-        match QueueArgs::parse(&t) {
-            Err(CoreError::PreconditionFailed(m)) => assert!(m.contains("x-delivery-limit"), "{m}"),
-            other => panic!("{other:?}"),
-        }
-        // declared by an earlier version that ignored them: ignored still, the rest kept
+        assert!(QueueArgs::parse(&t).is_err());
+        // declared by an earlier version that ignored it: ignored still, the rest kept
+        // (the delivery limit, now implemented, in force)
         let a = QueueArgs::parse_stored("q", &t).unwrap();
         assert_eq!(a.max_length, Some(5));
+        assert_eq!(a.delivery_limit, Some(3));
         assert!(!a.single_active_consumer);
         // anything else that is wrong stays an error
         t.insert("x-max-priority", FieldValue::I32(1000));

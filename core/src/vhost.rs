@@ -289,6 +289,8 @@ pub struct Vhost {
     rate: std::sync::Mutex<Option<crate::stats::RateSample>>,
     /// Half messages ([`crate::txn`]).
     txn: crate::txn::Txn,
+    /// Delayed messages ([`crate::delayed`]), once the vhost has had one.
+    delayed: std::sync::Mutex<Option<Arc<crate::delayed::Delayed>>>,
 }
 
 impl std::fmt::Debug for Vhost {
@@ -344,6 +346,7 @@ impl Vhost {
             published: Default::default(),
             rate: Default::default(),
             txn,
+            delayed: Default::default(),
         });
         let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
         {
@@ -391,6 +394,7 @@ impl Vhost {
             if info.vhost == name
                 && !wanted.contains(&info.id)
                 && info.name != crate::txn::HALF_QUEUE
+                && info.name != crate::delayed::DELAY_QUEUE
             {
                 store.delete_queue(info.id)?;
             }
@@ -421,6 +425,10 @@ impl Vhost {
             if !dropped.is_empty() {
                 journal.commit(dropped)?;
             }
+        }
+        if let Some(d) = crate::delayed::Delayed::open(&store, name, false)? {
+            *vh.delayed.lock().unwrap_or_else(|e| e.into_inner()) = Some(d.clone());
+            crate::delayed::spawn(&vh, d);
         }
         Ok(vh)
     }
@@ -841,6 +849,8 @@ impl Vhost {
             "x-max-priority",
             "x-queue-type",
             "x-single-active-consumer",
+            "x-delivery-limit",
+            "x-retry-backoff",
         ] {
             let (a, b) = (d.arguments.get(key), q.arguments().get(key));
             let same = match (a, b) {
@@ -1093,6 +1103,9 @@ impl Vhost {
         if !reserved::is_reserved_topic(&p.exchange, &p.routing_key) {
             self.published.add(1);
         }
+        if let Some(ms) = crate::delayed::requested_delay(p.properties.headers.as_ref())? {
+            return self.publish_delayed(&p, ms);
+        }
         let targets = self.check_and_route(&p)?;
         self.publish_to(
             targets,
@@ -1125,6 +1138,9 @@ impl Vhost {
                 if Self::is_reply(&p) {
                     return self.publish_reply(p);
                 }
+                if let Some(ms) = crate::delayed::requested_delay(p.properties.headers.as_ref())? {
+                    return self.publish_delayed(&p, ms);
+                }
                 self.publish_to(
                     targets,
                     &p.exchange,
@@ -1135,6 +1151,97 @@ impl Vhost {
                 )
             })
             .collect()
+    }
+
+    /// A publish with `x-delay` / `x-delay-level` ([`crate::delayed`]): stored in the
+    /// delay queue now (its exchange must exist), routed when it is due.
+    fn publish_delayed(&self, p: &Publish, delay_ms: u64) -> Result<Published, CoreError> {
+        self.check_and_route(p)?;
+        let d = {
+            let mut slot = self.delayed.lock().unwrap_or_else(|e| e.into_inner());
+            match &*slot {
+                Some(d) => d.clone(),
+                None => {
+                    let d = crate::delayed::Delayed::open(&self.store, &self.name, true)?
+                        .ok_or_else(|| CoreError::Internal("no delay queue".into()))?;
+                    *slot = Some(d.clone());
+                    if let Some(me) = self.me.upgrade() {
+                        crate::delayed::spawn(&me, d.clone());
+                    }
+                    d
+                }
+            }
+        };
+        let appended = d.store(
+            &self.store,
+            &p.exchange,
+            &p.routing_key,
+            &p.properties,
+            &p.body,
+            delay_ms,
+        )?;
+        Ok(Published {
+            // where it goes is decided when it is due
+            routed: true,
+            rejected: false,
+            durable: Some(appended.durable.into()),
+            backpressure: None,
+        })
+    }
+
+    /// Routes delayed messages that are due (queue offsets in `d`'s queue) through
+    /// their exchanges, then acks them in the delay queue.
+    pub(crate) fn fire_delayed(&self, d: &crate::delayed::Delayed, due: &[u64]) {
+        let qid = d.queue_id();
+        let mut done = 0;
+        for off in due {
+            done += 1;
+            let Some(e) = self.store.entry(qid, *off) else {
+                continue;
+            };
+            let rec = match self.store.read_entry(qid, *off, e.commit_offset) {
+                Ok(r) => r,
+                Err(err) => {
+                    tracing::warn!(vhost = %self.name, error = %err, "dropping an unreadable delayed message");
+                    continue;
+                }
+            };
+            let Ok((exchange, routing_key, props)) = envelope::decode(&rec.properties) else {
+                tracing::warn!(vhost = %self.name, "dropping a delayed message with undecodable properties");
+                continue;
+            };
+            let targets = match self.route(&exchange, &routing_key, props.headers.as_ref()) {
+                Ok(t) => t,
+                Err(err) => {
+                    tracing::debug!(vhost = %self.name, exchange, error = %err, "delayed message's exchange is gone; dropped");
+                    continue;
+                }
+            };
+            // connection 0: the broker (not a dead-lettering, which `None` would mean)
+            if let Err(err) =
+                self.publish_to(targets, &exchange, &routing_key, props, &rec.body, Some(0))
+            {
+                tracing::warn!(vhost = %self.name, error = %err, "routing a delayed message failed; it and the ones after it stay for the next start");
+                done -= 1;
+                break;
+            }
+        }
+        if let Err(err) = self.store.ack(qid, due.get(..done).unwrap_or(due)) {
+            tracing::warn!(vhost = %self.name, error = %err, "acking delayed messages failed");
+        }
+    }
+
+    /// Delayed messages waiting for their time.
+    pub fn delayed_pending(&self) -> u64 {
+        self.delayed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |d| d.pending())
+    }
+
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.store
     }
 
     pub(crate) fn check_size(&self, p: &Publish) -> Result<(), CoreError> {
@@ -1331,6 +1438,15 @@ impl Vhost {
                 let owner = q.exclusive_owner().unwrap_or(0);
                 self.delete_queue(&name, false, false, owner)?;
             }
+        }
+        // its delayed messages go with it (the scheduler ends with the vhost)
+        let delayed = self
+            .delayed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(d) = delayed {
+            self.store.delete_queue(d.queue_id())?;
         }
         let mut ops = [TAG_EXCHANGE, TAG_QUEUE, TAG_BINDING]
             .map(|t| MetaOp::delete_prefix(KeyBuilder::new(t).part(self.name.as_bytes()).build()))

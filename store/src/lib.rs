@@ -24,7 +24,9 @@
 //!   into snapshots (the store's queue registry and the core's topology live there).
 //! - [`meta`]: atomic JSON metadata files, as earlier versions kept metadata (read once
 //!   and moved into the journal).
+//! - [`returns`]: per-message delivery counts, one journal record per returned message.
 //! - [`store`]: the [`Store`] itself.
+//! - [`timer`]: the timer wheel and log of delayed messages (derived from their queue).
 //! - [`file`], [`error`]: helpers.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
@@ -44,7 +46,9 @@ pub mod index;
 pub mod journal;
 pub mod meta;
 pub mod record;
+pub mod returns;
 pub mod smallcq;
 pub mod store;
+pub mod timer;
 
 pub use error::{Result, StoreError};

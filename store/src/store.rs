@@ -312,6 +312,9 @@ struct Inner {
     /// Set when a write failed for want of space (a new segment could not be
     /// preallocated); the broker raises its disk alarm until enough space is free again.
     disk_full: AtomicBool,
+    /// Delivery counts read at open, until each queue's owner takes its own
+    /// (see [`crate::returns`]).
+    loaded_counts: Mutex<crate::returns::Loaded>,
     stop: Mutex<bool>,
     stop_cv: Condvar,
     _lock: File,
@@ -406,6 +409,7 @@ impl Store {
         // Transient queues are never in the registry; their leftover directories are
         // orphans like those of queues deleted just before a crash.
         let registry = load_registry(&journal, &meta)?;
+        let loaded_counts = crate::returns::load(&journal)?;
         let cq_root = dir.join("consumequeue");
         remove_orphans(&cq_root, &registry)?;
         // Queue directories appear later (a queue that outgrows the shared index); their
@@ -533,6 +537,7 @@ impl Store {
             copied_to: AtomicU64::new(0),
             live_walk_ns: AtomicU64::new(0),
             disk_full: AtomicBool::new(false),
+            loaded_counts: Mutex::new(loaded_counts),
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
             _lock: lock_file,
@@ -733,6 +738,17 @@ impl Store {
     /// entry the queue held.
     pub fn may_have_been_delivered(&self, queue: QueueId, logical: u64) -> Result<bool> {
         Ok(logical < self.inner.queue(queue)?.delivered.load(Ordering::Relaxed))
+    }
+
+    /// Whether `queue` is registered and durable.
+    pub fn is_durable_queue(&self, queue: QueueId) -> bool {
+        self.inner.queue(queue).is_ok_and(|q| q.rec.durable)
+    }
+
+    pub(crate) fn take_loaded_counts(&self, queue: QueueId) -> Vec<(u64, u32)> {
+        lock(&self.inner.loaded_counts)
+            .remove(&queue)
+            .unwrap_or_default()
     }
 
     /// Registers a queue (idempotent for the same vhost and name) and returns its id once
@@ -1243,6 +1259,7 @@ impl Inner {
             .append(vec![
                 MetaOp::delete(queue_key(queue)),
                 MetaOp::delete(ack_key(queue)),
+                MetaOp::delete_prefix(crate::returns::queue_prefix(queue)),
             ])?
             .wait()?;
         let key = (q.rec.vhost.clone(), q.rec.name.clone());

@@ -312,7 +312,10 @@ impl Session {
                 let kind = if d.passive {
                     d.kind.as_str().parse().unwrap_or(ExchangeKind::Direct)
                 } else {
-                    d.kind.as_str().parse::<ExchangeKind>()?
+                    triad_core::delayed::exchange_kind(
+                        d.kind.as_str(),
+                        &table_from_wire(&d.arguments),
+                    )?
                 };
                 let def = ExchangeDef {
                     name: d.exchange.as_str().to_owned(),
@@ -1124,7 +1127,7 @@ impl Session {
         else {
             // Consumer gone (cancelled, channel closed): give the message back.
             if d.needs_ack {
-                d.queue.nack(&[d.offset], true);
+                d.queue.requeue_unsent(&[d.offset]);
             }
             return;
         };

@@ -699,7 +699,7 @@ impl Session {
         for ev in self.outbox.close() {
             if let OutEvent::Deliver(d) = ev {
                 if d.needs_ack {
-                    d.queue.nack(&[d.offset], true);
+                    d.queue.requeue_unsent(&[d.offset]);
                 }
             }
         }

@@ -230,7 +230,7 @@ where
     }
     for ev in k.outbox.close() {
         if let OutEvent::Deliver(d) = ev {
-            d.queue.nack(&[d.offset], true);
+            d.queue.requeue_unsent(&[d.offset]);
         }
     }
     let c = &mut k.c;
@@ -1327,6 +1327,17 @@ impl Conn {
         if topic.len() > MAX_TOPIC_LEN {
             return Err(MqttError::Protocol("topic name longer than 255 bytes"));
         }
+        // EMQX's delayed publish: `$delayed/<seconds>/<topic>`
+        let (topic, delay_secs) = match crate::topic::parse_delayed(topic) {
+            None => (topic, None),
+            Some(Ok((secs, t))) => (t, Some(secs)),
+            Some(Err(why)) => return Err(MqttError::Protocol(why)),
+        };
+        if delay_secs.is_some() && retain {
+            return Err(MqttError::Protocol(
+                "retained $delayed publish: not supported",
+            ));
+        }
         let routing_key = topic_to_routing_key(topic);
         if triad_core::reserved::is_reserved_topic("amq.topic", &routing_key) {
             // `$SYS` is the broker's: acknowledged and dropped, as Mosquitto does
@@ -1344,6 +1355,9 @@ impl Conn {
         }
         let mut headers = FieldTable::default();
         headers.insert(QOS_HEADER, FieldValue::U8(qos));
+        if let Some(secs) = delay_secs {
+            headers.insert("x-delay", FieldValue::I64((secs * 1000) as i64));
+        }
         let properties = Properties {
             delivery_mode: Some(if qos > 0 { 2 } else { 1 }),
             headers: Some(headers),
@@ -1443,7 +1457,7 @@ impl Conn {
                 }
                 None => {
                     if d.needs_ack {
-                        d.queue.nack(&[d.offset], true);
+                        d.queue.requeue_unsent(&[d.offset]);
                     }
                     return;
                 }

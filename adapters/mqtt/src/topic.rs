@@ -41,6 +41,35 @@ pub fn is_shared(f: &str) -> bool {
     f == "$share" || f.starts_with(SHARE_PREFIX)
 }
 
+/// Where a delayed publish's topic starts (EMQX's `$delayed/<seconds>/<topic>`).
+pub const DELAYED_PREFIX: &str = "$delayed/";
+
+/// The longest delay a `$delayed/` topic takes, in seconds (EMQX's: 4294967 s).
+pub const MAX_DELAY_SECS: u64 = 4_294_967;
+
+/// Parses a PUBLISH topic `$delayed/<seconds>/<topic>` (EMQX): `None` for a topic not
+/// starting with `$delayed/`; `Some(Err(why))` when the seconds are not a number up to
+/// [`MAX_DELAY_SECS`] or the topic after them is empty or holds a wildcard.
+pub fn parse_delayed(topic: &str) -> Option<Result<(u64, &str), &'static str>> {
+    let rest = topic.strip_prefix(DELAYED_PREFIX)?;
+    let Some((secs, topic)) = rest.split_once('/') else {
+        return Some(Err("$delayed topic without a topic after the delay"));
+    };
+    let Some(secs) = secs
+        .parse::<u64>()
+        .ok()
+        .filter(|s| *s <= MAX_DELAY_SECS && !secs.starts_with('+'))
+    else {
+        return Some(Err(
+            "$delayed topic's delay is not a number of seconds up to 4294967",
+        ));
+    };
+    if topic.is_empty() || topic.contains(['+', '#']) {
+        return Some(Err("$delayed topic's topic is empty or holds a wildcard"));
+    }
+    Some(Ok((secs, topic)))
+}
+
 /// Parses `$share/<group>/<filter>`: `None` for a filter not written as a shared
 /// subscription; `Some(Err(()))` when the group is empty or holds `+` or `#`, or the
 /// filter is missing or invalid.
@@ -133,6 +162,30 @@ pub fn routing_key_to_topic(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delayed_topics() {
+        assert_eq!(parse_delayed("a/b"), None);
+        assert_eq!(parse_delayed("$delayed/15/a/b"), Some(Ok((15, "a/b"))));
+        assert_eq!(parse_delayed("$delayed/0/x"), Some(Ok((0, "x"))));
+        assert_eq!(
+            parse_delayed("$delayed/4294967/x"),
+            Some(Ok((4_294_967, "x")))
+        );
+        for bad in [
+            "$delayed/",
+            "$delayed/15",
+            "$delayed/15/",
+            "$delayed/x/a",
+            "$delayed/-1/a",
+            "$delayed/+1/a",
+            "$delayed/4294968/a",
+            "$delayed/1/a/+",
+            "$delayed/1/#",
+        ] {
+            assert!(matches!(parse_delayed(bad), Some(Err(_))), "{bad}");
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -1159,7 +1159,7 @@ impl Session {
         ) else {
             // its subscription is gone: give it back
             if d.needs_ack {
-                d.queue.nack(&[d.offset], true);
+                d.queue.requeue_unsent(&[d.offset]);
             }
             return;
         };
@@ -1338,12 +1338,14 @@ fn queue_arguments(f: &Frame) -> Res<FieldTable> {
         "x-max-length",
         "x-max-length-bytes",
         "x-max-priority",
+        "x-delivery-limit",
     ];
     const STRINGS: &[&str] = &[
         "x-dead-letter-exchange",
         "x-dead-letter-routing-key",
         "x-overflow",
         "x-queue-type",
+        "x-retry-backoff",
     ];
     let mut t = FieldTable::new();
     for name in INTS {

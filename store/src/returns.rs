@@ -1,0 +1,163 @@
+//! Per-message delivery counts: how many times a message was returned to its queue
+//! (nacked or rejected with requeue, or left unacked by a consumer that went away).
+//!
+//! A message that is never returned costs nothing here: neither its commitlog record
+//! nor its consume-queue entry carries a count. Each return of a message in a durable
+//! queue writes one small metadata-journal record, key `R` + big-endian queue id +
+//! big-endian queue offset, value the count (u32 little-endian); the message's ack (or
+//! its dead-lettering, expiry, purge) deletes the key, and deleting the queue deletes
+//! every key under its id. So the disk cost is about 30 bytes per message currently
+//! returned, until the journal's next compaction folds the deleted ones away.
+//!
+//! At start the store reads every count once from the journal (whose state is in
+//! memory then) and holds them per queue until the queue's owner takes them with
+//! [`Store::take_delivery_counts`]; a queue created later has none and pays nothing.
+//! A count is a write(2) to the journal when it changes, group-committed with the next
+//! fsync: it survives a kill -9 of the broker at once, and a power loss once that fsync
+//! ran (a count lost that way is one return too few, never a message lost).
+
+use std::collections::HashMap;
+
+use crate::error::Result;
+use crate::flush::Durable;
+use crate::journal::MetaOp;
+use crate::store::{QueueId, Store};
+
+/// Journal key tag of a returned message's delivery count.
+pub(crate) const TAG_RETURNS: u8 = b'R';
+
+/// The key prefix of every count of `queue`.
+pub(crate) fn queue_prefix(queue: QueueId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(13);
+    k.push(TAG_RETURNS);
+    k.extend_from_slice(&queue.to_be_bytes());
+    k
+}
+
+fn key(queue: QueueId, offset: u64) -> Vec<u8> {
+    let mut k = queue_prefix(queue);
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+/// Decodes one count record: `(queue, offset, count)`; `None` if malformed.
+fn decode(k: &[u8], v: &[u8]) -> Option<(QueueId, u64, u32)> {
+    let rest = k.strip_prefix(&[TAG_RETURNS])?;
+    let (q, off) = rest.split_first_chunk::<4>()?;
+    let off: [u8; 8] = off.try_into().ok()?;
+    let n: [u8; 4] = v.try_into().ok()?;
+    Some((
+        QueueId::from_be_bytes(*q),
+        u64::from_be_bytes(off),
+        u32::from_le_bytes(n),
+    ))
+}
+
+/// Every stored count, by queue (read once while the store opens).
+pub(crate) type Loaded = HashMap<QueueId, Vec<(u64, u32)>>;
+
+/// Reads every count from the journal; malformed records are skipped with a warning
+/// (a lost count is one return too few, not a reason to refuse to start).
+pub(crate) fn load(journal: &crate::journal::MetaJournal) -> Result<Loaded> {
+    let mut out: Loaded = HashMap::new();
+    let mut bad = 0usize;
+    journal.visit(&[TAG_RETURNS], &mut |k, v| match decode(k, v) {
+        Some((q, off, n)) => out.entry(q).or_default().push((off, n)),
+        None => bad += 1,
+    })?;
+    if bad > 0 {
+        tracing::warn!(
+            records = bad,
+            "store: skipped malformed delivery-count records"
+        );
+    }
+    Ok(out)
+}
+
+impl Store {
+    /// Records that entry `offset` of `queue` has been returned `count` times. Durable
+    /// queues only (a transient queue's counts live as long as the process, in its
+    /// owner's memory): the handle completes once the record is fsynced.
+    pub fn put_delivery_count(&self, queue: QueueId, offset: u64, count: u32) -> Result<Durable> {
+        self.put_delivery_counts(queue, &[(offset, count)])
+    }
+
+    /// [`Store::put_delivery_count`] for several entries, in one journal record.
+    pub fn put_delivery_counts(&self, queue: QueueId, counts: &[(u64, u32)]) -> Result<Durable> {
+        if counts.is_empty() || !self.is_durable_queue(queue) {
+            return Ok(Durable::ready());
+        }
+        self.journal().append(
+            counts
+                .iter()
+                .map(|(o, n)| MetaOp::put(key(queue, *o), n.to_le_bytes().to_vec()))
+                .collect(),
+        )
+    }
+
+    /// Forgets the counts of entries that left `queue` (acked, dead-lettered, dropped).
+    pub fn drop_delivery_counts(&self, queue: QueueId, offsets: &[u64]) -> Result<Durable> {
+        if offsets.is_empty() || !self.is_durable_queue(queue) {
+            return Ok(Durable::ready());
+        }
+        self.journal().append(
+            offsets
+                .iter()
+                .map(|o| MetaOp::delete(key(queue, *o)))
+                .collect(),
+        )
+    }
+
+    /// The counts stored for `queue` when the store opened, as `(offset, count)`; a
+    /// second call (or a queue created since) gets none.
+    pub fn take_delivery_counts(&self, queue: QueueId) -> Vec<(u64, u32)> {
+        self.take_loaded_counts(queue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreConfig;
+
+    #[test]
+    fn keys_round_trip() {
+        let k = key(7, 1 << 40);
+        assert_eq!(decode(&k, &3u32.to_le_bytes()), Some((7, 1 << 40, 3)));
+        assert!(k.starts_with(&queue_prefix(7)));
+        assert!(!k.starts_with(&queue_prefix(8)));
+        assert_eq!(decode(&k[..10], &3u32.to_le_bytes()), None);
+        assert_eq!(decode(&k, &[1, 2]), None);
+    }
+
+    #[test]
+    fn counts_survive_reopen_and_go_with_acks_and_queue_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig::new(dir.path());
+        {
+            let s = Store::open(cfg.clone()).unwrap();
+            let a = s.create_queue("/", "a", true).unwrap();
+            let b = s.create_queue("/", "b", true).unwrap();
+            let t = s.create_queue("/", "t", false).unwrap();
+            s.put_delivery_count(a, 5, 1).unwrap().wait().unwrap();
+            s.put_delivery_count(a, 5, 2).unwrap().wait().unwrap();
+            s.put_delivery_count(a, 9, 1).unwrap().wait().unwrap();
+            s.put_delivery_count(a, 11, 4).unwrap().wait().unwrap();
+            s.drop_delivery_counts(a, &[9]).unwrap().wait().unwrap();
+            s.put_delivery_count(b, 1, 1).unwrap().wait().unwrap();
+            // transient: nothing written
+            s.put_delivery_count(t, 1, 1).unwrap().wait().unwrap();
+            s.delete_queue(b).unwrap();
+            // abandoned, as a kill -9 leaves it
+            s.abandon();
+        }
+        let s = Store::open(cfg).unwrap();
+        let a = s.find_queue("/", "a").unwrap();
+        let mut got = s.take_delivery_counts(a);
+        got.sort_unstable();
+        assert_eq!(got, vec![(5, 2), (11, 4)]);
+        assert!(s.take_delivery_counts(a).is_empty(), "taken once");
+        let b2 = s.create_queue("/", "b", true).unwrap();
+        assert!(s.take_delivery_counts(b2).is_empty());
+    }
+}
