@@ -10,7 +10,17 @@
 //!
 //! The consume-queue tag of each entry carries what the queue needs without reading the
 //! record: body length (bits 0-31), priority (32-39), "has a per-message TTL" (40),
-//! persistent (41).
+//! persistent (41), the hash of its `x-tag` (42-63, see [`crate::filter`]).
+//!
+//! Consumers with a filter (selector or tag filter): while a queue has one, dispatch
+//! walks the ready window in order and hands each entry to the best consumer with credit
+//! whose filter accepts it; an entry no consumer accepts stays, for consumers to come
+//! (as ActiveMQ and Artemis do). The walk is bounded by the window ([`FILTER_LOOKAHEAD`]
+//! below): messages behind a full window of entries nobody accepts are not seen until
+//! those go (ActiveMQ's `maxPageSize` has the same effect). An entry that no consumer
+//! accepts is marked with the consumer set's epoch, so later walks skip it without
+//! reading its record again until a consumer comes or goes: a dispatch costs at most one
+//! record read per entry that some consumer accepts, never a rescan of rejected ones.
 
 mod info;
 pub use info::{ConsumerInfo, QueueStats, RATE_NAMES};
@@ -227,6 +237,9 @@ struct Entry {
     commit_offset: u64,
     tag: u64,
     redelivered: bool,
+    /// The filter epoch (see [`State::filter_epoch`]) in which no consumer's filter
+    /// accepted this entry; 0: not judged.
+    unmatched: u32,
 }
 
 struct Consumer {
@@ -243,7 +256,12 @@ struct Consumer {
     priority: i32,
     outbox: Arc<Outbox>,
     gate: Option<Arc<CreditGate>>,
+    /// What this consumer takes (selector, tag filter); `None`: everything.
+    filter: Option<Arc<crate::filter::MessageFilter>>,
 }
+
+/// How far a dispatch walks the ready entries for filtering consumers: the window.
+pub const FILTER_LOOKAHEAD: &str = "the queue window (broker queue_window, 2048 by default)";
 
 struct Unacked {
     entry: Entry,
@@ -312,6 +330,11 @@ struct State {
     /// Body bytes of the ready messages.
     ready_bytes: u64,
     consumers: Vec<Consumer>,
+    /// How many consumers have a filter: when 0, dispatch takes the plain path.
+    filtered: usize,
+    /// Bumped whenever the consumer set changes (from 1): an entry marked unmatched in
+    /// an older epoch is judged again.
+    filter_epoch: u32,
     rr: usize,
     next_consumer: ConsumerId,
     had_consumers: bool,
@@ -424,6 +447,8 @@ pub struct ConsumeRequest {
     pub outbox: Arc<Outbox>,
     /// Channel-wide unacked limit, if any.
     pub gate: Option<Arc<CreditGate>>,
+    /// Only messages this accepts (selector, tag filter); `None`: all.
+    pub filter: Option<Arc<crate::filter::MessageFilter>>,
 }
 
 /// A registered consumer. Cancel it explicitly; dropping it does not.
@@ -513,6 +538,8 @@ impl Queue {
             ready_count,
             ready_bytes,
             consumers: Vec::new(),
+            filtered: 0,
+            filter_epoch: 1,
             rr: 0,
             next_consumer: 1,
             had_consumers: false,
@@ -702,6 +729,7 @@ impl Queue {
                     commit_offset: e.commit_offset,
                     tag: e.tag_hash,
                     redelivered,
+                    unmatched: 0,
                 },
             );
         }
@@ -749,6 +777,7 @@ impl Queue {
                         commit_offset,
                         tag,
                         redelivered: false,
+                        unmatched: 0,
                     },
                 );
             }
@@ -883,6 +912,11 @@ impl Queue {
     }
 
     fn pick_consumer(&self, st: &State) -> Option<usize> {
+        self.pick_consumer_where(st, |_| true)
+    }
+
+    /// [`Queue::pick_consumer`] among the consumers `accept` takes.
+    fn pick_consumer_where(&self, st: &State, accept: impl Fn(&Consumer) -> bool) -> Option<usize> {
         // single active consumer: the earliest registered one only (consumers are kept
         // in registration order), whatever the others' priorities
         let n = if self.declared.single_active_consumer {
@@ -900,7 +934,7 @@ impl Queue {
             if c.prefetch != 0 && c.unacked >= c.prefetch {
                 continue;
             }
-            if best.is_some_and(|(p, _)| p >= c.priority) {
+            if best.is_some_and(|(p, _)| p >= c.priority) || !accept(c) {
                 continue;
             }
             if let Some(g) = &c.gate {
@@ -930,6 +964,9 @@ impl Queue {
 
     /// [`Queue::dispatch`], with the message at queue offset `hot.0` already decoded.
     fn dispatch_hot(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
+        if st.filtered > 0 {
+            return self.dispatch_filtered(st, after, hot);
+        }
         let Some(me) = self.me() else {
             return;
         };
@@ -947,21 +984,38 @@ impl Queue {
             let Some(m) = self.take_next(st, after, hot) else {
                 continue;
             };
-            let (key, e) = ((255 - self.priority_of(m.entry.tag), m.offset), m.entry);
-            let off = m.offset;
-            let Some(c) = st.consumers.get_mut(ci) else {
+            if !self.hand_over(st, after, ci, m, &me) {
                 return;
+            }
+        }
+    }
+
+    /// Delivers `m` (already out of the window) to consumer `ci`; `false` when its
+    /// outbox filled up meanwhile (`m` is back in the window).
+    fn hand_over(
+        &self,
+        st: &mut State,
+        after: &mut After,
+        ci: usize,
+        m: Ready,
+        me: &Arc<Queue>,
+    ) -> bool {
+        let (key, e) = ((255 - self.priority_of(m.entry.tag), m.offset), m.entry);
+        let off = m.offset;
+        {
+            let Some(c) = st.consumers.get_mut(ci) else {
+                return false;
             };
             let no_ack = c.no_ack || (c.ack_transient && e.tag & TAG_PERSISTENT == 0);
             let delivery = m.into_delivery(c.tag.clone(), me.clone(), 0, !no_ack);
             if !c.outbox.push(OutEvent::Deliver(delivery)) {
                 // filled up since pick_consumer looked: put it back, wait for room
-                c.outbox.wait_for_room(&me);
+                c.outbox.wait_for_room(me);
                 self.note_tag(e.tag);
                 st.ready.insert(key, e);
                 st.ready_count += 1;
                 st.ready_bytes += tag_len(e.tag);
-                return;
+                return false;
             }
             if no_ack {
                 st.counts.deliver_no_ack += 1;
@@ -988,6 +1042,115 @@ impl Queue {
                 );
             }
             st.rr = ci + 1;
+        }
+        true
+    }
+
+    /// [`Queue::dispatch_hot`] while some consumer has a filter: walks the window in
+    /// order (at most [`FILTER_LOOKAHEAD`]) and hands each entry to the best consumer with
+    /// credit that accepts it; entries nobody accepts stay (see the module's notes).
+    fn dispatch_filtered(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let Some(me) = self.me() else {
+            return;
+        };
+        self.fill(st);
+        let epoch = st.filter_epoch;
+        // single active consumer: only the active one's filter counts
+        let judged = if self.declared.single_active_consumer {
+            1
+        } else {
+            usize::MAX
+        };
+        let mut cursor: Option<(u8, u64)> = None;
+        let mut walked = 0usize;
+        while walked < self.window {
+            if st.consumers.is_empty() || self.pick_consumer(st).is_none() {
+                return;
+            }
+            let next = match cursor {
+                None => st.ready.iter().next(),
+                Some(k) => st.ready.range((Excluded(k), Unbounded)).next(),
+            };
+            let Some((&key, &e)) = next else {
+                return;
+            };
+            cursor = Some(key);
+            walked += 1;
+            if e.unmatched == epoch {
+                continue;
+            }
+            let off = key.1;
+            let may = |c: &Consumer| c.filter.as_ref().is_none_or(|f| f.may_match(e.tag));
+            if !st.consumers.iter().take(judged).any(may) {
+                // the tag hash alone rules it out for everyone: no record read
+                if let Some(x) = st.ready.get_mut(&key) {
+                    x.unmatched = epoch;
+                }
+                continue;
+            }
+            let m = match hot.filter(|(o, _)| *o == off) {
+                Some((_, h)) if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() => {
+                    Ready {
+                        offset: off,
+                        entry: e,
+                        body: h.body.clone(),
+                        exchange: h.exchange.clone(),
+                        routing_key: h.routing_key.clone(),
+                        properties: h.properties.clone(),
+                    }
+                }
+                _ => {
+                    let loaded = self.load(off, &e, after);
+                    let expired = loaded.as_ref().is_some_and(|(rec, _, _, p)| {
+                        self.expiry(st.args.message_ttl, e.tag, rec, p)
+                            .is_some_and(|t| t <= now_ms())
+                    });
+                    let Some((rec, exchange, routing_key, properties)) =
+                        loaded.filter(|_| !expired)
+                    else {
+                        // unreadable (acked by `load`) or expired: it leaves the queue
+                        st.ready.remove(&key);
+                        st.ready_count = st.ready_count.saturating_sub(1);
+                        st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+                        if expired {
+                            self.drop_entry(off, e, "expired", after);
+                        }
+                        continue;
+                    };
+                    Ready {
+                        offset: off,
+                        entry: e,
+                        body: rec.body,
+                        exchange,
+                        routing_key,
+                        properties: Arc::new(properties),
+                    }
+                }
+            };
+            let props = m.properties.clone();
+            let accepts = |c: &Consumer| {
+                c.filter
+                    .as_ref()
+                    .is_none_or(|f| f.may_match(e.tag) && f.matches(&props))
+            };
+            if !st.consumers.iter().take(judged).any(accepts) {
+                if let Some(x) = st.ready.get_mut(&key) {
+                    x.unmatched = epoch;
+                }
+                continue;
+            }
+            let Some(ci) = self.pick_consumer_where(st, accepts) else {
+                // those that take it have no credit now: it waits for them
+                continue;
+            };
+            st.ready.remove(&key);
+            st.ready_count = st.ready_count.saturating_sub(1);
+            st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+            if !self.hand_over(st, after, ci, m, &me) {
+                return;
+            }
+            self.fill(st);
         }
     }
 
@@ -1153,7 +1316,10 @@ impl Queue {
                 priority: req.priority,
                 outbox: req.outbox,
                 gate: req.gate,
+                filter: req.filter.clone(),
             });
+            st.filtered += usize::from(req.filter.is_some());
+            st.filter_epoch = st.filter_epoch.wrapping_add(1).max(1);
             st.had_consumers = true;
             st.last_used = Instant::now();
             handle = ConsumerHandle { queue: me, id, tag };
@@ -1178,6 +1344,8 @@ impl Queue {
             let was_active = st.consumers.first().map(|c| (c.id, c.unacked));
             let before = st.consumers.len();
             st.consumers.retain(|c| c.id != id);
+            st.filtered = st.consumers.iter().filter(|c| c.filter.is_some()).count();
+            st.filter_epoch = st.filter_epoch.wrapping_add(1).max(1);
             let active = if sac { 1 } else { usize::MAX };
             st.credit = st
                 .consumers
@@ -1238,6 +1406,7 @@ impl Queue {
                 if requeue {
                     let mut e = u.entry;
                     e.redelivered = true;
+                    e.unmatched = 0;
                     st.ready_count += 1;
                     st.ready_bytes += tag_len(e.tag);
                     self.note_tag(e.tag);

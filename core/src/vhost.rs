@@ -1175,7 +1175,8 @@ impl Vhost {
         }
         let persistent = props.delivery_mode == Some(2);
         let has_ttl = props.expiration.is_some();
-        let tag = make_tag(body.len(), props.priority.unwrap_or(0), has_ttl, persistent);
+        let tag = make_tag(body.len(), props.priority.unwrap_or(0), has_ttl, persistent)
+            | crate::filter::tag_bits(&props);
         let env = envelope::encode(exchange, routing_key, &props)?;
         let ids: Vec<u32> = targets.iter().map(|q| q.store_id()).collect();
         let key_buf;

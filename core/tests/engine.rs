@@ -102,6 +102,7 @@ fn consume(
             conn: 1,
             outbox: outbox.clone(),
             gate: None,
+            filter: None,
         },
     )
     .unwrap()
@@ -377,6 +378,7 @@ fn exclusive_consumer_and_auto_delete() {
                 conn: 1,
                 outbox: o.clone(),
                 gate: None,
+                filter: None,
             },
         )
         .unwrap();
@@ -392,6 +394,7 @@ fn exclusive_consumer_and_auto_delete() {
                 conn: 2,
                 outbox: o.clone(),
                 gate: None,
+                filter: None,
             },
         )
         .unwrap_err();
@@ -501,6 +504,7 @@ fn a_full_outbox_pauses_deliveries_until_drained() {
                 conn: 1,
                 outbox: o.clone(),
                 gate: None,
+                filter: None,
             },
         )
         .unwrap();
@@ -537,6 +541,7 @@ fn channel_gate_limits_across_consumers() {
                 conn: 1,
                 outbox: o.clone(),
                 gate: Some(gate.clone()),
+                filter: None,
             },
         )
         .unwrap();
