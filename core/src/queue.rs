@@ -15,12 +15,14 @@
 //! Consumers with a filter (selector or tag filter): while a queue has one, dispatch
 //! walks the ready window in order and hands each entry to the best consumer with credit
 //! whose filter accepts it; an entry no consumer accepts stays, for consumers to come
-//! (as ActiveMQ and Artemis do). The walk is bounded by the window ([`FILTER_LOOKAHEAD`]
-//! below): messages behind a full window of entries nobody accepts are not seen until
-//! those go (ActiveMQ's `maxPageSize` has the same effect). An entry that no consumer
-//! accepts is marked with the consumer set's epoch, so later walks skip it without
-//! reading its record again until a consumer comes or goes: a dispatch costs at most one
-//! record read per entry that some consumer accepts, never a rescan of rejected ones.
+//! (as ActiveMQ and Artemis do). A dispatch passes over at most a window's worth of
+//! entries (`queue_window`, 2048 by default): messages behind a full window of entries
+//! nobody accepts are not seen until those go (ActiveMQ's `maxPageSize` has the same
+//! effect). An entry that no consumer accepts is marked with the consumer set's epoch,
+//! so later walks skip it without reading its record again until a consumer comes or
+//! goes; an entry ruled out by its tag hash is never read at all. What a walk still
+//! re-reads are entries some consumer accepts but that consumer has no credit now: at
+//! most a window's worth per dispatch, never a scan of the whole queue.
 
 mod info;
 pub use info::{ConsumerInfo, QueueStats, RATE_NAMES};
@@ -260,9 +262,6 @@ struct Consumer {
     filter: Option<Arc<crate::filter::MessageFilter>>,
 }
 
-/// How far a dispatch walks the ready entries for filtering consumers: the window.
-pub const FILTER_LOOKAHEAD: &str = "the queue window (broker queue_window, 2048 by default)";
-
 struct Unacked {
     entry: Entry,
     consumer: ConsumerId,
@@ -330,6 +329,13 @@ struct State {
     /// Body bytes of the ready messages.
     ready_bytes: u64,
     consumers: Vec<Consumer>,
+    /// Single active consumer: deliveries the cancelled active consumer still holds
+    /// (unacked, or queued to its connection) that have not come back yet. While any
+    /// is out, nothing is handed to the next consumer, so that they reach it before
+    /// the messages behind them (per-key order across a failover).
+    sac_handover: u32,
+    /// The cancelled active consumer [`State::sac_handover`] counts for.
+    sac_old: ConsumerId,
     /// How many consumers have a filter: when 0, dispatch takes the plain path.
     filtered: usize,
     /// Bumped whenever the consumer set changes (from 1): an entry marked unmatched in
@@ -538,6 +544,8 @@ impl Queue {
             ready_count,
             ready_bytes,
             consumers: Vec::new(),
+            sac_handover: 0,
+            sac_old: 0,
             filtered: 0,
             filter_epoch: 1,
             rr: 0,
@@ -964,6 +972,9 @@ impl Queue {
 
     /// [`Queue::dispatch`], with the message at queue offset `hot.0` already decoded.
     fn dispatch_hot(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
+        if st.sac_handover > 0 {
+            return;
+        }
         if st.filtered > 0 {
             return self.dispatch_filtered(st, after, hot);
         }
@@ -1047,7 +1058,7 @@ impl Queue {
     }
 
     /// [`Queue::dispatch_hot`] while some consumer has a filter: walks the window in
-    /// order (at most [`FILTER_LOOKAHEAD`]) and hands each entry to the best consumer with
+    /// order (passing over at most a window of entries) and hands each entry to the best consumer with
     /// credit that accepts it; entries nobody accepts stay (see the module's notes).
     fn dispatch_filtered(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
         use std::ops::Bound::{Excluded, Unbounded};
@@ -1150,6 +1161,8 @@ impl Queue {
             if !self.hand_over(st, after, ci, m, &me) {
                 return;
             }
+            // the bound is on entries passed over; a delivery is progress
+            walked -= 1;
             self.fill(st);
         }
     }
@@ -1363,6 +1376,13 @@ impl Queue {
             // right after cancelling), and the next ack, nack or publish hands on.
             if sac && !st.deleted && was_active == Some((id, 0)) {
                 self.dispatch(&mut st, &mut after);
+            }
+            // It held some: the next one gets nothing until every one of them is back
+            // (acked, or requeued by the adapter: those in the connection's outbox are
+            // requeued after the channel's unacked ones, and must not be overtaken).
+            if let Some((old, n)) = was_active.filter(|(old, n)| sac && *old == id && *n > 0) {
+                st.sac_old = old;
+                st.sac_handover = n;
             }
             self.flow_check(&mut st, &mut after);
         }
@@ -1695,6 +1715,9 @@ impl Queue {
 }
 
 fn release(st: &mut State, u: &Unacked, after: &mut After) {
+    if st.sac_handover > 0 && u.consumer == st.sac_old {
+        st.sac_handover -= 1;
+    }
     if let Some(c) = st.consumers.iter_mut().find(|c| c.id == u.consumer) {
         c.unacked = c.unacked.saturating_sub(1);
     }

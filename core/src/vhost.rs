@@ -1007,12 +1007,12 @@ impl Vhost {
         &self,
         exchange: &str,
         key: &str,
-        headers: Option<&FieldTable>,
+        props: &Properties,
     ) -> Result<Vec<Arc<Queue>>, CoreError> {
         let topo = self.topology_read();
         let queues = self.queues_read();
         let lookup = |n: &str| queues.contains_key(n);
-        let names = topo.route(exchange, key, headers, &lookup)?;
+        let names = topo.route_message(exchange, key, props, &lookup)?;
         // no exchange routes to the broker's own queues (see `publish_reserved`)
         Ok(names
             .iter()
@@ -1136,7 +1136,7 @@ impl Vhost {
 
     fn check_and_route(&self, p: &Publish) -> Result<Vec<Arc<Queue>>, CoreError> {
         self.check_size(p)?;
-        self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())
+        self.route(&p.exchange, &p.routing_key, &p.properties)
     }
 
     fn publish_to(
@@ -1237,7 +1237,7 @@ impl Vhost {
         else {
             return;
         };
-        let targets = match self.route(&dlx, &key, props.headers.as_ref()) {
+        let targets = match self.route(&dlx, &key, &props) {
             Ok(t) => t,
             Err(e) => {
                 tracing::debug!(queue = from.name(), dlx, error = %e, "dead-letter exchange unusable; message dropped");
