@@ -566,6 +566,12 @@ pub struct StompArgs {
     /// host header of CONNECT
     #[arg(long, value_name = "V", default_value = "/")]
     pub vhost: String,
+    /// A header on every SEND, `name:value` (repeatable)
+    #[arg(long, value_name = "NAME:VALUE")]
+    pub header: Vec<String>,
+    /// selector header of SUBSCRIBE (SQL92), to measure the cost of filtering
+    #[arg(long, value_name = "SQL")]
+    pub selector: Option<String>,
 }
 
 impl StompArgs {
@@ -580,6 +586,16 @@ impl StompArgs {
         }
         if o.queues > o.load.producers {
             return Err("--queues exceeds --producers: some queues would stay empty".into());
+        }
+        if let Some(h) = o
+            .header
+            .iter()
+            .find(|h| !h.contains(':') || h.contains('\n'))
+        {
+            return Err(format!("--header '{h}' is not name:value"));
+        }
+        if o.selector.as_ref().is_some_and(|s| s.contains('\n')) {
+            return Err("--selector cannot hold a newline".into());
         }
         Ok(o)
     }

@@ -190,7 +190,14 @@ fn destination(i: usize) -> String {
 }
 
 /// SEND frame: headers, body, NUL.
-fn send_frame(out: &mut Vec<u8>, dest: &str, persistent: bool, receipt: Option<u64>, body: &[u8]) {
+fn send_frame(
+    out: &mut Vec<u8>,
+    dest: &str,
+    persistent: bool,
+    receipt: Option<u64>,
+    headers: &[String],
+    body: &[u8],
+) {
     use std::io::Write;
     let _ = write!(
         out,
@@ -202,6 +209,9 @@ fn send_frame(out: &mut Vec<u8>, dest: &str, persistent: bool, receipt: Option<u
     }
     if let Some(r) = receipt {
         let _ = writeln!(out, "receipt:{r}");
+    }
+    for h in headers {
+        let _ = writeln!(out, "{h}");
     }
     out.push(b'\n');
     out.extend_from_slice(body);
@@ -300,6 +310,7 @@ async fn producer(
                 &dest,
                 a.persistent,
                 a.receipts.then_some(sent),
+                &a.header,
                 &body,
             );
             sent += 1;
@@ -341,6 +352,9 @@ async fn start_consumer(a: &StompArgs, dest: &str) -> Result<Conn, String> {
     );
     if let Some(p) = a.prefetch {
         sub.push_str(&format!("prefetch-count:{p}\n"));
+    }
+    if let Some(s) = &a.selector {
+        sub.push_str(&format!("selector:{s}\n"));
     }
     sub.push_str("\n\0");
     c.out.extend_from_slice(sub.as_bytes());
@@ -460,10 +474,13 @@ async fn run_async(a: Arc<StompArgs>) -> Result<Value, String> {
         l,
         &o,
         json!({
-            "variant": format!("{}+ack-{}{}",
+            "variant": format!("{}+ack-{}{}{}",
                 if a.persistent { "persistent" } else { "transient" },
                 a.ack.name(),
-                if a.receipts { "+receipts" } else { "" }),
+                if a.receipts { "+receipts" } else { "" },
+                if a.selector.is_some() { "+selector" } else { "" }),
+            "selector": a.selector,
+            "headers": a.header,
             "queues": groups,
             "persistent": a.persistent,
             "receipts": a.receipts,
@@ -481,7 +498,7 @@ mod tests {
     #[test]
     fn parses_frames() {
         let mut out = Vec::new();
-        send_frame(&mut out, "/queue/a", true, Some(7), b"he\0llo");
+        send_frame(&mut out, "/queue/a", true, Some(7), &[], b"he\0llo");
         out.extend_from_slice(b"\n\nRECEIPT\r\nreceipt-id:7\r\n\r\n\0");
         let (f, used) = parse(&out).unwrap().unwrap();
         assert_eq!(f.command, "SEND");

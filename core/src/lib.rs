@@ -9,6 +9,10 @@
 //!   versioned encoding the store keeps in each commitlog record.
 //! - [`routing`]: exchange kinds, binding tables, the topic trie, the headers match
 //!   rule, and a vhost's [`Topology`], which resolves a publish to its set of queues.
+//! - [`selector`]: SQL92 (JMS) message selectors, compiled once, bounded against
+//!   hostile input.
+//! - [`filter`]: a consumer's [`MessageFilter`]: selector and `x-tag-filter`, with the
+//!   tag hash kept in the consume-queue entry.
 //! - [`error`]: [`CoreError`], one variant per condition the adapters map.
 //! - [`alarm`]: memory and disk [`Alarms`] that block publishers.
 //! - [`broker`]: the [`Broker`]: users, vhosts, connections, timers.
@@ -66,6 +70,7 @@ pub mod durability;
 mod encoding;
 pub mod envelope;
 pub mod error;
+pub mod filter;
 pub mod io;
 pub mod link;
 pub mod message;
@@ -76,6 +81,7 @@ pub mod queue;
 pub mod replies;
 pub mod reserved;
 pub mod routing;
+pub mod selector;
 pub mod stats;
 pub mod testing;
 pub mod throttle;
@@ -92,6 +98,7 @@ pub use broker::{
 pub use direct_reply::{DirectReply, ReplyConsumer};
 pub use durability::Durability;
 pub use error::{CoreError, ResourceKind};
+pub use filter::MessageFilter;
 pub use link::{
     Authenticated, Credentials, Link, LoginRefused, LoginStage, Peer, Protocol, PublishTo,
 };

@@ -10,7 +10,19 @@
 //!
 //! The consume-queue tag of each entry carries what the queue needs without reading the
 //! record: body length (bits 0-31), priority (32-39), "has a per-message TTL" (40),
-//! persistent (41).
+//! persistent (41), the hash of its `x-tag` (42-63, see [`crate::filter`]).
+//!
+//! Consumers with a filter (selector or tag filter): while a queue has one, dispatch
+//! walks the ready window in order and hands each entry to the best consumer with credit
+//! whose filter accepts it; an entry no consumer accepts stays, for consumers to come
+//! (as ActiveMQ and Artemis do). A dispatch passes over at most a window's worth of
+//! entries (`queue_window`, 2048 by default): messages behind a full window of entries
+//! nobody accepts are not seen until those go (ActiveMQ's `maxPageSize` has the same
+//! effect). An entry that no consumer accepts is marked with the consumer set's epoch,
+//! so later walks skip it without reading its record again until a consumer comes or
+//! goes; an entry ruled out by its tag hash is never read at all. What a walk still
+//! re-reads are entries some consumer accepts but that consumer has no credit now: at
+//! most a window's worth per dispatch, never a scan of the whole queue.
 
 mod info;
 pub use info::{ConsumerInfo, QueueStats, RATE_NAMES};
@@ -296,6 +308,9 @@ struct Entry {
     redelivered: bool,
     /// Times returned to the queue (the delivery count; fits the struct's padding).
     returns: u32,
+    /// The filter epoch (see [`State::filter_epoch`]) in which no consumer's filter
+    /// accepted this entry; 0: not judged.
+    unmatched: u32,
 }
 
 struct Consumer {
@@ -312,6 +327,8 @@ struct Consumer {
     priority: i32,
     outbox: Arc<Outbox>,
     gate: Option<Arc<CreditGate>>,
+    /// What this consumer takes (selector, tag filter); `None`: everything.
+    filter: Option<Arc<crate::filter::MessageFilter>>,
 }
 
 struct Unacked {
@@ -396,6 +413,18 @@ struct State {
     /// Body bytes of the ready messages.
     ready_bytes: u64,
     consumers: Vec<Consumer>,
+    /// Single active consumer: deliveries the cancelled active consumer still holds
+    /// (unacked, or queued to its connection) that have not come back yet. While any
+    /// is out, nothing is handed to the next consumer, so that they reach it before
+    /// the messages behind them (per-key order across a failover).
+    sac_handover: u32,
+    /// The cancelled active consumer [`State::sac_handover`] counts for.
+    sac_old: ConsumerId,
+    /// How many consumers have a filter: when 0, dispatch takes the plain path.
+    filtered: usize,
+    /// Bumped whenever the consumer set changes (from 1): an entry marked unmatched in
+    /// an older epoch is judged again.
+    filter_epoch: u32,
     rr: usize,
     next_consumer: ConsumerId,
     had_consumers: bool,
@@ -522,6 +551,8 @@ pub struct ConsumeRequest {
     pub outbox: Arc<Outbox>,
     /// Channel-wide unacked limit, if any.
     pub gate: Option<Arc<CreditGate>>,
+    /// Only messages this accepts (selector, tag filter); `None`: all.
+    pub filter: Option<Arc<crate::filter::MessageFilter>>,
 }
 
 /// A registered consumer. Cancel it explicitly; dropping it does not.
@@ -625,6 +656,10 @@ impl Queue {
             ready_count,
             ready_bytes,
             consumers: Vec::new(),
+            sac_handover: 0,
+            sac_old: 0,
+            filtered: 0,
+            filter_epoch: 1,
             rr: 0,
             next_consumer: 1,
             had_consumers: false,
@@ -827,6 +862,7 @@ impl Queue {
                     tag: e.tag_hash,
                     redelivered: redelivered || returns > 0,
                     returns,
+                    unmatched: 0,
                 },
             );
         }
@@ -889,6 +925,7 @@ impl Queue {
                         tag,
                         redelivered: false,
                         returns: 0,
+                        unmatched: 0,
                     },
                 );
             }
@@ -1026,6 +1063,11 @@ impl Queue {
     }
 
     fn pick_consumer(&self, st: &State) -> Option<usize> {
+        self.pick_consumer_where(st, |_| true)
+    }
+
+    /// [`Queue::pick_consumer`] among the consumers `accept` takes.
+    fn pick_consumer_where(&self, st: &State, accept: impl Fn(&Consumer) -> bool) -> Option<usize> {
         // single active consumer: the earliest registered one only (consumers are kept
         // in registration order), whatever the others' priorities
         let n = if self.declared.single_active_consumer {
@@ -1043,7 +1085,7 @@ impl Queue {
             if c.prefetch != 0 && c.unacked >= c.prefetch {
                 continue;
             }
-            if best.is_some_and(|(p, _)| p >= c.priority) {
+            if best.is_some_and(|(p, _)| p >= c.priority) || !accept(c) {
                 continue;
             }
             if let Some(g) = &c.gate {
@@ -1073,6 +1115,12 @@ impl Queue {
 
     /// [`Queue::dispatch`], with the message at queue offset `hot.0` already decoded.
     fn dispatch_hot(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
+        if st.sac_handover > 0 {
+            return;
+        }
+        if st.filtered > 0 {
+            return self.dispatch_filtered(st, after, hot);
+        }
         let Some(me) = self.me() else {
             return;
         };
@@ -1090,21 +1138,38 @@ impl Queue {
             let Some(m) = self.take_next(st, after, hot) else {
                 continue;
             };
-            let (key, e) = ((255 - self.priority_of(m.entry.tag), m.offset), m.entry);
-            let off = m.offset;
-            let Some(c) = st.consumers.get_mut(ci) else {
+            if !self.hand_over(st, after, ci, m, &me) {
                 return;
+            }
+        }
+    }
+
+    /// Delivers `m` (already out of the window) to consumer `ci`; `false` when its
+    /// outbox filled up meanwhile (`m` is back in the window).
+    fn hand_over(
+        &self,
+        st: &mut State,
+        after: &mut After,
+        ci: usize,
+        m: Ready,
+        me: &Arc<Queue>,
+    ) -> bool {
+        let (key, e) = ((255 - self.priority_of(m.entry.tag), m.offset), m.entry);
+        let off = m.offset;
+        {
+            let Some(c) = st.consumers.get_mut(ci) else {
+                return false;
             };
             let no_ack = c.no_ack || (c.ack_transient && e.tag & TAG_PERSISTENT == 0);
             let delivery = m.into_delivery(c.tag.clone(), me.clone(), 0, !no_ack);
             if !c.outbox.push(OutEvent::Deliver(delivery)) {
                 // filled up since pick_consumer looked: put it back, wait for room
-                c.outbox.wait_for_room(&me);
+                c.outbox.wait_for_room(me);
                 self.note_tag(e.tag);
                 st.ready.insert(key, e);
                 st.ready_count += 1;
                 st.ready_bytes += tag_len(e.tag);
-                return;
+                return false;
             }
             if no_ack {
                 st.counts.deliver_no_ack += 1;
@@ -1131,6 +1196,117 @@ impl Queue {
                 );
             }
             st.rr = ci + 1;
+        }
+        true
+    }
+
+    /// [`Queue::dispatch_hot`] while some consumer has a filter: walks the window in
+    /// order (passing over at most a window of entries) and hands each entry to the best consumer with
+    /// credit that accepts it; entries nobody accepts stay (see the module's notes).
+    fn dispatch_filtered(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let Some(me) = self.me() else {
+            return;
+        };
+        self.fill(st);
+        let epoch = st.filter_epoch;
+        // single active consumer: only the active one's filter counts
+        let judged = if self.declared.single_active_consumer {
+            1
+        } else {
+            usize::MAX
+        };
+        let mut cursor: Option<(u8, u64)> = None;
+        let mut walked = 0usize;
+        while walked < self.window {
+            if st.consumers.is_empty() || self.pick_consumer(st).is_none() {
+                return;
+            }
+            let next = match cursor {
+                None => st.ready.iter().next(),
+                Some(k) => st.ready.range((Excluded(k), Unbounded)).next(),
+            };
+            let Some((&key, &e)) = next else {
+                return;
+            };
+            cursor = Some(key);
+            walked += 1;
+            if e.unmatched == epoch {
+                continue;
+            }
+            let off = key.1;
+            let may = |c: &Consumer| c.filter.as_ref().is_none_or(|f| f.may_match(e.tag));
+            if !st.consumers.iter().take(judged).any(may) {
+                // the tag hash alone rules it out for everyone: no record read
+                if let Some(x) = st.ready.get_mut(&key) {
+                    x.unmatched = epoch;
+                }
+                continue;
+            }
+            let m = match hot.filter(|(o, _)| *o == off) {
+                Some((_, h)) if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() => {
+                    Ready {
+                        offset: off,
+                        entry: e,
+                        body: h.body.clone(),
+                        exchange: h.exchange.clone(),
+                        routing_key: h.routing_key.clone(),
+                        properties: h.properties.clone(),
+                    }
+                }
+                _ => {
+                    let loaded = self.load(off, &e, after);
+                    let expired = loaded.as_ref().is_some_and(|(rec, _, _, p)| {
+                        self.expiry(st.args.message_ttl, e.tag, rec, p)
+                            .is_some_and(|t| t <= now_ms())
+                    });
+                    let Some((rec, exchange, routing_key, properties)) =
+                        loaded.filter(|_| !expired)
+                    else {
+                        // unreadable (acked by `load`) or expired: it leaves the queue
+                        st.ready.remove(&key);
+                        st.ready_count = st.ready_count.saturating_sub(1);
+                        st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+                        if expired {
+                            self.drop_entry(off, e, "expired", after);
+                        }
+                        continue;
+                    };
+                    Ready {
+                        offset: off,
+                        entry: e,
+                        body: rec.body,
+                        exchange,
+                        routing_key,
+                        properties: Arc::new(properties),
+                    }
+                }
+            };
+            let props = m.properties.clone();
+            let accepts = |c: &Consumer| {
+                c.filter
+                    .as_ref()
+                    .is_none_or(|f| f.may_match(e.tag) && f.matches(&props))
+            };
+            if !st.consumers.iter().take(judged).any(accepts) {
+                if let Some(x) = st.ready.get_mut(&key) {
+                    x.unmatched = epoch;
+                }
+                continue;
+            }
+            let Some(ci) = self.pick_consumer_where(st, accepts) else {
+                // those that take it have no credit now: it waits for them
+                continue;
+            };
+            st.ready.remove(&key);
+            st.ready_count = st.ready_count.saturating_sub(1);
+            st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+            if !self.hand_over(st, after, ci, m, &me) {
+                return;
+            }
+            // the bound is on entries passed over; a delivery is progress
+            walked -= 1;
+            self.fill(st);
         }
     }
 
@@ -1308,7 +1484,10 @@ impl Queue {
                 priority: req.priority,
                 outbox: req.outbox,
                 gate: req.gate,
+                filter: req.filter.clone(),
             });
+            st.filtered += usize::from(req.filter.is_some());
+            st.filter_epoch = st.filter_epoch.wrapping_add(1).max(1);
             st.had_consumers = true;
             st.last_used = Instant::now();
             handle = ConsumerHandle { queue: me, id, tag };
@@ -1333,6 +1512,8 @@ impl Queue {
             let was_active = st.consumers.first().map(|c| (c.id, c.unacked));
             let before = st.consumers.len();
             st.consumers.retain(|c| c.id != id);
+            st.filtered = st.consumers.iter().filter(|c| c.filter.is_some()).count();
+            st.filter_epoch = st.filter_epoch.wrapping_add(1).max(1);
             let active = if sac { 1 } else { usize::MAX };
             st.credit = st
                 .consumers
@@ -1350,6 +1531,13 @@ impl Queue {
             // right after cancelling), and the next ack, nack or publish hands on.
             if sac && !st.deleted && was_active == Some((id, 0)) {
                 self.dispatch(&mut st, &mut after);
+            }
+            // It held some: the next one gets nothing until every one of them is back
+            // (acked, or requeued by the adapter: those in the connection's outbox are
+            // requeued after the channel's unacked ones, and must not be overtaken).
+            if let Some((old, n)) = was_active.filter(|(old, n)| sac && *old == id && *n > 0) {
+                st.sac_old = old;
+                st.sac_handover = n;
             }
             self.flow_check(&mut st, &mut after);
         }
@@ -1405,6 +1593,7 @@ impl Queue {
                 if requeue {
                     let mut e = u.entry;
                     e.redelivered = true;
+                    e.unmatched = 0;
                     if count {
                         e.returns = e.returns.saturating_add(1);
                         if st
@@ -1767,6 +1956,9 @@ impl Queue {
 }
 
 fn release(st: &mut State, u: &Unacked, after: &mut After) {
+    if st.sac_handover > 0 && u.consumer == st.sac_old {
+        st.sac_handover -= 1;
+    }
     if let Some(c) = st.consumers.iter_mut().find(|c| c.id == u.consumer) {
         c.unacked = c.unacked.saturating_sub(1);
     }

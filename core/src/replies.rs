@@ -274,6 +274,7 @@ mod tests {
                     conn: 1,
                     outbox: crate::Outbox::new(16),
                     gate: None,
+                    filter: None,
                 },
             )
             .unwrap();

@@ -1031,12 +1031,12 @@ impl Vhost {
         &self,
         exchange: &str,
         key: &str,
-        headers: Option<&FieldTable>,
+        props: &Properties,
     ) -> Result<Vec<Arc<Queue>>, CoreError> {
         let topo = self.topology_read();
         let queues = self.queues_read();
         let lookup = |n: &str| queues.contains_key(n);
-        let names = topo.route(exchange, key, headers, &lookup)?;
+        let names = topo.route_message(exchange, key, props, &lookup)?;
         // no exchange routes to the broker's own queues (see `publish_reserved`)
         Ok(names
             .iter()
@@ -1257,7 +1257,7 @@ impl Vhost {
 
     fn check_and_route(&self, p: &Publish) -> Result<Vec<Arc<Queue>>, CoreError> {
         self.check_size(p)?;
-        self.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())
+        self.route(&p.exchange, &p.routing_key, &p.properties)
     }
 
     /// A committed half message ([`crate::txn`]): routed as published, its copy indexed
@@ -1334,7 +1334,8 @@ impl Vhost {
         }
         let persistent = props.delivery_mode == Some(2);
         let has_ttl = props.expiration.is_some();
-        let tag = make_tag(body.len(), props.priority.unwrap_or(0), has_ttl, persistent);
+        let tag = make_tag(body.len(), props.priority.unwrap_or(0), has_ttl, persistent)
+            | crate::filter::tag_bits(&props);
         let env = envelope::encode(exchange, routing_key, &props)?;
         let ids: Vec<u32> = targets.iter().map(|q| q.store_id()).collect();
         let mut key_buf: [&[u8]; 2] = [&[], &[]];
@@ -1402,7 +1403,7 @@ impl Vhost {
         else {
             return;
         };
-        let targets = match self.route(&dlx, &key, props.headers.as_ref()) {
+        let targets = match self.route(&dlx, &key, &props) {
             Ok(t) => t,
             Err(e) => {
                 tracing::debug!(queue = from.name(), dlx, error = %e, "dead-letter exchange unusable; message dropped");

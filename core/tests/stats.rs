@@ -51,6 +51,7 @@ fn queues_count_deliveries_gets_acks_and_redeliveries() {
                 conn: 1,
                 outbox: o.clone(),
                 gate: None,
+                filter: None,
             },
         )
         .unwrap();

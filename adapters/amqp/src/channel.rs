@@ -9,9 +9,9 @@ use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPC
 use bytes::{Bytes, BytesMut};
 use triad_core::direct_reply::{REPLY_PREFIX, REPLY_TO};
 use triad_core::{
-    ChannelSlot, ConsumeRequest, ConsumerHandle, CreditGate, Delivery, DirectReply, ExchangeDef,
-    ExchangeKind, FieldValue, Link, Properties, Publish, PublishTo, Queue, QueueDeclare,
-    ReplyConsumer,
+    ChannelSlot, ConsumeRequest, ConsumerHandle, CoreError, CreditGate, Delivery, DirectReply,
+    ExchangeDef, ExchangeKind, FieldTable, FieldValue, Link, MessageFilter, Properties, Publish,
+    PublishTo, Queue, QueueDeclare, ReplyConsumer,
 };
 
 use crate::codec::{Frame, FRAME_OVERHEAD};
@@ -638,6 +638,7 @@ impl Session {
             .and_then(FieldValue::as_i64)
             .map(|p| p.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32)
             .unwrap_or(0);
+        let filter = consume_filter(&args)?;
         let (prefetch, gate) = {
             let ch = self.chan(id)?;
             (ch.prefetch, ch.gate.clone())
@@ -651,6 +652,7 @@ impl Session {
             conn: self.conn,
             outbox: self.outbox.clone(),
             gate,
+            filter,
         };
         // Send consume-ok before the core can hand us a delivery for this consumer:
         // deliveries only reach the wire after this frame is handled.
@@ -1170,4 +1172,23 @@ impl Session {
             }
         }
     }
+}
+
+/// The consumer's message filter from `basic.consume` arguments `x-selector` (SQL92,
+/// JMS syntax) and `x-tag-filter` (`a || b`): a malformed one, or one that is not a
+/// string, is refused with 406 PRECONDITION_FAILED naming the problem (as RabbitMQ
+/// refuses a bad `x-priority`), before consume-ok.
+fn consume_filter(args: &FieldTable) -> Result<Option<Arc<MessageFilter>>, AmqpError> {
+    let text = |name: &str| match args.get(name) {
+        None => Ok(None),
+        Some(v) => v.as_str().map(Some).ok_or_else(|| {
+            CoreError::PreconditionFailed(format!(
+                "invalid arg '{name}' for basic.consume: not a string"
+            ))
+        }),
+    };
+    Ok(MessageFilter::compile(
+        text("x-selector")?,
+        text("x-tag-filter")?,
+    )?)
 }

@@ -1102,6 +1102,7 @@ impl Conn {
                 conn: self.link.id(),
                 outbox: self.outbox.clone(),
                 gate: None,
+                filter: None,
             },
         );
         match consumed {
@@ -1166,6 +1167,7 @@ impl Conn {
                 conn: self.link.id(),
                 outbox: self.outbox.clone(),
                 gate: None,
+                filter: None,
             },
         )?;
         // a transient message is QoS 0 here: delivered at most once, no ack per copy

@@ -134,6 +134,7 @@ impl DurableLog {
             conn,
             outbox,
             gate: None,
+            filter: None,
         }
     }
 

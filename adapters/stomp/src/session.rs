@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use triad_core::{
     Backpressure, Broker, ConnectionId, ConsumeRequest, ConsumerHandle, CoreError, Credentials,
-    Delivery, Durability, FieldTable, FieldValue, Link, OutEvent, Outbox, Peer, Protocol, Publish,
-    Queue, QueueDeclare,
+    Delivery, Durability, FieldTable, FieldValue, Link, MessageFilter, OutEvent, Outbox, Peer,
+    Protocol, Publish, Queue, QueueDeclare,
 };
 
 use crate::codec::{DecodeError, Dialect, Limits};
@@ -738,6 +738,7 @@ impl Session {
             conn: self.conn,
             outbox: self.outbox.clone(),
             gate: None,
+            filter: None,
         }
     }
 
@@ -773,12 +774,15 @@ impl Session {
                 format!("a subscription with id '{id}' already exists on this connection"),
             ));
         }
-        if f.has("selector") {
-            return Err(Fail::new(
-                "selectors are not supported yet",
-                "the 'selector' header of SUBSCRIBE is not supported by this broker",
-            ));
-        }
+        // compiled before anything is declared, so a bad one leaves nothing behind
+        let filter = MessageFilter::compile(f.header("selector"), f.header("x-tag-filter"))
+            .map_err(|e| match e {
+                CoreError::PreconditionFailed(m) if m.starts_with("invalid selector") => {
+                    Fail::new("invalid selector", m)
+                }
+                CoreError::PreconditionFailed(m) => Fail::new("invalid x-tag-filter header", m),
+                other => other.into(),
+            })?;
         let mode = match f.header("ack").unwrap_or("auto") {
             "auto" => AckMode::Auto,
             "client" => AckMode::Client,
@@ -851,10 +855,9 @@ impl Session {
                 q
             }
         };
-        let consumer = self.linked()?.consume(
-            &queue,
-            self.consume_request(&id, mode, prefetch, exclusive, priority),
-        )?;
+        let mut req = self.consume_request(&id, mode, prefetch, exclusive, priority);
+        req.filter = filter;
+        let consumer = self.linked()?.consume(&queue, req)?;
         self.subs.insert(
             id.clone(),
             Subscription {

@@ -817,18 +817,87 @@ async fn oversized_frames_are_refused() {
 }
 
 #[tokio::test]
-async fn selectors_are_refused() {
+async fn a_malformed_selector_is_an_error_naming_the_problem() {
     let s = start().await;
     let mut c = Client::connect(s.addr).await;
     c.send(
         Frame::new(Command::Subscribe)
             .with("id", "0")
             .with("destination", "/queue/s")
-            .with("selector", "colour = 'red'"),
+            .with("selector", "colour = 'red"),
     )
     .await;
     let e = c.expect_error().await;
-    assert_eq!(e.header("message"), Some("selectors are not supported yet"));
+    assert_eq!(e.header("message"), Some("invalid selector"));
+    assert!(body(&e).contains("unterminated string"), "{e:?}");
+    // nothing was declared for it
+    assert!(s.broker.vhost("/").unwrap().queue("s").is_none());
+    let mut c = Client::connect(s.addr).await;
+    c.send(
+        Frame::new(Command::Subscribe)
+            .with("id", "0")
+            .with("destination", "/queue/s")
+            .with("x-tag-filter", "a || "),
+    )
+    .await;
+    let e = c.expect_error().await;
+    assert_eq!(e.header("message"), Some("invalid x-tag-filter header"));
+}
+
+#[tokio::test]
+async fn a_selecting_subscriber_takes_only_matches_and_leaves_the_rest() {
+    let s = start().await;
+    let mut p = Client::connect(s.addr).await;
+    for (colour, size) in [("blue", "5"), ("red", "20"), ("red", "3"), ("red", "11")] {
+        p.publish(
+            "/queue/sel",
+            &format!("{colour}-{size}"),
+            &[("colour", colour), ("size", size)],
+        )
+        .await;
+    }
+    let mut a = Client::connect(s.addr).await;
+    // a STOMP header is a string; against a number it reads as one (ActiveMQ's rule)
+    a.subscribe(
+        "a",
+        "/queue/sel",
+        &[("selector", "colour = 'red' AND size > 10")],
+    )
+    .await;
+    assert_eq!(body(&a.expect(Command::Message).await), "red-20");
+    assert_eq!(body(&a.expect(Command::Message).await), "red-11");
+    a.expect_nothing(100).await;
+    let mut b = Client::connect(s.addr).await;
+    b.subscribe("b", "/queue/sel", &[]).await;
+    assert_eq!(body(&b.expect(Command::Message).await), "blue-5");
+    assert_eq!(body(&b.expect(Command::Message).await), "red-3");
+    // a new message goes to the one whose selector takes it
+    p.publish("/queue/sel", "red-50", &[("colour", "red"), ("size", "50")])
+        .await;
+    assert_eq!(body(&a.expect(Command::Message).await), "red-50");
+}
+
+#[tokio::test]
+async fn a_tag_filter_takes_only_its_tags() {
+    let s = start().await;
+    let mut c = Client::connect(s.addr).await;
+    c.subscribe("t", "/queue/tags", &[("x-tag-filter", "a || b")])
+        .await;
+    let mut p = Client::connect(s.addr).await;
+    for tag in ["a", "c", "b", ""] {
+        let h: &[(&str, &str)] = if tag.is_empty() {
+            &[]
+        } else {
+            &[("x-tag", tag)]
+        };
+        p.publish("/queue/tags", &format!("m-{tag}"), h).await;
+    }
+    let m = c.expect(Command::Message).await;
+    assert_eq!((body(&m).as_str(), m.header("x-tag")), ("m-a", Some("a")));
+    assert_eq!(body(&c.expect(Command::Message).await), "m-b");
+    c.expect_nothing(100).await;
+    let q = s.broker.vhost("/").unwrap().queue("tags").unwrap();
+    assert_eq!(q.message_count(), 2);
 }
 
 #[tokio::test]

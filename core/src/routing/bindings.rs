@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::consistent_hash::Ring;
 use super::exchange::ExchangeKind;
 use super::headers::headers_match;
 use super::topic::TopicTrie;
@@ -127,7 +128,8 @@ impl DestBindings {
 /// destination may be bound several times with different keys or arguments. The
 /// authoritative set is kept per destination; direct and topic exchanges also keep an
 /// index over (key, destination) pairs so routing never scans every binding. Headers
-/// exchanges scan (as RabbitMQ does); fanout exchanges route to every destination.
+/// exchanges scan (as RabbitMQ does); fanout exchanges route to every destination;
+/// consistent-hash exchanges keep their [`Ring`].
 ///
 /// A destination's name is stored once: the indexes hold clones of the [`Destination`]
 /// this table keeps as the key of its bindings (shared, not copied).
@@ -138,6 +140,7 @@ pub struct BindingTable {
     len: usize,
     direct: HashMap<String, HashSet<Destination>>,
     topic: TopicTrie,
+    ring: Ring,
 }
 
 impl BindingTable {
@@ -149,6 +152,7 @@ impl BindingTable {
             len: 0,
             direct: HashMap::new(),
             topic: TopicTrie::new(),
+            ring: Ring::default(),
         }
     }
 
@@ -195,6 +199,9 @@ impl BindingTable {
             return false;
         }
         self.len += 1;
+        if self.kind == ExchangeKind::ConsistentHash {
+            self.ring.insert(destination.clone(), key);
+        }
         if first_for_key {
             match self.kind {
                 ExchangeKind::Direct => {
@@ -206,7 +213,7 @@ impl BindingTable {
                 ExchangeKind::Topic => {
                     self.topic.insert(key, destination);
                 }
-                ExchangeKind::Fanout | ExchangeKind::Headers => {}
+                ExchangeKind::Fanout | ExchangeKind::Headers | ExchangeKind::ConsistentHash => {}
             }
         }
         true
@@ -222,6 +229,9 @@ impl BindingTable {
             return false;
         }
         self.len -= 1;
+        if self.kind == ExchangeKind::ConsistentHash {
+            self.ring.remove(destination, key);
+        }
         if bindings.len() == 0 {
             self.by_destination.remove(destination);
         }
@@ -241,6 +251,9 @@ impl BindingTable {
         }
         let removed = bindings.len();
         self.len -= removed;
+        if self.kind == ExchangeKind::ConsistentHash {
+            self.ring.remove_destination(destination);
+        }
         removed
     }
 
@@ -257,7 +270,7 @@ impl BindingTable {
             ExchangeKind::Topic => {
                 self.topic.remove(key, destination);
             }
-            ExchangeKind::Fanout | ExchangeKind::Headers => {}
+            ExchangeKind::Fanout | ExchangeKind::Headers | ExchangeKind::ConsistentHash => {}
         }
     }
 
@@ -266,6 +279,12 @@ impl BindingTable {
         self.by_destination
             .iter()
             .flat_map(|(d, b)| b.iter().map(move |(k, a)| (d, k, a)))
+    }
+
+    /// The destination a consistent-hash exchange picks for a message whose hash input
+    /// (routing key, header or property: [`super::consistent_hash::HashOn`]) is `input`.
+    pub fn route_hashed(&self, input: &[u8]) -> Option<&Destination> {
+        self.ring.route(input)
     }
 
     /// Calls `emit` for each destination a message with this key and headers goes to.
@@ -284,6 +303,11 @@ impl BindingTable {
             }
             ExchangeKind::Fanout => self.by_destination.keys().for_each(emit),
             ExchangeKind::Topic => self.topic.route(key, emit),
+            ExchangeKind::ConsistentHash => {
+                if let Some(d) = self.ring.route(key.as_bytes()) {
+                    emit(d);
+                }
+            }
             ExchangeKind::Headers => {
                 for (destination, bindings) in &self.by_destination {
                     if bindings

@@ -20,6 +20,10 @@ pub enum ExchangeKind {
     Topic,
     /// Binding arguments are matched against message headers.
     Headers,
+    /// `x-consistent-hash`: one destination per message, by a consistent hash of its
+    /// routing key (or a header or property); binding keys are weights (see
+    /// [`super::consistent_hash`]).
+    ConsistentHash,
 }
 
 impl ExchangeKind {
@@ -30,6 +34,7 @@ impl ExchangeKind {
             ExchangeKind::Fanout => "fanout",
             ExchangeKind::Topic => "topic",
             ExchangeKind::Headers => "headers",
+            ExchangeKind::ConsistentHash => "x-consistent-hash",
         }
     }
 }
@@ -43,7 +48,8 @@ impl fmt::Display for ExchangeKind {
 impl FromStr for ExchangeKind {
     type Err = CoreError;
 
-    /// Parses `direct`, `fanout`, `topic` or `headers` (exactly, as RabbitMQ);
+    /// Parses `direct`, `fanout`, `topic`, `headers` or `x-consistent-hash` (exactly, as
+    /// RabbitMQ);
     /// anything else is [`CoreError::CommandInvalid`].
     fn from_str(s: &str) -> Result<Self, CoreError> {
         match s {
@@ -51,6 +57,7 @@ impl FromStr for ExchangeKind {
             "fanout" => Ok(ExchangeKind::Fanout),
             "topic" => Ok(ExchangeKind::Topic),
             "headers" => Ok(ExchangeKind::Headers),
+            "x-consistent-hash" => Ok(ExchangeKind::ConsistentHash),
             other => Err(CoreError::CommandInvalid(format!(
                 "unknown exchange type '{other}'"
             ))),
@@ -106,12 +113,13 @@ mod tests {
             ExchangeKind::Fanout,
             ExchangeKind::Topic,
             ExchangeKind::Headers,
+            ExchangeKind::ConsistentHash,
         ] {
             assert_eq!(k.as_str().parse::<ExchangeKind>(), Ok(k));
             assert_eq!(k.to_string(), k.as_str());
         }
         assert!(matches!(
-            "x-consistent-hash".parse::<ExchangeKind>(),
+            "x-modulus-hash".parse::<ExchangeKind>(),
             Err(CoreError::CommandInvalid(_))
         ));
         assert!("Direct".parse::<ExchangeKind>().is_err());

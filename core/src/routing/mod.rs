@@ -4,10 +4,12 @@
 //! - [`topic`]: the topic trie ([`TopicTrie`]) with RabbitMQ's `*`/`#` semantics.
 //! - [`headers`]: the headers exchange's `x-match` rule.
 //! - [`bindings`]: one exchange's [`BindingTable`], indexed for its kind.
+//! - [`consistent_hash`]: the `x-consistent-hash` exchange's ring (RabbitMQ's plugin).
 //! - [`topology`]: a vhost's exchanges and bindings ([`Topology`]) and
 //!   [`Topology::route`], which resolves a publish to the final set of queues.
 
 pub mod bindings;
+pub mod consistent_hash;
 pub mod exchange;
 pub mod headers;
 pub mod topic;

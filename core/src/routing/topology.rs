@@ -6,10 +6,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::bindings::BindingTable;
+use super::consistent_hash::{self, HashOn};
 use super::exchange::{ExchangeDef, ExchangeKind, ALTERNATE_EXCHANGE};
 use super::headers::validate_binding_args;
 use super::{Binding, Destination};
 use crate::error::CoreError;
+use crate::message::Properties;
 use crate::value::FieldTable;
 
 /// The default exchange's name.
@@ -131,6 +133,9 @@ impl Topology {
                     def.name
                 )));
             }
+        }
+        if def.kind == ExchangeKind::ConsistentHash {
+            HashOn::from_args(&def.name, &def.arguments)?;
         }
         if let Some(existing) = self.exchanges.get(&def.name) {
             assert_equivalent(&existing.def, &def)?;
@@ -273,6 +278,9 @@ impl Topology {
         if x.def.kind == ExchangeKind::Headers {
             validate_binding_args(&args)?;
         }
+        if x.def.kind == ExchangeKind::ConsistentHash {
+            consistent_hash::weight(key)?;
+        }
         Ok(x.bindings.insert(destination, key, args))
     }
 
@@ -374,6 +382,35 @@ impl Topology {
         headers: Option<&FieldTable>,
         queues: &dyn QueueLookup,
     ) -> Result<Vec<String>, CoreError> {
+        self.route_with(exchange, routing_key, headers, None, queues)
+    }
+
+    /// [`Topology::route`] for a message with these properties (a consistent-hash
+    /// exchange's `hash-property` reads them; headers are `props.headers`).
+    pub fn route_message(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        props: &Properties,
+        queues: &dyn QueueLookup,
+    ) -> Result<Vec<String>, CoreError> {
+        self.route_with(
+            exchange,
+            routing_key,
+            props.headers.as_ref(),
+            Some(props),
+            queues,
+        )
+    }
+
+    fn route_with(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        headers: Option<&FieldTable>,
+        props: Option<&Properties>,
+        queues: &dyn QueueLookup,
+    ) -> Result<Vec<String>, CoreError> {
         let x = self
             .exchanges
             .get(exchange)
@@ -406,8 +443,18 @@ impl Topology {
                 continue;
             }
             targets.clear();
-            x.bindings
-                .route(routing_key, headers, &mut |d| targets.push(d));
+            match x.def.kind {
+                ExchangeKind::ConsistentHash => {
+                    // validated at declare; a stored one from elsewhere falls back
+                    let on = HashOn::from_args(&x.def.name, &x.def.arguments)
+                        .unwrap_or(HashOn::RoutingKey);
+                    let input = on.input(routing_key, headers, props);
+                    targets.extend(x.bindings.route_hashed(&input));
+                }
+                _ => x
+                    .bindings
+                    .route(routing_key, headers, &mut |d| targets.push(d)),
+            }
             if targets.is_empty() {
                 if let Some(ae) = x.def.alternate_exchange() {
                     if let Some((name, next)) = self.exchanges.get_key_value(ae) {
@@ -757,5 +804,51 @@ mod tests {
             t.route("nope", "", None, &qs),
             Err(CoreError::NotFound { .. })
         ));
+    }
+
+    #[test]
+    fn consistent_hash_exchange() {
+        let mut t = Topology::new();
+        let qs = queues(&["a", "b", "c"]);
+        let mut bad = def("bad", ExchangeKind::ConsistentHash);
+        bad.arguments.insert("hash-header", "h");
+        bad.arguments.insert("hash-property", "message_id");
+        assert!(matches!(
+            t.declare_exchange(bad),
+            Err(CoreError::PreconditionFailed(m)) if m.contains("mutually exclusive")
+        ));
+        let mut x = def("x", ExchangeKind::ConsistentHash);
+        x.arguments.insert("hash-header", "user");
+        t.declare_exchange(x).unwrap();
+        for bad_key in ["0", "w", ""] {
+            assert!(matches!(
+                t.bind(
+                    "x",
+                    Destination::queue("a"),
+                    bad_key,
+                    FieldTable::new(),
+                    &qs
+                ),
+                Err(CoreError::PreconditionFailed(_))
+            ));
+        }
+        for q in ["a", "b", "c"] {
+            t.bind("x", Destination::queue(q), "10", FieldTable::new(), &qs)
+                .unwrap();
+        }
+        // one queue per message, the same one for the same header, whatever the key
+        let mut hit = HashSet::new();
+        for u in 0..300 {
+            let props = Properties {
+                headers: Some([("user", format!("u{u}"))].into_iter().collect()),
+                ..Default::default()
+            };
+            let r1 = t.route_message("x", "k1", &props, &qs).unwrap();
+            let r2 = t.route_message("x", "k2", &props, &qs).unwrap();
+            assert_eq!(r1.len(), 1);
+            assert_eq!(r1, r2);
+            hit.insert(r1[0].clone());
+        }
+        assert_eq!(hit.len(), 3, "every queue gets some keys");
     }
 }
