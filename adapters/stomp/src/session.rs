@@ -846,9 +846,10 @@ impl Session {
                 q
             }
         };
-        let consumer = self.linked()?.consume(
+        let consumer = self.linked()?.consume_stream(
             &queue,
             self.consume_request(&id, mode, prefetch, exclusive, priority),
+            stream_consume(f)?,
         )?;
         self.subs.insert(
             id.clone(),
@@ -1321,6 +1322,32 @@ fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
     Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
 }
 
+/// A stream subscription's `x-stream-offset` (`first`, `last`, `next`, an offset, an
+/// interval such as `1h`, or `time:<RFC 3339>`) and `x-stream-consumer-name` headers,
+/// as RabbitMQ's STOMP plugin reads them; the core refuses them on a queue that is not
+/// a stream.
+fn stream_consume(f: &Frame) -> Res<triad_core::stream::StreamConsume> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let offset = match f.header("x-stream-offset") {
+        None => None,
+        Some(v) => Some(
+            triad_core::stream::StreamOffset::parse_str(v.trim(), now).ok_or_else(|| {
+                Fail::new(
+                    "invalid x-stream-offset",
+                    format!(
+                        "x-stream-offset '{v}' is not first, last, next, an offset, an interval such as 1h or time:<RFC 3339>"
+                    ),
+                )
+            })?,
+        ),
+    };
+    let name = f.header("x-stream-consumer-name").map(str::to_string);
+    Ok(triad_core::stream::StreamConsume { offset, name })
+}
+
 /// `x-` queue arguments given on SEND or SUBSCRIBE, typed as RabbitMQ's plugin types
 /// them: integers (`long`) for the TTLs, lengths and priority, strings for the rest. A
 /// value that does not parse is an ERROR naming the header; what the core does not
@@ -1339,6 +1366,7 @@ fn queue_arguments(f: &Frame) -> Res<FieldTable> {
         "x-dead-letter-routing-key",
         "x-overflow",
         "x-queue-type",
+        "x-max-age",
     ];
     let mut t = FieldTable::new();
     for name in INTS {
