@@ -1186,8 +1186,13 @@ impl Queue {
             return Ok(ConsumerHandle { queue: me, id, tag });
         }
         if !opts.is_empty() {
+            let arg = if opts.offset.is_some() {
+                "x-stream-offset"
+            } else {
+                "x-stream-consumer-name"
+            };
             return Err(CoreError::PreconditionFailed(format!(
-                "'{}' in vhost '{}' is not a stream queue: x-stream-offset and x-stream-consumer-name are for streams",
+                "invalid arg '{arg}' for queue '{}' in vhost '{}' of queue type classic (it is for stream queues)",
                 self.name, self.vhost_name
             )));
         }

@@ -48,6 +48,11 @@ use crate::value::FieldValue;
 
 pub use spec::{StreamArgs, StreamOffset};
 
+/// Wall-clock ms since the Unix epoch (what store timestamps and start times use).
+pub fn now_ms() -> u64 {
+    crate::queue::now_ms()
+}
+
 /// Most stored consumer names per stream.
 pub const MAX_NAMES: usize = 10_000;
 
@@ -114,6 +119,7 @@ struct StreamConsumer {
     cursor: u64,
     prefetch: u32,
     unacked: u32,
+    exclusive: bool,
     outbox: Arc<Outbox>,
     gate: Option<Arc<CreditGate>>,
 }
@@ -324,13 +330,6 @@ impl Stream {
                 self.queue, self.vhost
             )));
         }
-        if req.exclusive {
-            // RabbitMQ refuses exclusive consumers on streams too
-            return Err(CoreError::PreconditionFailed(format!(
-                "exclusive consume not supported by stream queues queue '{}' in vhost '{}'",
-                self.queue, self.vhost
-            )));
-        }
         if let Some(n) = &opts.name {
             if n.is_empty() || n.len() > spec::MAX_CONSUMER_NAME {
                 return Err(CoreError::PreconditionFailed(format!(
@@ -344,6 +343,14 @@ impl Stream {
             let mut st = self.lock();
             if st.deleted {
                 return Err(CoreError::queue_not_found(&self.queue));
+            }
+            if st.consumers.iter().any(|c| c.exclusive)
+                || (req.exclusive && !st.consumers.is_empty())
+            {
+                return Err(CoreError::AccessRefused(format!(
+                    "queue '{}' in vhost '{}' in exclusive use",
+                    self.queue, self.vhost
+                )));
             }
             let name: Option<Arc<str>> = opts.name.as_deref().map(Arc::from);
             if let Some(n) = &name {
@@ -376,6 +383,7 @@ impl Stream {
                 cursor: start,
                 prefetch: req.prefetch,
                 unacked: 0,
+                exclusive: req.exclusive,
                 outbox: req.outbox,
                 gate: req.gate,
             });
@@ -454,6 +462,13 @@ impl Stream {
                 return;
             }
             if offset >= st.next {
+                // enqueues of concurrent publishes may arrive out of order; every entry
+                // below `offset` is in the consume queue already
+                for o in st.next..offset {
+                    if let Some(e) = self.store.entry(self.id, o) {
+                        st.bytes += body_len(e.tag_hash);
+                    }
+                }
                 st.bytes += body_len(tag);
                 st.next = offset + 1;
             }

@@ -845,13 +845,16 @@ impl Vhost {
             "x-max-priority",
             "x-queue-type",
             "x-single-active-consumer",
+            "x-max-age",
         ] {
             let (a, b) = (d.arguments.get(key), q.arguments().get(key));
             let same = match (a, b) {
                 (None, None) => true,
                 (Some(a), Some(b)) => a.loosely_equals(b),
-                // RabbitMQ: an omitted x-queue-type matches classic
-                (None, Some(_)) | (Some(_), None) => key == "x-queue-type",
+                // RabbitMQ: an omitted x-queue-type matches classic (not a stream)
+                (None, Some(v)) | (Some(v), None) => {
+                    key == "x-queue-type" && v.as_str().is_some_and(|t| t == "classic")
+                }
             };
             if !same {
                 return inequivalent(

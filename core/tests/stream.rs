@@ -214,8 +214,21 @@ fn declare_and_operations_are_refused_as_rabbitmq_does() {
                 name: None
             }
         ),
-        Err(CoreError::PreconditionFailed(m)) if m.contains("not a stream")
+        Err(CoreError::PreconditionFailed(m)) if m.contains("x-stream-offset") && m.contains("classic")
     ));
+    // an exclusive consumer (RabbitMQ accepts them on streams) keeps others out
+    let mut r = req("x", 10, &o);
+    r.exclusive = true;
+    let _x = v.consume_stream("s", r, StreamConsume::default()).unwrap();
+    assert!(matches!(
+        v.consume_stream("s", req("y", 10, &o), StreamConsume::default()),
+        Err(CoreError::AccessRefused(m)) if m.contains("exclusive")
+    ));
+    // redeclaring a stream without x-queue-type is inequivalent, as RabbitMQ
+    match declare(&v, "s", FieldTable::default()) {
+        Err(CoreError::PreconditionFailed(m)) => assert!(m.contains("x-queue-type"), "{m}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

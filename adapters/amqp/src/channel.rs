@@ -101,10 +101,7 @@ impl Channel {
 fn stream_consume(
     args: &triad_core::FieldTable,
 ) -> Result<triad_core::stream::StreamConsume, AmqpError> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let now = triad_core::stream::now_ms();
     let offset = args
         .get("x-stream-offset")
         .map(|v| triad_core::stream::StreamOffset::from_field(v, now))

@@ -1327,10 +1327,7 @@ fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
 /// as RabbitMQ's STOMP plugin reads them; the core refuses them on a queue that is not
 /// a stream.
 fn stream_consume(f: &Frame) -> Res<triad_core::stream::StreamConsume> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let now = triad_core::stream::now_ms();
     let offset = match f.header("x-stream-offset") {
         None => None,
         Some(v) => Some(
