@@ -237,6 +237,9 @@ async fn retention_by_bytes_frees_disk() {
 segment_size = "64 KiB"
 checkpoint_interval = "100ms"
 retention_interval = "200ms"
+
+[limits]
+max_message_size = "16 KiB"
 "#,
     );
     let conn = amqp::connect(broker.amqp_addr()).await.unwrap();
