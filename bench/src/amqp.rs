@@ -407,15 +407,35 @@ impl Conn {
     }
 
     async fn declare_queue(&mut self, name: &str, durable: bool) -> Result<(), String> {
+        self.declare_queue_with(name, durable, &[]).await
+    }
+
+    async fn declare_queue_with(
+        &mut self,
+        name: &str,
+        durable: bool,
+        args: &[u8],
+    ) -> Result<(), String> {
         method(&mut self.out, 1, Q_DECLARE, |o| {
             o.extend_from_slice(&0u16.to_be_bytes());
             shortstr(o, name);
             o.push(if durable { 0b10 } else { 0 }); // passive, durable, exclusive, auto-delete, nowait
-            longstr(o, &[]);
+            longstr(o, args);
         });
         self.flush().await?;
         self.expect(1, Q_DECLARE_OK).await.map(|_| ())
     }
+}
+
+/// A field table of string entries, AMQP-encoded (without its length).
+fn string_table(entries: &[(&str, &str)]) -> Vec<u8> {
+    let mut t = Vec::new();
+    for (k, v) in entries {
+        shortstr(&mut t, k);
+        t.push(b'S');
+        longstr(&mut t, v.as_bytes());
+    }
+    t
 }
 
 fn queue_name(i: usize) -> String {
@@ -651,7 +671,12 @@ async fn start_consumer(a: &AmqpArgs, id: usize, queue: &str) -> Result<Conn, St
         shortstr(o, queue);
         shortstr(o, &format!("c{id}"));
         o.push(if a.manual_ack { 0 } else { 0b10 }); // no-local, no-ack, exclusive, nowait
-        longstr(o, &[]);
+        let args = if a.stream {
+            string_table(&[("x-stream-offset", "first")])
+        } else {
+            Vec::new()
+        };
+        longstr(o, &args);
     });
     c.flush().await?;
     c.expect(1, B_CONSUME_OK).await?;
@@ -768,6 +793,47 @@ async fn consumer(
     (chk, err)
 }
 
+/// `--stream`: publishes `--count` messages into the streams (confirmed) before anything
+/// is measured; returns what each producer sent.
+async fn fill_streams(a: &Arc<AmqpArgs>, queues: &[String]) -> Result<Vec<u64>, String> {
+    let l = &a.load;
+    let quotas = e2e::quotas(l.count, l.producers);
+    let counters = Arc::new(e2e::Counters::default());
+    let mut tasks = Vec::new();
+    for (i, quota) in quotas.into_iter().enumerate() {
+        let mut c = Conn::open(a).await?;
+        method(&mut c.out, 1, CONFIRM_SELECT, |o| o.push(0));
+        c.flush().await?;
+        c.expect(1, CONFIRM_SELECT_OK).await?;
+        let plan = ProducerPlan {
+            id: i as u32,
+            exchange: String::new(),
+            routing_key: queues[i % queues.len()].clone(),
+            quota,
+            deadline: None,
+        };
+        tasks.push(tokio::spawn(producer(c, a.clone(), plan, counters.clone())));
+    }
+    if !l.quiet {
+        eprintln!(
+            "filling the stream(s) with {} messages",
+            l.count.unwrap_or(0)
+        );
+    }
+    let mut sent = Vec::new();
+    for t in tasks {
+        let (n, err, nacked) = t.await.map_err(|e| e.to_string())?;
+        if let Some(e) = err {
+            return Err(format!("filling the stream: {e}"));
+        }
+        if nacked > 0 {
+            return Err(format!("filling the stream: {nacked} publishes nacked"));
+        }
+        sent.push(n);
+    }
+    Ok(sent)
+}
+
 pub fn run(a: &AmqpArgs) -> Result<Value, String> {
     e2e::runtime(a.load.threads)?.block_on(run_async(Arc::new(a.clone())))
 }
@@ -792,8 +858,13 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
     } else {
         String::new()
     };
+    let stream_args = string_table(&[("x-queue-type", "stream")]);
     for q in &queues {
-        setup.declare_queue(q, a.persistent).await?;
+        if a.stream {
+            setup.declare_queue_with(q, true, &stream_args).await?;
+        } else {
+            setup.declare_queue(q, a.persistent).await?;
+        }
         if a.fanout.is_some() {
             method(&mut setup.out, 1, Q_BIND, |o| {
                 o.extend_from_slice(&0u16.to_be_bytes());
@@ -807,12 +878,19 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
             setup.expect(1, Q_BIND_OK).await?;
         }
     }
+    // --stream: the stream is filled before the consumers start
+    let prefilled = if a.stream {
+        Some(fill_streams(&a, &queues).await?)
+    } else {
+        None
+    };
     let mut consumer_conns = Vec::new();
     for j in 0..l.consumers {
         consumer_conns.push(start_consumer(&a, j, &queues[j % groups]).await?);
     }
     let mut producer_conns = Vec::new();
-    for _ in 0..l.producers {
+    let producers_n = if a.stream { 0 } else { l.producers };
+    for _ in 0..producers_n {
         let mut c = Conn::open(&a).await?;
         if a.confirm {
             method(&mut c.out, 1, CONFIRM_SELECT, |o| o.push(0));
@@ -862,19 +940,29 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
         .collect();
     let fanout = a.fanout.is_some();
     let feeds = move |g: usize, p: usize| fanout || p % groups == g;
-    let fin = h
-        .finish(l, producers, consumers, |sent| {
-            (0..groups)
-                .map(|g| {
-                    sent.iter()
-                        .enumerate()
-                        .filter(|(p, _)| feeds(g, *p))
-                        .map(|(_, n)| n)
-                        .sum::<u64>()
-                })
-                .sum()
-        })
-        .await;
+    let expected = move |sent: &[u64]| -> u64 {
+        (0..groups)
+            .map(|g| {
+                sent.iter()
+                    .enumerate()
+                    .filter(|(p, _)| feeds(g, *p))
+                    .map(|(_, n)| n)
+                    .sum::<u64>()
+            })
+            .sum()
+    };
+    let mut fin = match &prefilled {
+        Some(sent) => {
+            let sent = sent.clone();
+            h.finish(l, producers, consumers, move |_| expected(&sent))
+                .await
+        }
+        None => h.finish(l, producers, consumers, expected).await,
+    };
+    if let Some(sent) = prefilled {
+        fin.sent = sent;
+        fin.send_seconds = 0.0;
+    }
 
     // clean up: delete the queues and the exchange
     for q in &queues {
@@ -922,6 +1010,7 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
             "confirm_window": a.confirm.then_some(a.confirm_window),
             "manual_ack": a.manual_ack,
             "prefetch": a.prefetch,
+            "stream": a.stream,
             "nacked": nacked.load(Ordering::Relaxed),
         }),
     ))
@@ -933,6 +1022,9 @@ fn variant(a: &AmqpArgs) -> String {
     } else {
         "transient"
     }];
+    if a.stream {
+        v.push("stream-replay");
+    }
     if a.confirm {
         v.push("confirm");
     }

@@ -497,6 +497,12 @@ pub struct AmqpArgs {
     /// Virtual host
     #[arg(long, value_name = "V", default_value = "/")]
     pub vhost: String,
+    /// Stream replay: declare the queues as stream queues (x-queue-type=stream), publish
+    /// --count messages first (with confirms), then start the consumers at
+    /// x-stream-offset=first and measure only their read of the whole stream. Implies
+    /// --persistent --confirm --manual-ack; --prefetch defaults to 1000.
+    #[arg(long)]
+    pub stream: bool,
 }
 
 impl AmqpArgs {
@@ -513,6 +519,21 @@ impl AmqpArgs {
         }
         if o.fanout.is_none() && o.queues > o.load.producers {
             return Err("--queues exceeds --producers: some queues would stay empty".into());
+        }
+        let mut o = o;
+        if o.stream {
+            if o.load.count.is_none() {
+                return Err("--stream needs --count (the messages to publish first)".into());
+            }
+            if o.fanout.is_some() {
+                return Err("--stream takes --queues, not --fanout".into());
+            }
+            o.persistent = true;
+            o.confirm = true;
+            o.manual_ack = true;
+            if o.prefetch == 0 {
+                o.prefetch = 1000;
+            }
         }
         if o.prefetch > 0 && !o.manual_ack {
             return Err("--prefetch needs --manual-ack".into());

@@ -73,6 +73,12 @@ pub enum CoreError {
     #[error("command invalid: {0}")]
     CommandInvalid(String),
 
+    /// The operation exists in the protocol but not for this resource: `basic.get`,
+    /// `queue.purge` or an auto-ack consumer on a stream queue. (AMQP: 540
+    /// NOT_IMPLEMENTED, as RabbitMQ.)
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
+
     /// The user may not use this vhost, or the vhost does not exist at connection
     /// time. (AMQP: 530 NOT_ALLOWED.)
     #[error("not allowed: {0}")]

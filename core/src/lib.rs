@@ -38,6 +38,8 @@
 //! - [`vhost`]: a [`Vhost`]: topology plus queues; declare, bind, publish, consume, get.
 //! - [`queue`]: a [`Queue`]: ready window over the store, consumers with credit, acks,
 //!   requeue, TTL, length limits, dead-lettering.
+//! - [`stream`]: stream queues (`x-queue-type=stream`): non-destructive logs read from
+//!   per-consumer positions (offset, time, stored consumer offsets), with retention.
 //! - [`outbox`]: how queues hand deliveries to connections, with back-pressure.
 //! - [`reserved`]: the names the broker keeps for itself (its own state's queues,
 //!   `$SYS` topics), which no client can address.
@@ -83,6 +85,7 @@ pub mod reserved;
 pub mod routing;
 pub mod selector;
 pub mod stats;
+pub mod stream;
 pub mod testing;
 pub mod throttle;
 pub mod txn;

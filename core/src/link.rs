@@ -491,6 +491,20 @@ impl Link {
         self.vhost.consume(queue, req)
     }
 
+    /// [`Link::consume`] with a stream consumer's start position and consumer name
+    /// (`x-stream-offset`, `x-stream-consumer-name`); refused on a queue that is not a
+    /// stream when either is set.
+    pub fn consume_stream(
+        &self,
+        queue: &str,
+        mut req: ConsumeRequest,
+        opts: crate::stream::StreamConsume,
+    ) -> Result<ConsumerHandle, CoreError> {
+        self.access.consume(queue)?;
+        req.conn = self.conn;
+        self.vhost.consume_stream(queue, req, opts)
+    }
+
     /// `basic.get`.
     pub fn get(&self, queue: &str, no_ack: bool) -> Result<Option<Delivery>, CoreError> {
         self.access.consume(queue)?;

@@ -17,7 +17,8 @@
 //! **`apply-to`**: `all`, `queues` and `classic_queues` match queues (every Triad queue
 //! is a classic one); `exchanges` matches exchanges, for which Triad has no policy
 //! key, so such a policy changes nothing (as a queue key on an exchange in RabbitMQ).
-//! `quorum_queues` and `streams` are refused: Triad has neither.
+//! `quorum_queues` and `streams` are refused: Triad has no quorum queues, and a stream's
+//! retention is set by its arguments.
 //!
 //! **Cost**: a vhost's policies are a short list sorted by priority; a queue declare
 //! walks that list (not the vhost's queues). Setting or deleting a policy walks the
@@ -86,7 +87,12 @@ impl ApplyTo {
             "queues" => ApplyTo::Queues,
             "classic_queues" => ApplyTo::ClassicQueues,
             "exchanges" => ApplyTo::Exchanges,
-            "quorum_queues" | "streams" => {
+            "streams" => {
+                return Err(bad(
+                    "apply-to 'streams' is not supported: a stream's retention is set by its x-max-age and x-max-length-bytes arguments".to_string(),
+                ))
+            }
+            "quorum_queues" => {
                 return Err(bad(format!(
                     "apply-to '{s}' is not supported: Triad has no {}",
                     s.replace('_', " ")

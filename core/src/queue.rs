@@ -245,6 +245,9 @@ impl QueueArgs {
         };
         match string_arg(args, "x-queue-type")?.as_deref() {
             None | Some("classic") => {}
+            Some("stream") => {
+                crate::stream::StreamArgs::parse(args)?;
+            }
             Some(other) => {
                 return Err(CoreError::PreconditionFailed(format!(
                     "invalid arg 'x-queue-type' for queue: '{other}' is not supported"
@@ -504,6 +507,9 @@ pub struct Queue {
     /// Whether the settings in force refuse publishes when full (`x-overflow`
     /// reject-publish with a length limit): read without a lock on every publish.
     rejecting: AtomicBool,
+    /// Set for a stream queue (`x-queue-type=stream`), which keeps its own state
+    /// ([`crate::stream`]): the methods below hand over to it.
+    stream: Option<crate::stream::Stream>,
 }
 
 fn refuses_when_full(a: &QueueArgs) -> bool {
@@ -601,9 +607,20 @@ impl Queue {
         // queues: the ones a restart finds are dropped here. Walked in batches, so a
         // backlog of millions is not held as a vector of offsets while the broker starts.
         const BATCH: usize = 1 << 16;
+        let stream = match crate::stream::spec::is_stream(&spec.arguments) {
+            true => Some(crate::stream::Stream::open(
+                store.clone(),
+                spec.id,
+                &spec.vhost_name,
+                &spec.name,
+                crate::stream::StreamArgs::parse(&spec.arguments)?,
+            )?),
+            false => None,
+        };
         let (mut ready_count, mut ready_bytes, mut dropped) = (0u64, 0u64, 0usize);
         let mut from = 0;
-        loop {
+        // a stream keeps every entry (transient ones too) and counts its own
+        while stream.is_none() {
             let pending = store.unacked_from(spec.id, from, BATCH)?;
             let Some(&last) = pending.last() else {
                 break;
@@ -694,12 +711,17 @@ impl Queue {
             me: me.clone(),
             state: Mutex::new(state),
             tick_wanted: AtomicBool::new(false),
+            stream,
         }))
     }
 
     /// The queue's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// The vhost's name.
+    pub fn vhost_name(&self) -> &str {
+        &self.vhost_name
     }
     /// Whether it survives a restart.
     pub fn durable(&self) -> bool {
@@ -774,9 +796,23 @@ impl Queue {
         self.id
     }
 
+    /// The stream state of a stream queue (`x-queue-type=stream`).
+    pub fn stream(&self) -> Option<&crate::stream::Stream> {
+        self.stream.as_ref()
+    }
+
+    /// Whether this is a stream queue.
+    pub fn is_stream(&self) -> bool {
+        self.stream.is_some()
+    }
+
     /// Ready messages (not delivered and unacked). Messages past their TTL at the head
     /// are expired first, as RabbitMQ does, rather than counted until the next tick.
+    /// For a stream: the entries it retains.
     pub fn message_count(&self) -> u32 {
+        if let Some(s) = &self.stream {
+            return s.message_count();
+        }
         let mut after = After::default();
         let count = {
             let mut st = lock(&self.state);
@@ -791,11 +827,17 @@ impl Queue {
 
     /// Active consumers.
     pub fn consumer_count(&self) -> u32 {
+        if let Some(s) = &self.stream {
+            return s.consumer_count();
+        }
         lock(&self.state).consumers.len() as u32
     }
 
     /// Delivered but not yet acked.
     pub fn unacked_count(&self) -> u32 {
+        if let Some(s) = &self.stream {
+            return s.unacked_count();
+        }
         lock(&self.state).unacked.len() as u32
     }
 
@@ -905,6 +947,12 @@ impl Queue {
         publisher: Option<ConnectionId>,
         hot: Option<&Hot>,
     ) -> bool {
+        if let Some(s) = &self.stream {
+            if let Some(me) = self.me() {
+                s.enqueue(&me, offset, tag, hot);
+            }
+            return false;
+        }
         let mut after = After::default();
         let wait;
         {
@@ -1435,6 +1483,9 @@ impl Queue {
 
     /// Resumes deliveries after an outbox or credit gate had no room.
     pub(crate) fn kick(&self) {
+        if let (Some(s), Some(me)) = (&self.stream, self.me()) {
+            return s.kick(&me);
+        }
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
@@ -1448,9 +1499,40 @@ impl Queue {
     }
 
     pub(crate) fn consume(&self, req: ConsumeRequest) -> Result<ConsumerHandle, CoreError> {
+        self.consume_with(req, crate::stream::StreamConsume::default())
+    }
+
+    /// [`Queue::consume`] with a stream consumer's start position and name, which only a
+    /// stream queue accepts.
+    pub(crate) fn consume_with(
+        &self,
+        req: ConsumeRequest,
+        opts: crate::stream::StreamConsume,
+    ) -> Result<ConsumerHandle, CoreError> {
         let me = self
             .me()
             .ok_or_else(|| CoreError::queue_not_found(&self.name))?;
+        if let Some(s) = &self.stream {
+            if req.filter.is_some() {
+                return Err(CoreError::NotImplemented(format!(
+                    "selectors and tag filters on stream queue '{}' (only on classic queues)",
+                    self.name
+                )));
+            }
+            let (id, tag) = s.consume(&me, req, opts)?;
+            return Ok(ConsumerHandle { queue: me, id, tag });
+        }
+        if !opts.is_empty() {
+            let arg = if opts.offset.is_some() {
+                "x-stream-offset"
+            } else {
+                "x-stream-consumer-name"
+            };
+            return Err(CoreError::PreconditionFailed(format!(
+                "invalid arg '{arg}' for queue '{}' in vhost '{}' of queue type classic (it is for stream queues)",
+                self.name, self.vhost_name
+            )));
+        }
         let mut after = After::default();
         let handle;
         {
@@ -1505,6 +1587,9 @@ impl Queue {
     }
 
     fn cancel(&self, id: ConsumerId) {
+        if let Some(s) = &self.stream {
+            return s.cancel(id);
+        }
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
@@ -1546,6 +1631,9 @@ impl Queue {
 
     /// Acks deliveries (by queue offset); unknown offsets are ignored.
     pub fn ack(&self, offsets: &[u64]) {
+        if let (Some(s), Some(me)) = (&self.stream, self.me()) {
+            return s.settle(&me, offsets, true);
+        }
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
@@ -1579,6 +1667,10 @@ impl Queue {
     }
 
     fn put_back(&self, offsets: &[u64], requeue: bool, count: bool) {
+        // a stream redelivers nothing: a nack (or a requeue) only returns credit
+        if let (Some(s), Some(me)) = (&self.stream, self.me()) {
+            return s.settle(&me, offsets, false);
+        }
         let mut after = After::default();
         {
             let mut st = lock(&self.state);
@@ -1720,6 +1812,10 @@ impl Queue {
 
     /// Marks the queue deleted and tells its consumers; returns the ready count.
     pub(crate) fn mark_deleted(&self) -> u32 {
+        if let Some(s) = &self.stream {
+            lock(&self.state).deleted = true;
+            return s.mark_deleted();
+        }
         let mut st = lock(&self.state);
         st.deleted = true;
         st.throttled = false;
@@ -1736,6 +1832,9 @@ impl Queue {
 
     /// Whether the queue has consumers, ready messages (for delete if-unused / if-empty).
     pub(crate) fn usage(&self) -> (u32, u32) {
+        if let Some(s) = &self.stream {
+            return (s.consumer_count(), s.message_count());
+        }
         let st = lock(&self.state);
         (
             st.consumers.len() as u32,
@@ -1749,7 +1848,8 @@ impl Queue {
     pub(crate) fn needs_tick(&self) -> bool {
         // the declared settings and a flag (set by a policy with a TTL or `expires`):
         // no lock, since every tick asks every queue
-        self.declared.message_ttl.is_some()
+        self.stream.is_some()
+            || self.declared.message_ttl.is_some()
             || self.declared.expires.is_some()
             || self.tick_wanted.load(Ordering::Relaxed)
     }
@@ -1762,6 +1862,10 @@ impl Queue {
     }
 
     pub(crate) fn tick(&self) -> bool {
+        if let Some(s) = &self.stream {
+            s.tick(now_ms());
+            return false;
+        }
         let mut after = After::default();
         let expired;
         {

@@ -386,6 +386,9 @@ impl Vhost {
             if let Some(p) = vh.policies.for_queue(&q.name) {
                 queue.apply_policy(Some(p));
             }
+            if let Some(s) = queue.stream() {
+                s.load_offsets()?;
+            }
             vh.queues_mut().insert(q.name.clone(), queue);
         }
         // store queues of this vhost that the topology does not know: a crash between
@@ -740,6 +743,15 @@ impl Vhost {
         }
         // RabbitMQ accepts a dead-letter exchange that does not exist (yet)
         let args = QueueArgs::parse(&d.arguments)?;
+        if crate::stream::spec::is_stream(&d.arguments) {
+            crate::stream::spec::check_properties(
+                &name,
+                &self.name,
+                d.durable,
+                d.exclusive,
+                d.auto_delete,
+            )?;
+        }
         // exclusive queues never outlive their connection, so they are never durable
         let durable = d.durable && !d.exclusive;
         let done = {
@@ -851,13 +863,16 @@ impl Vhost {
             "x-single-active-consumer",
             "x-delivery-limit",
             "x-retry-backoff",
+            "x-max-age",
         ] {
             let (a, b) = (d.arguments.get(key), q.arguments().get(key));
             let same = match (a, b) {
                 (None, None) => true,
                 (Some(a), Some(b)) => a.loosely_equals(b),
-                // RabbitMQ: an omitted x-queue-type matches classic
-                (None, Some(_)) | (Some(_), None) => key == "x-queue-type",
+                // RabbitMQ: an omitted x-queue-type matches classic (not a stream)
+                (None, Some(v)) | (Some(v), None) => {
+                    key == "x-queue-type" && v.as_str().is_some_and(|t| t == "classic")
+                }
             };
             if !same {
                 return inequivalent(
@@ -911,7 +926,9 @@ impl Vhost {
 
     /// `queue.purge`: returns the messages removed.
     pub fn purge_queue(&self, queue: &str, conn: ConnectionId) -> Result<u32, CoreError> {
-        Ok(self.queue_for(queue, conn)?.purge())
+        let q = self.queue_for(queue, conn)?;
+        crate::stream::refuse_on_stream(&q, "queue.purge")?;
+        Ok(q.purge())
     }
 
     /// `queue.delete`: returns the messages it held.
@@ -974,6 +991,9 @@ impl Vhost {
                 ops.push(MetaOp::delete_prefix(
                     bindings_to_prefix(&self.name, &dest).build(),
                 ));
+            }
+            if q.is_stream() {
+                ops.push(crate::stream::delete_offsets_op(&self.name, q.name()));
             }
             deleted_exchange_ops(&self.name, &deleted, &mut ops);
             self.journal(ops)
@@ -1421,6 +1441,18 @@ impl Vhost {
         q.consume(c)
     }
 
+    /// `basic.consume` with a stream consumer's start position and name
+    /// ([`crate::stream`]); refused on other queues when either is set.
+    pub fn consume_stream(
+        &self,
+        queue: &str,
+        c: ConsumeRequest,
+        opts: crate::stream::StreamConsume,
+    ) -> Result<ConsumerHandle, CoreError> {
+        let q = self.queue_for(queue, c.conn)?;
+        q.consume_with(c, opts)
+    }
+
     /// `basic.get`.
     pub fn get(
         &self,
@@ -1428,7 +1460,9 @@ impl Vhost {
         no_ack: bool,
         conn: ConnectionId,
     ) -> Result<Option<Delivery>, CoreError> {
-        Ok(self.queue_for(queue, conn)?.get(no_ack))
+        let q = self.queue_for(queue, conn)?;
+        crate::stream::refuse_on_stream(&q, "basic.get")?;
+        Ok(q.get(no_ack))
     }
 
     /// Deletes every queue, exchange and binding of the vhost, journaled (the vhost

@@ -22,8 +22,9 @@
 //!
 //! Modules: [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
 //! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
-//! [`policies`] (policies), [`user_limits`] (per-user limits), [`metrics`] (Prometheus `/metrics`), [`messages`] (message
-//! queries from the store), [`ui`] (the web dashboard's static files).
+//! [`policies`] (policies), [`user_limits`] (per-user limits), [`metrics`] (Prometheus
+//! `/metrics`), [`messages`] (message queries from the store), [`streams`] (stored stream
+//! consumer offsets), [`ui`] (the web dashboard's static files).
 
 pub mod defs;
 pub mod json;
@@ -32,6 +33,7 @@ pub mod messages;
 pub mod metrics;
 pub mod policies;
 pub mod read;
+pub mod streams;
 pub mod ui;
 pub mod user_limits;
 pub mod write;

@@ -34,7 +34,7 @@ pub fn queue_json(vhost: &str, q: &Queue) -> Value {
         "exclusive": q.exclusive_owner().is_some(),
         "arguments": table_json(q.arguments()),
         "node": node_name(),
-        "type": "classic",
+        "type": if q.is_stream() { "stream" } else { "classic" },
         "state": if s.flow { "flow" } else { "running" },
         "policy": policy.as_ref().map(|p| p.name.as_str()),
         "operator_policy": null,
@@ -536,6 +536,7 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
     match path {
         ["overview"] => overview(api),
         ["whoami"] => ok_json(&whoami(api)),
+        ["stream-offsets", v, q] => super::streams::list(api, v, q),
         ["extensions"] => ok_json(&json!([])),
         ["nodes"] => {
             api.require_monitor()?;

@@ -440,6 +440,7 @@ fn set_topic_permission(api: &Api, vhost: &str, user: &str, body: &Value) -> Api
 pub fn put(api: &Api, path: &[&str], body: &Value) -> ApiResult {
     match path {
         ["queues", v, q] => declare_queue(api, v, q, body),
+        ["stream-offsets", v, q, c] => super::streams::reset(api, v, q, c, body),
         ["exchanges", v, x] => declare_exchange(api, v, x, body),
         ["vhosts", v] => {
             api.require_admin()?;

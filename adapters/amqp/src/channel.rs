@@ -96,6 +96,28 @@ impl Channel {
     }
 }
 
+/// A stream consumer's `x-stream-offset` and `x-stream-consumer-name` consume
+/// arguments (RabbitMQ's); the core refuses them on a queue that is not a stream.
+fn stream_consume(
+    args: &triad_core::FieldTable,
+) -> Result<triad_core::stream::StreamConsume, AmqpError> {
+    let now = triad_core::stream::now_ms();
+    let offset = args
+        .get("x-stream-offset")
+        .map(|v| triad_core::stream::StreamOffset::from_field(v, now))
+        .transpose()?;
+    let name = match args.get("x-stream-consumer-name") {
+        None => None,
+        Some(v) => Some(v.as_str().map(str::to_string).ok_or_else(|| {
+            chan_err(
+                errors::PRECONDITION_FAILED,
+                "invalid arg 'x-stream-consumer-name': not a string",
+            )
+        })?),
+    };
+    Ok(triad_core::stream::StreamConsume { offset, name })
+}
+
 fn settle(entries: &[(u64, Unacked)], ack: bool, requeue: bool) {
     triad_core::link::settle(
         entries.iter().map(|(_, u)| (&u.queue, u.offset)),
@@ -643,6 +665,7 @@ impl Session {
             let ch = self.chan(id)?;
             (ch.prefetch, ch.gate.clone())
         };
+        let stream = stream_consume(&args)?;
         let req = ConsumeRequest {
             tag: tag.clone(),
             no_ack: c.no_ack,
@@ -664,7 +687,7 @@ impl Session {
                 })),
             );
         }
-        let handle = match self.open_link()?.consume(&q, req) {
+        let handle = match self.open_link()?.consume_stream(&q, req, stream) {
             Ok(h) => h,
             Err(e) => {
                 if !c.nowait {

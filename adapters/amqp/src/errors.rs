@@ -138,6 +138,7 @@ pub fn from_core(e: &CoreError) -> AmqpError {
         CoreError::LimitExceeded(_) => (PRECONDITION_FAILED, Scope::Channel),
         CoreError::CommandInvalid(_) => (COMMAND_INVALID, Scope::Connection),
         CoreError::NotAllowed(_) => (NOT_ALLOWED, Scope::Connection),
+        CoreError::NotImplemented(_) => (NOT_IMPLEMENTED, Scope::Connection),
         CoreError::InvalidEncoding(_) | CoreError::Internal(_) => {
             (INTERNAL_ERROR, Scope::Connection)
         }
@@ -149,6 +150,7 @@ pub fn from_core(e: &CoreError) -> AmqpError {
         | CoreError::PreconditionFailed(s)
         | CoreError::CommandInvalid(s)
         | CoreError::NotAllowed(s)
+        | CoreError::NotImplemented(s)
         | CoreError::Internal(s) => s.clone(),
         CoreError::InvalidEncoding(s) | CoreError::LimitExceeded(s) => (*s).to_owned(),
     };

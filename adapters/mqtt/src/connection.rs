@@ -471,6 +471,7 @@ where
         },
         max_subscriptions: ctx.limits.max_subscriptions,
         shared: Vec::new(),
+        streams: Vec::new(),
     };
     // [MQTT-3.2.2-1]..[MQTT-3.2.2-3]
     codec::encode(
@@ -683,6 +684,9 @@ struct Conn {
     /// Shared subscriptions consumed: the `$share/...` filter (the consumer's tag) and
     /// the consumer of its group's queue. Empty (no allocation) for most clients.
     shared: Vec<(Arc<str>, ConsumerHandle)>,
+    /// Stream subscriptions (`$stream/...`, see [`crate::stream`]) and the QoS granted
+    /// to each; their consumers are in `shared`, under the same filter.
+    streams: Vec<(Arc<str>, u8)>,
 }
 
 /// The connection's write buffer, taken (4 KiB) if it was let go while idle.
@@ -952,6 +956,10 @@ impl Conn {
                 self.topic_cache = None;
                 for f in &u.filters {
                     self.retained.remove(f);
+                    if crate::stream::is_stream(f) {
+                        self.unsubscribe_stream(f);
+                        continue;
+                    }
                     if is_shared(f) {
                         if self.session.subs.remove(f).is_some() {
                             if let Some(i) = self.shared.iter().position(|(t, _)| **t == **f) {
@@ -1176,6 +1184,129 @@ impl Conn {
         Ok(())
     }
 
+    /// One `$stream/...` filter of a SUBSCRIBE ([`crate::stream`]): the return code
+    /// (0x80 for an invalid one, one past the limit, or one refused).
+    fn subscribe_stream(
+        &mut self,
+        full: &str,
+        parsed: Result<crate::stream::StreamFilter<'_>, ()>,
+        requested: u8,
+    ) -> u8 {
+        let Ok(sf) = parsed else {
+            tracing::debug!(filter = full, "invalid stream subscription refused");
+            return 0x80;
+        };
+        let qos = requested.min(2);
+        if let Some(e) = self.streams.iter_mut().find(|(t, _)| **t == *full) {
+            // subscribed already: the new QoS applies, the position stays
+            e.1 = qos;
+            return qos;
+        }
+        if self.session.subs.len() + self.streams.len() >= self.max_subscriptions {
+            tracing::info!(
+                client_id = %self.client_id,
+                filter = full,
+                max = self.max_subscriptions,
+                "subscription refused: the session holds mqtt.max_subscriptions already"
+            );
+            return 0x80;
+        }
+        match self.join_stream(full, &sf) {
+            Ok(()) => {
+                self.streams.push((Arc::from(full), qos));
+                qos
+            }
+            Err(e) => {
+                tracing::debug!(filter = full, error = %e, "stream subscription refused");
+                0x80
+            }
+        }
+    }
+
+    /// Declares and binds the filter's stream queue when missing, then consumes it from
+    /// the subscription's start.
+    fn join_stream(
+        &mut self,
+        full: &str,
+        sf: &crate::stream::StreamFilter<'_>,
+    ) -> Result<(), CoreError> {
+        let qname = crate::stream::stream_queue_name(sf.filter);
+        if qname.len() > MAX_TOPIC_LEN {
+            return Err(CoreError::PreconditionFailed(format!(
+                "stream queue name longer than {MAX_TOPIC_LEN} bytes"
+            )));
+        }
+        let key = topic_to_routing_key(sf.filter);
+        self.check_subscribe_to(&qname, &key)?;
+        let vhost = self.link.vhost().clone();
+        match vhost.queue(&qname) {
+            Some(q) if !q.is_stream() => {
+                return Err(CoreError::PreconditionFailed(format!(
+                    "queue '{qname}' exists and is not a stream queue"
+                )))
+            }
+            Some(_) => {}
+            None => {
+                let mut arguments = FieldTable::default();
+                arguments.insert("x-queue-type", FieldValue::from("stream"));
+                vhost.declare_queue(QueueDeclare {
+                    name: qname.clone(),
+                    durable: true,
+                    arguments,
+                    conn: self.link.id(),
+                    ..Default::default()
+                })?;
+            }
+        }
+        if !vhost.has_queue_binding("amq.topic", &qname, &key) {
+            vhost.bind_queue(
+                &qname,
+                "amq.topic",
+                &key,
+                &FieldTable::default(),
+                self.link.id(),
+            )?;
+        }
+        let consumer = vhost.consume_stream(
+            &qname,
+            ConsumeRequest {
+                tag: full.to_string(),
+                no_ack: false,
+                exclusive: false,
+                prefetch: self.prefetch.max(1),
+                priority: 0,
+                conn: self.link.id(),
+                outbox: self.outbox.clone(),
+                gate: None,
+            },
+            crate::stream::consume_options(sf),
+        )?;
+        self.shared.push((Arc::from(full), consumer));
+        Ok(())
+    }
+
+    /// Ends the stream subscription `f`, if there is one.
+    fn unsubscribe_stream(&mut self, f: &str) {
+        self.streams.retain(|(t, _)| **t != *f);
+        if let Some(i) = self.shared.iter().position(|(t, _)| **t == *f) {
+            let (_, consumer) = self.shared.swap_remove(i);
+            consumer.cancel();
+        }
+    }
+
+    /// The QoS a delivery of stream subscription `tag` on `topic` goes out with (`None`:
+    /// the MQTT rules do not match it, or the subscription has ended).
+    fn stream_granted(&self, tag: &str, topic: &str) -> Option<u8> {
+        let matches = crate::stream::parse_stream(tag, 0)
+            .and_then(Result::ok)
+            .is_some_and(|s| filter_matches(s.filter, topic));
+        self.streams
+            .iter()
+            .find(|(t, _)| **t == *tag)
+            .map(|(_, q)| *q)
+            .filter(|_| matches)
+    }
+
     /// One `$share/...` filter of a SUBSCRIBE: the return code (0x80 for an invalid
     /// shared filter, one past the limit, or one refused).
     fn subscribe_shared(
@@ -1243,6 +1374,14 @@ impl Conn {
                     }
                     None => codes.push(0x80),
                 }
+                continue;
+            }
+            if let Some(parsed) = crate::stream::parse_stream(&filter, triad_core::stream::now_ms())
+            {
+                let code = self.subscribe_stream(&filter, parsed, requested);
+                // a stream subscription replays the stream itself: no retained messages
+                seen.insert(filter, (code != 0x80).then_some(usize::MAX));
+                codes.push(code);
                 continue;
             }
             if let Some(parsed) = parse_shared(&filter) {
@@ -1387,6 +1526,7 @@ impl Conn {
                         // that subscription ends, the connection goes on
                         tracing::info!(filter = %tag, "shared subscription queue deleted");
                         self.shared.swap_remove(i);
+                        self.streams.retain(|(t, _)| *t != tag);
                         self.session.subs.remove(&*tag);
                         self.leave_shared(&tag);
                         continue;
@@ -1399,11 +1539,15 @@ impl Conn {
                 // from a shared subscription's queue: the QoS its filter was granted,
                 // if the MQTT rules match it (see `topic`'s doc on `*` and `$`)
                 let topic = routing_key_to_topic(&d.routing_key);
-                let granted = self.session.subs.get(&*d.tag).copied().filter(|_| {
-                    parse_shared(&d.tag)
-                        .and_then(Result::ok)
-                        .is_some_and(|sh| filter_matches(sh.filter, &topic))
-                });
+                let granted = if crate::stream::is_stream(&d.tag) {
+                    self.stream_granted(&d.tag, &topic)
+                } else {
+                    self.session.subs.get(&*d.tag).copied().filter(|_| {
+                        parse_shared(&d.tag)
+                            .and_then(Result::ok)
+                            .is_some_and(|sh| filter_matches(sh.filter, &topic))
+                    })
+                };
                 self.deliver_one(d, &topic, granted, &mut acks);
                 continue;
             }

@@ -13,6 +13,8 @@
 //!   persistent sessions live in it).
 //! - [`state`]: [`MqttState`], shared by all connections: takeover registry, per-vhost
 //!   stores, `$SYS`.
+//! - [`stream`]: stream subscriptions, `$stream/<start>/<filter>`: replay from an offset
+//!   or a time out of a stream queue.
 //! - `connection` (private): the driver, one task per connection: [`serve`].
 //!
 //! # Vhosts
@@ -52,6 +54,7 @@ pub mod durable;
 pub mod retained;
 pub mod session;
 pub mod state;
+pub mod stream;
 pub mod topic;
 
 use std::sync::Arc;

@@ -243,6 +243,7 @@ pub fn core_error_text(e: &CoreError) -> (String, String) {
         CoreError::ResourceLocked(_) => "resource_locked",
         CoreError::CommandInvalid(_) => "command_invalid",
         CoreError::NotAllowed(_) => "not_allowed",
+        CoreError::NotImplemented(_) => "not_implemented",
         CoreError::InvalidEncoding(_) => "internal_error",
         CoreError::LimitExceeded(_) => "limit_exceeded",
         CoreError::Internal(_) => "internal_error",

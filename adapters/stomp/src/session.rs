@@ -857,7 +857,7 @@ impl Session {
         };
         let mut req = self.consume_request(&id, mode, prefetch, exclusive, priority);
         req.filter = filter;
-        let consumer = self.linked()?.consume(&queue, req)?;
+        let consumer = self.linked()?.consume_stream(&queue, req, stream_consume(f)?)?;
         self.subs.insert(
             id.clone(),
             Subscription {
@@ -1329,6 +1329,29 @@ fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
     Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
 }
 
+/// A stream subscription's `x-stream-offset` (`first`, `last`, `next`, an offset, an
+/// interval such as `1h`, or `time:<RFC 3339>`) and `x-stream-consumer-name` headers,
+/// as RabbitMQ's STOMP plugin reads them; the core refuses them on a queue that is not
+/// a stream.
+fn stream_consume(f: &Frame) -> Res<triad_core::stream::StreamConsume> {
+    let now = triad_core::stream::now_ms();
+    let offset = match f.header("x-stream-offset") {
+        None => None,
+        Some(v) => Some(
+            triad_core::stream::StreamOffset::parse_str(v.trim(), now).ok_or_else(|| {
+                Fail::new(
+                    "invalid x-stream-offset",
+                    format!(
+                        "x-stream-offset '{v}' is not first, last, next, an offset, an interval such as 1h or time:<RFC 3339>"
+                    ),
+                )
+            })?,
+        ),
+    };
+    let name = f.header("x-stream-consumer-name").map(str::to_string);
+    Ok(triad_core::stream::StreamConsume { offset, name })
+}
+
 /// `x-` queue arguments given on SEND or SUBSCRIBE, typed as RabbitMQ's plugin types
 /// them: integers (`long`) for the TTLs, lengths and priority, strings for the rest. A
 /// value that does not parse is an ERROR naming the header; what the core does not
@@ -1349,6 +1372,7 @@ fn queue_arguments(f: &Frame) -> Res<FieldTable> {
         "x-overflow",
         "x-queue-type",
         "x-retry-backoff",
+        "x-max-age",
     ];
     let mut t = FieldTable::new();
     for name in INTS {

@@ -79,12 +79,17 @@ impl Queue {
     /// The queue's counters (`ready` after expiring what is past its TTL at the head).
     pub fn stats(&self) -> QueueStats {
         let ready = u64::from(self.message_count());
+        // a stream: its retained entries, and its own consumers
+        let (unacked, consumers) = match self.stream() {
+            Some(s) => (u64::from(s.unacked_count()), s.consumer_count()),
+            None => (0, 0),
+        };
         let st = lock(&self.state);
         QueueStats {
             ready,
             ready_bytes: st.ready_bytes,
-            unacked: st.unacked.len() as u64,
-            consumers: st.consumers.len() as u32,
+            unacked: unacked + st.unacked.len() as u64,
+            consumers: consumers + st.consumers.len() as u32,
             flow: st.throttled,
             enqueued: st.cq_next,
             counts: st.counts,

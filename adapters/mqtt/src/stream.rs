@@ -1,0 +1,121 @@
+//! Stream subscriptions: `$stream/<start>/<filter>` replays what was published on
+//! `<filter>`'s topics from a position, then follows new messages (Kafka's model over
+//! MQTT 3.1.1; the core's stream queues, [`triad_core::stream`]).
+//!
+//! - `<start>`: `first`, `last`, `next`, an offset (`1200`), an interval back from now
+//!   (`1h`, `30m`, `7D`), or `time:<RFC 3339>` (`time:2026-12-01T09:00:00Z`) or
+//!   `time:<ms since the epoch>`.
+//! - The stream is the durable stream queue `mqtt-stream/<filter>`, bound to
+//!   `amq.topic` with the filter's routing key. The first such subscription declares and
+//!   binds it (with no retention limit), so it holds what is published from then on; an
+//!   operator who wants history from earlier, or retention (`x-max-age`,
+//!   `x-max-length-bytes`), declares and binds that queue beforehand (AMQP, STOMP or the
+//!   management API). Later subscriptions, with any start, read the same stream.
+//! - Permissions are a plain subscription's, on that queue: configure and read on it,
+//!   write on it and read on `amq.topic` (with the topic permission) for the binding.
+//! - The subscription lives as long as the connection (it is not stored with a
+//!   persistent session: a reconnecting client subscribes again with the start it
+//!   wants). Deliveries carry the QoS granted (at most the message's), each stream
+//!   subscription reads at most the session's in-flight window ahead of its acks.
+
+use triad_core::stream::{StreamConsume, StreamOffset};
+
+use crate::topic::valid_filter;
+
+/// Where a stream subscription's syntax starts.
+pub const STREAM_PREFIX: &str = "$stream/";
+
+/// A parsed `$stream/<start>/<filter>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamFilter<'a> {
+    /// Where reading starts.
+    pub start: StreamOffset,
+    /// The filter matched against topics.
+    pub filter: &'a str,
+}
+
+/// Whether `f` is written as a stream subscription (`$stream` or `$stream/...`): such a
+/// filter is a valid [`StreamFilter`] or refused, never taken as a plain filter.
+pub fn is_stream(f: &str) -> bool {
+    f == "$stream" || f.starts_with(STREAM_PREFIX)
+}
+
+/// Parses `$stream/<start>/<filter>`: `None` for a filter not written so;
+/// `Some(Err(()))` when the start or the filter is invalid.
+pub fn parse_stream(f: &str, now_ms: u64) -> Option<Result<StreamFilter<'_>, ()>> {
+    if !is_stream(f) {
+        return None;
+    }
+    let rest = f.strip_prefix(STREAM_PREFIX).unwrap_or("");
+    let Some((start, filter)) = rest.split_once('/') else {
+        return Some(Err(()));
+    };
+    let Some(start) = StreamOffset::parse_str(start, now_ms) else {
+        return Some(Err(()));
+    };
+    if !valid_filter(filter) || filter.starts_with('$') {
+        return Some(Err(()));
+    }
+    Some(Ok(StreamFilter { start, filter }))
+}
+
+/// The stream queue a filter reads.
+pub fn stream_queue_name(filter: &str) -> String {
+    format!("mqtt-stream/{filter}")
+}
+
+/// The core's consume options for a parsed filter.
+pub fn consume_options(s: &StreamFilter<'_>) -> StreamConsume {
+    StreamConsume {
+        offset: Some(s.start),
+        name: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_filters_parse() {
+        let now = 10_000_000;
+        assert_eq!(parse_stream("a/b", now), None);
+        assert_eq!(
+            parse_stream("$stream/first/sensors/#", now),
+            Some(Ok(StreamFilter {
+                start: StreamOffset::First,
+                filter: "sensors/#"
+            }))
+        );
+        assert_eq!(
+            parse_stream("$stream/1h/a/+/c", now),
+            Some(Ok(StreamFilter {
+                start: StreamOffset::Timestamp(now - 3_600_000),
+                filter: "a/+/c"
+            }))
+        );
+        assert_eq!(
+            parse_stream("$stream/time:2026-12-01T09:00:00Z/a", now),
+            Some(Ok(StreamFilter {
+                start: StreamOffset::Timestamp(1_796_115_600_000),
+                filter: "a"
+            }))
+        );
+        assert_eq!(
+            parse_stream("$stream/42/a", now).unwrap().unwrap().start,
+            StreamOffset::Offset(42)
+        );
+        for bad in [
+            "$stream",
+            "$stream/",
+            "$stream/first",
+            "$stream/first/",
+            "$stream/soon/a",
+            "$stream/first/a/#/b",
+            "$stream/first/$SYS/#",
+        ] {
+            assert_eq!(parse_stream(bad, now), Some(Err(())), "{bad}");
+        }
+        assert_eq!(stream_queue_name("a/+"), "mqtt-stream/a/+");
+    }
+}
