@@ -406,6 +406,143 @@ async fn connections_are_listed_with_their_login_and_closed_on_request() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_are_listed_as_rabbitmq_lists_them() {
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let conn = common::amqp::connect(broker.amqp_addr())
+        .await
+        .expect("amqp");
+    let one = conn.create_channel().await.expect("channel");
+    one.basic_qos(5, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    one.confirm_select(Default::default())
+        .await
+        .expect("confirm");
+    common::amqp::declare_durable(&one, "chq")
+        .await
+        .expect("declare");
+    one.basic_publish(
+        "".into(),
+        "chq".into(),
+        BasicPublishOptions::default(),
+        b"m",
+        Default::default(),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("confirm");
+    let _consumer = one
+        .basic_consume(
+            "chq".into(),
+            "c1".into(),
+            BasicConsumeOptions::default(),
+            Default::default(),
+        )
+        .await
+        .expect("consume");
+    let two = conn.create_channel().await.expect("channel");
+    two.tx_select().await.expect("tx");
+    // a STOMP connection is listed as one channel
+    let mut stomp = TcpStream::connect(broker.stomp_addr()).expect("stomp");
+    stomp
+        .write_all(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
+        .expect("send");
+    let mut buf = [0u8; 512];
+    stomp
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let n = stomp.read(&mut buf).expect("CONNECTED");
+    assert!(buf[..n].starts_with(b"CONNECTED"));
+
+    let mut listed = Vec::new();
+    eventually(
+        "two AMQP channels and the STOMP one, the delivery unacked",
+        || {
+            let (c, v) = get(http, "/api/channels", GUEST);
+            assert_eq!(c, 200);
+            listed = v.as_array().cloned().unwrap_or_default();
+            listed.len() == 3
+                && listed
+                    .iter()
+                    .any(|c| c["messages_unacknowledged"] == 1 && c["consumer_count"] == 1)
+        },
+    );
+    let amqp: Vec<&Value> = listed
+        .iter()
+        .filter(|c| c.get("confirm").is_some())
+        .collect();
+    assert_eq!(amqp.len(), 2, "{listed:?}");
+    let (first, second) = (amqp[0], amqp[1]);
+    let conn_name = first["connection_details"]["name"].as_str().expect("name");
+    assert_eq!(first["name"], json!(format!("{conn_name} (1)")));
+    assert_eq!(first["number"], 1);
+    assert_eq!(first["user"], "guest");
+    assert_eq!(first["vhost"], "/");
+    assert_eq!(first["confirm"], true);
+    assert_eq!(first["transactional"], false);
+    assert_eq!(first["prefetch_count"], 5);
+    assert_eq!(first["consumer_count"], 1);
+    assert_eq!(second["number"], 2);
+    assert_eq!(second["transactional"], true);
+    assert_eq!(second["consumer_count"], 0);
+    let stomp_ch = listed
+        .iter()
+        .find(|c| c.get("confirm").is_none())
+        .expect("the STOMP channel");
+    assert_eq!(stomp_ch["number"], 1);
+    assert_eq!(stomp_ch["user"], "guest");
+
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let (c, of_conn) = get(
+        http,
+        &format!("/api/connections/{}/channels", enc(conn_name)),
+        GUEST,
+    );
+    assert_eq!(c, 200);
+    assert_eq!(of_conn.as_array().map(Vec::len), Some(2));
+    let (c, conn_json) = get(http, &format!("/api/connections/{}", enc(conn_name)), GUEST);
+    assert_eq!((c, &conn_json["channels"]), (200, &json!(2)));
+    let (c, ch) = get(
+        http,
+        &format!("/api/channels/{}", enc(&format!("{conn_name} (2)"))),
+        GUEST,
+    );
+    assert_eq!((c, &ch["transactional"]), (200, &json!(true)));
+    assert_eq!(
+        get(
+            http,
+            &format!("/api/channels/{}", enc(&format!("{conn_name} (9)"))),
+            GUEST
+        )
+        .0,
+        404
+    );
+    assert_eq!(get(http, "/api/channels/nonsense", GUEST).0, 404);
+    let (c, of_vhost) = get(http, "/api/vhosts/%2F/channels", GUEST);
+    assert_eq!((c, of_vhost.as_array().map(Vec::len)), (200, Some(3)));
+
+    // a closed channel goes from the listing
+    two.close(200, "bye".into()).await.expect("close");
+    eventually("the closed channel unlisted", || {
+        get(
+            http,
+            &format!("/api/connections/{}/channels", enc(conn_name)),
+            GUEST,
+        )
+        .1
+        .as_array()
+        .map(Vec::len)
+            == Some(1)
+    });
+    drop(stomp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_users_vhosts_and_permissions_survive_a_restart() {
     let mut broker = TestBroker::start_with_config(&config());
     let http = broker.http_addr();

@@ -20,11 +20,12 @@
 //!   streamed.
 //! - Handlers run on a blocking thread: changes wait for the metadata journal's fsync.
 //!
-//! Modules: [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
+//! Modules: [`channels`] (channel listings), [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
 //! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
 //! [`policies`] (policies), [`metrics`] (Prometheus `/metrics`), [`messages`] (message
 //! queries from the store), [`ui`] (the web dashboard's static files).
 
+pub mod channels;
 pub mod defs;
 pub mod json;
 pub mod list;

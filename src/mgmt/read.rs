@@ -161,6 +161,8 @@ pub fn connection_json(c: &ConnInfo) -> Value {
         "peer_port": c.peer.port(),
         "ssl": c.tls,
         "connected_at": c.connected_at,
+        // AMQP: its open channels; STOMP and MQTT: one, as RabbitMQ's plugins
+        "channels": if c.protocol == "amqp" { c.channels().len() } else { 1 },
     });
     if let Some(cn) = c.peer_cert_cn() {
         v["peer_cert_subject"] = json!(format!("CN={cn}"));
@@ -306,6 +308,21 @@ pub fn visible_connections(api: &Api) -> Vec<Arc<ConnInfo>> {
     all.into_iter()
         .filter(|c| c.login().is_some_and(|l| l.user == api.user.name))
         .collect()
+}
+
+/// A connection the user may see, by name: one lookup ([`triad_core::conns::Registry::by_name`]),
+/// not a scan; 404 when it is not there or not the user's (unless monitoring).
+pub fn visible_connection(api: &Api, name: &str) -> Result<Arc<ConnInfo>, ApiError> {
+    let c = api
+        .broker()
+        .connections()
+        .by_name(name)
+        .ok_or_else(ApiError::not_found)?;
+    if api.is_monitor() || c.login().is_some_and(|l| l.user == api.user.name) {
+        Ok(c)
+    } else {
+        Err(ApiError::not_found())
+    }
 }
 
 fn list_connections(api: &Api, vhost: Option<&str>) -> ApiResult {
@@ -563,22 +580,33 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["vhosts", v, "permissions"] => {
             api.require_admin()?;
             api.vhost_read(v)?;
-            let items: Vec<Value> = auth.permissions().iter().filter(|p| p.vhost == *v).map(perm_json).collect();
+            let items: Vec<Value> = auth
+                .permissions()
+                .iter()
+                .filter(|p| p.vhost == *v)
+                .map(perm_json)
+                .collect();
             ok_json(&json!(items))
         }
         ["vhosts", v, "topic-permissions"] => {
             api.require_admin()?;
             api.vhost_read(v)?;
-            let items: Vec<Value> = auth.topic_permissions().iter().filter(|p| p.vhost == *v).map(topic_json).collect();
+            let items: Vec<Value> = auth
+                .topic_permissions()
+                .iter()
+                .filter(|p| p.vhost == *v)
+                .map(topic_json)
+                .collect();
             ok_json(&json!(items))
         }
         ["vhosts", v, "connections"] => {
             api.vhost_read(v)?;
             list_connections(api, Some(v))
         }
-        ["vhosts", _, "channels"] | ["channels"] | ["channels", _] | ["connections", _, "channels"] => Err(ApiError::not_implemented(
-            "channel listing is not implemented: AMQP channels are not registered with the core yet",
-        )),
+        ["vhosts", v, "channels"] => super::channels::of_vhost(api, v),
+        ["channels"] => super::channels::all(api),
+        ["channels", name] => super::channels::one(api, name),
+        ["connections", name, "channels"] => super::channels::of_connection(api, name),
         ["queues"] => list_queues(api, api.visible_vhosts()),
         ["queues", v] => {
             api.vhost_read(v)?;
@@ -602,7 +630,11 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["queues", v, q, "bindings"] => {
             let vh = api.vhost_read(v)?;
             vh.queue(q).ok_or_else(ApiError::not_found)?;
-            list_bindings(api, v, |b| matches!(&b.destination, Destination::Queue(d) if &**d == *q))
+            list_bindings(
+                api,
+                v,
+                |b| matches!(&b.destination, Destination::Queue(d) if &**d == *q),
+            )
         }
         ["exchanges"] => list_exchanges(api, api.visible_vhosts()),
         ["exchanges", v] => {
@@ -646,7 +678,7 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         ["connections"] => list_connections(api, None),
         ["connections", name] => {
-            let c = find(visible_connections(api), |c| c.name() == *name)?;
+            let c = visible_connection(api, name)?;
             ok_json(&connection_json(&c))
         }
         ["consumers"] => list_consumers(api, api.visible_vhosts()),
@@ -656,7 +688,11 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         ["users"] => {
             api.require_admin()?;
-            ok_json(&json!(auth.users().iter().map(user_json).collect::<Vec<_>>()))
+            ok_json(&json!(auth
+                .users()
+                .iter()
+                .map(user_json)
+                .collect::<Vec<_>>()))
         }
         ["users", "without-permissions"] => {
             api.require_admin()?;
@@ -676,26 +712,46 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["users", u, "permissions"] => {
             api.require_admin()?;
             find(auth.users(), |x| x.name == *u)?;
-            let items: Vec<Value> = auth.permissions().iter().filter(|p| p.user == *u).map(perm_json).collect();
+            let items: Vec<Value> = auth
+                .permissions()
+                .iter()
+                .filter(|p| p.user == *u)
+                .map(perm_json)
+                .collect();
             ok_json(&json!(items))
         }
         ["users", u, "topic-permissions"] => {
             api.require_admin()?;
             find(auth.users(), |x| x.name == *u)?;
-            let items: Vec<Value> = auth.topic_permissions().iter().filter(|p| p.user == *u).map(topic_json).collect();
+            let items: Vec<Value> = auth
+                .topic_permissions()
+                .iter()
+                .filter(|p| p.user == *u)
+                .map(topic_json)
+                .collect();
             ok_json(&json!(items))
         }
         ["permissions"] => {
             api.require_admin()?;
-            ok_json(&json!(auth.permissions().iter().map(perm_json).collect::<Vec<_>>()))
+            ok_json(&json!(auth
+                .permissions()
+                .iter()
+                .map(perm_json)
+                .collect::<Vec<_>>()))
         }
         ["permissions", v, u] => {
             api.require_admin()?;
-            ok_json(&perm_json(&find(auth.permissions(), |p| p.vhost == *v && p.user == *u)?))
+            ok_json(&perm_json(&find(auth.permissions(), |p| {
+                p.vhost == *v && p.user == *u
+            })?))
         }
         ["topic-permissions"] => {
             api.require_admin()?;
-            ok_json(&json!(auth.topic_permissions().iter().map(topic_json).collect::<Vec<_>>()))
+            ok_json(&json!(auth
+                .topic_permissions()
+                .iter()
+                .map(topic_json)
+                .collect::<Vec<_>>()))
         }
         ["topic-permissions", v, u] => {
             api.require_admin()?;

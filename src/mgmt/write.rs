@@ -502,10 +502,7 @@ pub fn delete(api: &Api, path: &[&str]) -> ApiResult {
             unbind(api, v, src, kind, dst, props)
         }
         ["connections", name] => {
-            let c = super::read::visible_connections(api)
-                .into_iter()
-                .find(|c| c.name() == *name)
-                .ok_or_else(ApiError::not_found)?;
+            let c = super::read::visible_connection(api, name)?;
             tracing::info!(connection = %name, by = %api.user.name, "closing connection through the management API");
             c.close();
             no_content(false)
