@@ -275,6 +275,10 @@ impl Api {
             serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
         };
+        if *method == Method::PUT || *method == Method::POST {
+            // refused before the body is parsed
+            write::authorize(self, method, path)?;
+        }
         match *method {
             Method::GET | Method::HEAD => read::get(self, path),
             Method::PUT => write::put(self, path, &json_body()?),

@@ -174,15 +174,10 @@ fn vhost_json(api: &Api, name: &str) -> Value {
     let (mut ready, mut unacked) = (0u64, 0u64);
     let mut stats = Value::Null;
     if let Ok(vh) = api.broker().vhost(name) {
-        for q in queue_names(&vh) {
-            if let Some(q) = vh.queue(&q) {
-                let s = q.stats();
-                ready += s.ready;
-                unacked += s.unacked;
-            }
-        }
-        let (values, rates) = vh.message_stats();
-        stats = message_stats_json(&values, &rates);
+        // one pass over the queues
+        let t = vh.totals();
+        (ready, unacked) = (t.ready, t.unacked);
+        stats = message_stats_json(&t.values, &t.rates);
     }
     json!({
         "message_stats": stats,
@@ -398,23 +393,19 @@ fn overview(api: &Api) -> ApiResult {
     let (mut values, mut rates) = ([0u64; 8], [0f64; 8]);
     for v in &vhosts {
         if let Ok(vh) = api.broker().vhost(v) {
-            let (vs, rs) = vh.message_stats();
-            for (a, b) in values.iter_mut().zip(vs) {
+            // one pass over the vhost's queues
+            let t = vh.totals();
+            for (a, b) in values.iter_mut().zip(t.values) {
                 *a = a.wrapping_add(b);
             }
-            for (a, b) in rates.iter_mut().zip(rs) {
+            for (a, b) in rates.iter_mut().zip(t.rates) {
                 *a += b;
             }
             exchanges += vh.exchanges().len() as u64;
-            for n in queue_names(&vh) {
-                if let Some(q) = vh.queue(&n) {
-                    let s = q.stats();
-                    queues += 1;
-                    consumers += u64::from(s.consumers);
-                    ready += s.ready;
-                    unacked += s.unacked;
-                }
-            }
+            queues += t.queues;
+            consumers += t.consumers;
+            ready += t.ready;
+            unacked += t.unacked;
         }
     }
     let connections = super::read::visible_connections(api).len();
@@ -688,11 +679,10 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         ["users"] => {
             api.require_admin()?;
-            ok_json(&json!(auth
-                .users()
-                .iter()
-                .map(user_json)
-                .collect::<Vec<_>>()))
+            let q = ListQuery::parse(&api.params)?;
+            let mut users = auth.users();
+            users.sort_by(|a, b| a.name.cmp(&b.name));
+            respond(q, users, |u| u.name.as_str(), |u| Some(user_json(u)))
         }
         ["users", "without-permissions"] => {
             api.require_admin()?;
@@ -733,11 +723,11 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         ["permissions"] => {
             api.require_admin()?;
-            ok_json(&json!(auth
-                .permissions()
-                .iter()
-                .map(perm_json)
-                .collect::<Vec<_>>()))
+            // listed by user name (the `name` filter and the order), then vhost
+            let q = ListQuery::parse(&api.params)?;
+            let mut perms = auth.permissions();
+            perms.sort_by(|a, b| (&a.user, &a.vhost).cmp(&(&b.user, &b.vhost)));
+            respond(q, perms, |p| p.user.as_str(), |p| Some(perm_json(p)))
         }
         ["permissions", v, u] => {
             api.require_admin()?;
@@ -747,11 +737,12 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         ["topic-permissions"] => {
             api.require_admin()?;
-            ok_json(&json!(auth
-                .topic_permissions()
-                .iter()
-                .map(topic_json)
-                .collect::<Vec<_>>()))
+            let q = ListQuery::parse(&api.params)?;
+            let mut perms = auth.topic_permissions();
+            perms.sort_by(|a, b| {
+                (&a.user, &a.vhost, &a.exchange).cmp(&(&b.user, &b.vhost, &b.exchange))
+            });
+            respond(q, perms, |p| p.user.as_str(), |p| Some(topic_json(p)))
         }
         ["topic-permissions", v, u] => {
             api.require_admin()?;
