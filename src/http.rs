@@ -190,7 +190,7 @@ async fn handle(req: Request<Incoming>, st: Arc<ConnState>) -> Response<Body> {
     if path == "/api" || path.starts_with("/api/") {
         return crate::mgmt::handle(req, &st.ctx, st.peer).await;
     }
-    if let Some(r) = crate::mgmt::metrics::handle(path, req.method(), &st.ctx.broker).await {
+    if let Some(r) = crate::mgmt::metrics::handle(path, req.method(), &st.ctx).await {
         return r;
     }
     if let Some(r) = crate::mgmt::ui::file(path, req.method()) {

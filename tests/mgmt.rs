@@ -84,6 +84,19 @@ fn status(addr: SocketAddr, method: &str, path: &str, body: Value) -> u16 {
     call(addr, method, path, GUEST, Some(&body)).0
 }
 
+/// Polls `f` until it holds or the deadline passes; on failure prints `state`.
+fn eventually_with(what: &str, state: impl Fn() -> String, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {}",
+            state()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Polls `f` until it holds or the deadline passes.
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -403,6 +416,143 @@ async fn connections_are_listed_with_their_login_and_closed_on_request() {
     eventually("the client sees the close", || !conn.status().connected());
     eventually("the connection unlisted", || list().is_empty());
     assert_eq!(call(http, "DELETE", &path, GUEST, None).0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_are_listed_as_rabbitmq_lists_them() {
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    let conn = common::amqp::connect(broker.amqp_addr())
+        .await
+        .expect("amqp");
+    let one = conn.create_channel().await.expect("channel");
+    one.basic_qos(5, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    one.confirm_select(Default::default())
+        .await
+        .expect("confirm");
+    common::amqp::declare_durable(&one, "chq")
+        .await
+        .expect("declare");
+    one.basic_publish(
+        "".into(),
+        "chq".into(),
+        BasicPublishOptions::default(),
+        b"m",
+        Default::default(),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("confirm");
+    let _consumer = one
+        .basic_consume(
+            "chq".into(),
+            "c1".into(),
+            BasicConsumeOptions::default(),
+            Default::default(),
+        )
+        .await
+        .expect("consume");
+    let two = conn.create_channel().await.expect("channel");
+    two.tx_select().await.expect("tx");
+    // a STOMP connection is listed as one channel
+    let mut stomp = TcpStream::connect(broker.stomp_addr()).expect("stomp");
+    stomp
+        .write_all(b"CONNECT\naccept-version:1.2\nhost:/\n\n\0")
+        .expect("send");
+    let mut buf = [0u8; 512];
+    stomp
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let n = stomp.read(&mut buf).expect("CONNECTED");
+    assert!(buf[..n].starts_with(b"CONNECTED"));
+
+    let mut listed = Vec::new();
+    eventually(
+        "two AMQP channels and the STOMP one, the delivery unacked",
+        || {
+            let (c, v) = get(http, "/api/channels", GUEST);
+            assert_eq!(c, 200);
+            listed = v.as_array().cloned().unwrap_or_default();
+            listed.len() == 3
+                && listed
+                    .iter()
+                    .any(|c| c["messages_unacknowledged"] == 1 && c["consumer_count"] == 1)
+        },
+    );
+    let amqp: Vec<&Value> = listed
+        .iter()
+        .filter(|c| c.get("confirm").is_some())
+        .collect();
+    assert_eq!(amqp.len(), 2, "{listed:?}");
+    let (first, second) = (amqp[0], amqp[1]);
+    let conn_name = first["connection_details"]["name"].as_str().expect("name");
+    assert_eq!(first["name"], json!(format!("{conn_name} (1)")));
+    assert_eq!(first["number"], 1);
+    assert_eq!(first["user"], "guest");
+    assert_eq!(first["vhost"], "/");
+    assert_eq!(first["confirm"], true);
+    assert_eq!(first["transactional"], false);
+    assert_eq!(first["prefetch_count"], 5);
+    assert_eq!(first["consumer_count"], 1);
+    assert_eq!(second["number"], 2);
+    assert_eq!(second["transactional"], true);
+    assert_eq!(second["consumer_count"], 0);
+    let stomp_ch = listed
+        .iter()
+        .find(|c| c.get("confirm").is_none())
+        .expect("the STOMP channel");
+    assert_eq!(stomp_ch["number"], 1);
+    assert_eq!(stomp_ch["user"], "guest");
+
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let (c, of_conn) = get(
+        http,
+        &format!("/api/connections/{}/channels", enc(conn_name)),
+        GUEST,
+    );
+    assert_eq!(c, 200);
+    assert_eq!(of_conn.as_array().map(Vec::len), Some(2));
+    let (c, conn_json) = get(http, &format!("/api/connections/{}", enc(conn_name)), GUEST);
+    assert_eq!((c, &conn_json["channels"]), (200, &json!(2)));
+    let (c, ch) = get(
+        http,
+        &format!("/api/channels/{}", enc(&format!("{conn_name} (2)"))),
+        GUEST,
+    );
+    assert_eq!((c, &ch["transactional"]), (200, &json!(true)));
+    assert_eq!(
+        get(
+            http,
+            &format!("/api/channels/{}", enc(&format!("{conn_name} (9)"))),
+            GUEST
+        )
+        .0,
+        404
+    );
+    assert_eq!(get(http, "/api/channels/nonsense", GUEST).0, 404);
+    let (c, of_vhost) = get(http, "/api/vhosts/%2F/channels", GUEST);
+    assert_eq!((c, of_vhost.as_array().map(Vec::len)), (200, Some(3)));
+
+    // a closed channel goes from the listing
+    two.close(200, "bye".into()).await.expect("close");
+    eventually("the closed channel unlisted", || {
+        get(
+            http,
+            &format!("/api/connections/{}/channels", enc(conn_name)),
+            GUEST,
+        )
+        .1
+        .as_array()
+        .map(Vec::len)
+            == Some(1)
+    });
+    drop(stomp);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -886,11 +1036,80 @@ fn prometheus_metrics_aggregated_and_per_object() {
     assert_eq!(value("rabbitmq_alarms_memory_used_watermark"), Some(0.0));
     assert!(body.contains("# TYPE rabbitmq_global_messages_acknowledged_total counter"));
     assert!(value("triad_store_segments").is_some_and(|n| n >= 1.0));
+    // Triad's own: store, flushes, MQTT
+    assert!(value("triad_store_segment_bytes").is_some_and(|n| n > 0.0));
+    assert!(value("triad_store_appends_total").is_some_and(|n| n >= 2.0));
+    assert_eq!(value("triad_store_compactions_total"), Some(0.0));
+    assert!(body.contains("# TYPE triad_store_fsync_seconds histogram"));
+    assert!(body.contains("triad_store_group_commit_bytes_bucket{le=\"+Inf\"}"));
+    assert_eq!(value("triad_mqtt_persistent_sessions"), Some(0.0));
+    let retained_before = value("triad_mqtt_retained_messages").expect("retained");
+    // a persistent message waits for a flush: the histograms count it
+    assert_eq!(
+        status(
+            http,
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            json!({"routing_key": "m1", "payload": "x", "payload_encoding": "string", "properties": {"delivery_mode": 2}})
+        ),
+        200
+    );
+    // an MQTT client with a persistent session (clean session 0) leaves a retained message
+    let mut mqtt = TcpStream::connect(broker.mqtt_addr()).expect("mqtt");
+    mqtt.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    mqtt.write_all(b"\x10\x0e\x00\x04MQTT\x04\x00\x00\x3c\x00\x02c1")
+        .expect("CONNECT");
+    let mut connack = [0u8; 4];
+    mqtt.read_exact(&mut connack).expect("CONNACK");
+    assert_eq!(connack, [0x20, 2, 0, 0]);
+    mqtt.write_all(b"\x82\x08\x00\x01\x00\x03a/b\x01")
+        .expect("SUBSCRIBE");
+    let mut suback = [0u8; 5];
+    mqtt.read_exact(&mut suback).expect("SUBACK");
+    assert_eq!(suback, [0x90, 3, 0, 1, 1]);
+    mqtt.write_all(b"\x31\x06\x00\x03a/bx\xe0\x00")
+        .expect("PUBLISH retained, DISCONNECT");
+    let last = std::cell::RefCell::new(String::new());
+    eventually_with(
+        "the retained message and the session counted",
+        || last.borrow().clone(),
+        || {
+            *last.borrow_mut() = call(http, "GET", "/metrics", None, None).2;
+            let scraped = last.borrow();
+            let v = |name: &str| -> f64 {
+                scraped
+                    .lines()
+                    .find(|l| l.split([' ', '{']).next() == Some(name))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(-1.0)
+            };
+            v("triad_mqtt_retained_messages") >= retained_before + 1.0
+                && v("triad_mqtt_persistent_sessions") == 1.0
+                && v("triad_store_fsync_seconds_count") >= 1.0
+        },
+    );
+    let scraped = last.into_inner();
+    // the buckets are cumulative and end at the count
+    let series = |prefix: &str| -> Vec<f64> {
+        scraped
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    let buckets = series("triad_store_fsync_seconds_bucket");
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+    assert_eq!(
+        buckets.last().copied(),
+        series("triad_store_fsync_seconds_count").first().copied()
+    );
     // one series per queue on the per-object endpoint, label values escaped
     let (code, _, per) = call(http, "GET", "/metrics/per-object", None, None);
     assert_eq!(code, 200);
     assert!(
-        per.contains("rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"m1\"} 1"),
+        per.contains("rabbitmq_queue_messages_ready{vhost=\"/\",queue=\"m1\"} 2"),
         "{per}"
     );
     assert!(
@@ -1050,4 +1269,230 @@ fn the_dashboard_is_served_from_the_binary() {
     let (code, head, _) = call(http, "GET", "/api/whoami", Some(("guest", "nope")), None);
     assert_eq!(code, 401);
     assert!(head.contains("www-authenticate: basic"), "{head}");
+}
+
+/// Review finding: `POST .../get` with a large `count` held count × message size at
+/// once; the shown payload bytes per request are bounded now (16 MiB, then one more
+/// message at most), and `truncate` shows more messages per request.
+#[test]
+fn get_bounds_the_bytes_of_one_answer() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    assert_eq!(status(http, "PUT", "/api/queues/%2F/big", json!({})), 201);
+    let payload = "a".repeat(1_000_000);
+    for _ in 0..18 {
+        assert_eq!(
+            status(
+                http,
+                "POST",
+                "/api/exchanges/%2F/amq.default/publish",
+                json!({"routing_key": "big", "payload": payload, "payload_encoding": "string", "properties": {}})
+            ),
+            200
+        );
+    }
+    let get = |body: Value| -> Vec<Value> {
+        let (code, _, text) = call(http, "POST", "/api/queues/%2F/big/get", GUEST, Some(&body));
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<Value>(&text)
+            .expect("json")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    // 16 MiB is 16.8 MB: the 17th message takes the answer past it, the 18th stays
+    let got = get(json!({"count": 100, "ackmode": "ack_requeue_true", "encoding": "auto"}));
+    assert_eq!(got.len(), 17);
+    assert!(got.iter().all(|m| m["payload_bytes"] == 1_000_000));
+    let got = get(
+        json!({"count": 100, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 10}),
+    );
+    assert_eq!(got.len(), 18);
+    assert!(got.iter().all(|m| m["payload"] == "aaaaaaaaaa"));
+    assert_eq!(get_json(http, "/api/queues/%2F/big")["messages"], 18);
+}
+
+fn get_json(http: SocketAddr, path: &str) -> Value {
+    let (code, v) = get(http, path, GUEST);
+    assert_eq!(code, 200, "{path}");
+    v
+}
+
+/// Review finding: PUT and POST bodies were parsed before the permission check; a user
+/// who may not make the change is refused first, whatever the body.
+#[test]
+fn changes_are_refused_before_their_body_is_read() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/mon",
+            json!({"password": "pw", "tags": "management"})
+        ),
+        201
+    );
+    let mon = Some(("mon", "pw"));
+    let raw = |method: &str, path: &str| -> u16 {
+        // a body that is not JSON: a 400 if it were parsed first
+        let mut s = TcpStream::connect(http).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let cred = base64::engine::general_purpose::STANDARD.encode("mon:pw");
+        let body = "{not json";
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Basic {cred}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        out.split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status")
+    };
+    // no permissions in "/", not an administrator, not a policymaker
+    assert_eq!(raw("PUT", "/api/queues/%2F/q"), 401);
+    assert_eq!(raw("PUT", "/api/exchanges/%2F/x"), 401);
+    assert_eq!(raw("POST", "/api/exchanges/%2F/amq.default/publish"), 401);
+    assert_eq!(raw("POST", "/api/queues/%2F/q/get"), 401);
+    assert_eq!(raw("POST", "/api/bindings/%2F/e/amq.direct/q/q"), 401);
+    assert_eq!(raw("PUT", "/api/users/other"), 401);
+    assert_eq!(raw("PUT", "/api/vhosts/v2"), 401);
+    assert_eq!(raw("PUT", "/api/permissions/%2F/mon"), 401);
+    assert_eq!(raw("POST", "/api/definitions"), 401);
+    assert_eq!(raw("PUT", "/api/policies/%2F/p"), 401);
+    // a vhost that does not exist is a 404, still before the body
+    assert_eq!(raw("PUT", "/api/queues/nope/q"), 404);
+    // with the permission, the body is read (and this one is refused as invalid)
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/permissions/%2F/mon",
+            json!({"configure": ".*", "write": ".*", "read": ".*"})
+        ),
+        201
+    );
+    assert_eq!(raw("PUT", "/api/queues/%2F/q"), 400);
+    assert_eq!(get(http, "/api/queues/%2F", mon).0, 200);
+}
+
+/// Review findings: users, permissions and policies listings take the listing
+/// parameters; a definitions file with limits is refused, not half-imported; a policy
+/// body naming another policy or vhost than its URL is refused.
+#[test]
+fn listings_page_and_imports_refuse_what_they_would_drop() {
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    for u in ["u1", "u2", "u3"] {
+        assert_eq!(
+            status(
+                http,
+                "PUT",
+                &format!("/api/users/{u}"),
+                json!({"password": "p", "tags": ""})
+            ),
+            201
+        );
+        assert_eq!(
+            status(
+                http,
+                "PUT",
+                &format!("/api/permissions/%2F/{u}"),
+                json!({"configure": "", "write": "", "read": ".*"})
+            ),
+            201
+        );
+    }
+    for p in ["pa", "pb"] {
+        assert_eq!(
+            status(
+                http,
+                "PUT",
+                &format!("/api/policies/%2F/{p}"),
+                json!({"pattern": "^none$", "definition": {"max-length": 1}})
+            ),
+            201
+        );
+    }
+    let page = get_json(http, "/api/users?page=2&page_size=2");
+    assert_eq!(page["total_count"], 4, "{page}"); // guest too
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(2));
+    assert_eq!(page["items"][0]["name"], "u2");
+    let names = get_json(
+        http,
+        "/api/users?name=%5Eu&use_regex=true&sort_reverse=true&columns=name",
+    );
+    assert_eq!(
+        names,
+        json!([{"name": "u3"}, {"name": "u2"}, {"name": "u1"}])
+    );
+    let perms = get_json(http, "/api/permissions?name=u1");
+    assert_eq!(perms.as_array().map(Vec::len), Some(1));
+    assert_eq!(perms[0]["user"], "u1");
+    let pols = get_json(http, "/api/policies?page=1&page_size=1&sort_reverse=true");
+    assert_eq!(pols["items"][0]["name"], "pb", "{pols}");
+    assert_eq!(pols["filtered_count"], 2);
+    assert_eq!(get(http, "/api/permissions?sort=user", GUEST).0, 400);
+
+    // limits in definitions: refused before anything changes
+    let (code, _, text) = call(
+        http,
+        "POST",
+        "/api/definitions",
+        GUEST,
+        Some(&json!({"vhosts": [{"name": "lv", "limits": {"max-queues": 3}}]})),
+    );
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("limits"), "{text}");
+    assert_eq!(get(http, "/api/vhosts/lv", GUEST).0, 404);
+    let (code, _, text) = call(
+        http,
+        "POST",
+        "/api/definitions",
+        GUEST,
+        Some(
+            &json!({"users": [{"name": "lu", "password_hash": "", "tags": "", "limits": {"max-connections": 1}}]}),
+        ),
+    );
+    // user limits are imported (`/api/user-limits`)
+    assert_eq!(code, 204, "{text}");
+    let (code, limits) = get(http, "/api/user-limits/lu", GUEST);
+    assert_eq!(code, 200, "{limits}");
+    assert!(limits.to_string().contains("max-connections"), "{limits}");
+    // empty limits, as every RabbitMQ export has them, are fine
+    assert_eq!(
+        status(
+            http,
+            "POST",
+            "/api/definitions",
+            json!({"vhosts": [{"name": "lv", "limits": []}]})
+        ),
+        204
+    );
+
+    // a policy body must name the URL's policy and vhost
+    let body = |name: &str, vhost: &str| json!({"name": name, "vhost": vhost, "pattern": "^x", "definition": {"max-length": 5}});
+    let (code, _, text) = call(
+        http,
+        "PUT",
+        "/api/policies/%2F/pc",
+        GUEST,
+        Some(&body("other", "/")),
+    );
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("name"), "{text}");
+    assert_eq!(
+        status(http, "PUT", "/api/policies/%2F/pc", body("pc", "lv")),
+        400
+    );
+    assert_eq!(get(http, "/api/policies/%2F/pc", GUEST).0, 404);
+    assert_eq!(
+        status(http, "PUT", "/api/policies/%2F/pc", body("pc", "/")),
+        201
+    );
 }

@@ -10,17 +10,22 @@
 //! [`crate::Broker::next_connection_id`]) without the adapters knowing of it; MQTT adds
 //! its client id with [`note_client`].
 //!
-//! Cost per connection: one [`ConnInfo`] allocation (about 150 bytes), one more for the
+//! Cost per connection: one [`ConnInfo`] allocation (about 180 bytes), one more for the
 //! user, vhost and client id once logged in, one map slot, and the connection's own
 //! shutdown token (a child of the broker's, about 100 bytes); register and unregister
 //! are O(1) under one short lock. Measured with `triad-bench mqtt-idle` (15,000
 //! connections): see BENCHMARKS.md. Listing copies the map's `Arc`s (O(connections)),
 //! never on a hot path.
+//!
+//! AMQP channels register too ([`open_channel`], from the connection's task): one
+//! [`ChannelStats`] of about 40 bytes per open channel in a list on the connection's
+//! entry (a `Vec` of 24 bytes while empty), which the channel's owner updates with
+//! relaxed stores; `/api/channels` reads them.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tokio_util::sync::CancellationToken;
@@ -122,6 +127,124 @@ pub struct ConnInfo {
     core_id: OnceLock<ConnectionId>,
     /// The connection's own shutdown token: cancelling it closes the connection.
     close: CancellationToken,
+    /// Its open AMQP channels (empty for STOMP and MQTT), at most the connection's
+    /// `channel_max`: each a small shared entry the channel's owner updates.
+    channels: Mutex<Vec<Arc<ChannelStats>>>,
+}
+
+/// One open AMQP channel as `/api/channels` lists it: the channel's owner (the
+/// connection's task) stores each figure as it changes, with relaxed atomic stores (a
+/// plain store on common CPUs, no lock, no read-modify-write); a listing reads them.
+/// About 40 bytes per channel.
+#[derive(Debug, Default)]
+pub struct ChannelStats {
+    number: u16,
+    mode: AtomicU8,
+    prefetch: AtomicU32,
+    global_prefetch: AtomicU32,
+    consumers: AtomicU32,
+    unacked: AtomicU64,
+}
+
+/// A channel's publishing mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelMode {
+    /// Neither confirms nor transactions.
+    Normal,
+    /// `confirm.select` was sent.
+    Confirm,
+    /// `tx.select` was sent.
+    Tx,
+}
+
+impl ChannelStats {
+    /// The channel number.
+    pub fn number(&self) -> u16 {
+        self.number
+    }
+
+    /// Its mode.
+    pub fn mode(&self) -> ChannelMode {
+        match self.mode.load(Ordering::Relaxed) {
+            1 => ChannelMode::Confirm,
+            2 => ChannelMode::Tx,
+            _ => ChannelMode::Normal,
+        }
+    }
+
+    /// Notes its mode.
+    pub fn set_mode(&self, m: ChannelMode) {
+        let v = match m {
+            ChannelMode::Normal => 0,
+            ChannelMode::Confirm => 1,
+            ChannelMode::Tx => 2,
+        };
+        self.mode.store(v, Ordering::Relaxed);
+    }
+
+    /// Per-consumer prefetch (`basic.qos` global=false) and the channel-wide one
+    /// (global=true), 0 for none.
+    pub fn prefetch(&self) -> (u32, u32) {
+        (
+            self.prefetch.load(Ordering::Relaxed),
+            self.global_prefetch.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Notes a `basic.qos`.
+    pub fn set_prefetch(&self, n: u32, global: bool) {
+        let slot = if global {
+            &self.global_prefetch
+        } else {
+            &self.prefetch
+        };
+        slot.store(n, Ordering::Relaxed);
+    }
+
+    /// Consumers on the channel.
+    pub fn consumers(&self) -> u32 {
+        self.consumers.load(Ordering::Relaxed)
+    }
+
+    /// Notes how many consumers the channel has.
+    pub fn set_consumers(&self, n: usize) {
+        self.consumers
+            .store(u32::try_from(n).unwrap_or(u32::MAX), Ordering::Relaxed);
+    }
+
+    /// Deliveries awaiting ack.
+    pub fn unacked(&self) -> u64 {
+        self.unacked.load(Ordering::Relaxed)
+    }
+
+    /// Notes how many deliveries await an ack.
+    pub fn set_unacked(&self, n: usize) {
+        self.unacked.store(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// An open AMQP channel's entry in its connection's registry entry; dropping it
+/// removes the entry (O(channels of the connection), bounded by `channel_max`).
+#[derive(Debug)]
+pub struct ChannelEntry {
+    conn: Arc<ConnInfo>,
+    stats: Arc<ChannelStats>,
+}
+
+impl ChannelEntry {
+    /// The figures the channel's owner keeps up to date.
+    pub fn stats(&self) -> &ChannelStats {
+        &self.stats
+    }
+}
+
+impl Drop for ChannelEntry {
+    fn drop(&mut self) {
+        let mut chans = self.conn.channel_list();
+        if let Some(i) = chans.iter().position(|c| Arc::ptr_eq(c, &self.stats)) {
+            chans.swap_remove(i);
+        }
+    }
 }
 
 impl std::fmt::Debug for ConnInfo {
@@ -197,6 +320,17 @@ impl ConnInfo {
         format!("{} ({})", self.peer, self.id)
     }
 
+    fn channel_list(&self) -> std::sync::MutexGuard<'_, Vec<Arc<ChannelStats>>> {
+        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Its open AMQP channels, by number.
+    pub fn channels(&self) -> Vec<Arc<ChannelStats>> {
+        let mut v = self.channel_list().clone();
+        v.sort_unstable_by_key(|c| c.number);
+        v
+    }
+
     /// Asks the connection to close (as at broker shutdown: AMQP `connection.close`,
     /// STOMP ERROR, MQTT close).
     pub fn close(&self) {
@@ -249,6 +383,7 @@ impl Registry {
             login: Mutex::new(Held::default()),
             core_id: OnceLock::new(),
             close: c.close,
+            channels: Mutex::new(Vec::new()),
         });
         self.lock().insert(id, Arc::clone(&info));
         Registration {
@@ -359,6 +494,24 @@ pub fn note_client(client: &str) {
     let _ = CURRENT.try_with(|c| c.note(CLIENT, Some(client)));
 }
 
+/// Registers AMQP channel `number` of the current connection (`None` outside a
+/// registered connection's scope); the channel keeps the entry for its life.
+pub fn open_channel(number: u16) -> Option<ChannelEntry> {
+    CURRENT
+        .try_with(|c| {
+            let stats = Arc::new(ChannelStats {
+                number,
+                ..ChannelStats::default()
+            });
+            c.channel_list().push(Arc::clone(&stats));
+            ChannelEntry {
+                conn: Arc::clone(c),
+                stats,
+            }
+        })
+        .ok()
+}
+
 /// Notes the core's id of the current connection (the first one it takes).
 pub(crate) fn note_core_id(id: ConnectionId) {
     let _ = CURRENT.try_with(|c| c.core_id.set(id));
@@ -415,6 +568,31 @@ mod tests {
             assert_eq!((u, v, c), (Some("alice"), Some("/"), Some("sensor-1")))
         });
         assert!(r.by_core_id(7).is_some());
+        // channels: registered in the scope, listed by number, gone when dropped
+        let (three, one) = reg
+            .scope(async { (open_channel(3), open_channel(1)) })
+            .await;
+        let (one, three) = (one.expect("in scope"), three.expect("in scope"));
+        three.stats().set_prefetch(10, false);
+        three.stats().set_mode(ChannelMode::Confirm);
+        one.stats().set_unacked(4);
+        let listed = reg.info().channels();
+        assert_eq!(
+            listed.iter().map(|c| c.number()).collect::<Vec<_>>(),
+            vec![1, 3]
+        );
+        assert_eq!(listed[0].unacked(), 4);
+        assert_eq!(listed[1].prefetch(), (10, 0));
+        assert_eq!(listed[1].mode(), ChannelMode::Confirm);
+        drop(listed);
+        drop(three);
+        assert_eq!(reg.info().channels().len(), 1);
+        drop(one);
+        assert!(reg.info().channels().is_empty());
+        assert!(
+            open_channel(5).is_none(),
+            "outside a scope nothing is registered"
+        );
         assert!(r.by_name("127.0.0.1:5000 (2)").is_none());
         assert!(r.by_name("garbage").is_none());
         assert_eq!(r.close_user("bob"), 0);

@@ -265,6 +265,25 @@ fn import_legacy_doc(store: &Store, vhost: &str) -> Result<(), CoreError> {
 /// Queues by name, looked up on every publish: seeded foldhash rather than SipHash.
 type QueueMap = HashMap<String, Arc<Queue>, foldhash::fast::RandomState>;
 
+/// Totals over a vhost's queues, from one pass ([`Vhost::totals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QueueTotals {
+    /// Queues clients can address.
+    pub queues: u64,
+    /// Their consumers.
+    pub consumers: u64,
+    /// Their ready messages.
+    pub ready: u64,
+    /// Their unacknowledged messages.
+    pub unacked: u64,
+    /// Bytes of their ready messages.
+    pub ready_bytes: u64,
+    /// The message counters, as [`Vhost::message_stats`] gives them.
+    pub values: crate::stats::Values,
+    /// Their per-second rates.
+    pub rates: [f64; 8],
+}
+
 /// A virtual host.
 pub struct Vhost {
     name: String,
@@ -1498,6 +1517,50 @@ impl Vhost {
         self.published.get()
     }
 
+    /// Totals over the vhost's queues in one pass, one queue lock at a time: what the
+    /// management overview, a vhost's entry and `/metrics` show. The broker's own queues
+    /// (reserved names) count in `values` (as in [`Vhost::message_stats`]) but not in
+    /// the queue, consumer and message totals (no client can address them).
+    pub fn totals(&self) -> QueueTotals {
+        let queues: Vec<(bool, Arc<Queue>)> = self
+            .queues_read()
+            .iter()
+            .map(|(n, q)| (reserved::is_reserved_queue(n), Arc::clone(q)))
+            .collect();
+        let mut t = QueueTotals::default();
+        for (own, q) in queues {
+            let s = q.stats();
+            for (v, x) in t.values.iter_mut().zip(s.values()) {
+                *v = v.wrapping_add(x);
+            }
+            if !own {
+                t.queues += 1;
+                t.consumers += u64::from(s.consumers);
+                t.ready = t.ready.wrapping_add(s.ready);
+                t.unacked = t.unacked.wrapping_add(s.unacked);
+                t.ready_bytes = t.ready_bytes.wrapping_add(s.ready_bytes);
+            }
+        }
+        if let Some(p) = t.values.first_mut() {
+            *p = self.published();
+        }
+        t.rates = self.sample_rates(t.values);
+        t
+    }
+
+    /// Per-second rates of `values` since the last sample (0 at the first).
+    fn sample_rates(&self, values: crate::stats::Values) -> [f64; 8] {
+        let now = std::time::Instant::now();
+        let mut rate = self.rate.lock().unwrap_or_else(|e| e.into_inner());
+        match rate.as_mut() {
+            Some(r) => r.rates(values, now),
+            None => {
+                *rate = Some(crate::stats::RateSample::new(values, now));
+                [0.0; 8]
+            }
+        }
+    }
+
     /// The vhost's message counters in [`crate::queue::RATE_NAMES`] order (`publish`:
     /// what clients published into it; the others summed over its queues, one queue
     /// lock at a time) and their per-second rates (0 at the first call).
@@ -1512,16 +1575,7 @@ impl Vhost {
         if let Some(p) = values.first_mut() {
             *p = self.published();
         }
-        let now = std::time::Instant::now();
-        let mut rate = self.rate.lock().unwrap_or_else(|e| e.into_inner());
-        let rates = match rate.as_mut() {
-            Some(r) => r.rates(values, now),
-            None => {
-                *rate = Some(crate::stats::RateSample::new(values, now));
-                [0.0; 8]
-            }
-        };
-        (values, rates)
+        (values, self.sample_rates(values))
     }
 
     /// The vhost's policies, highest priority first.

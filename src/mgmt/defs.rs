@@ -4,7 +4,8 @@
 //! so that moving from RabbitMQ is one command.
 //!
 //! What an import does not take is refused before anything is changed (400 naming it):
-//! operator policies, runtime parameters (shovels, federation), limits, and
+//! operator policies, runtime parameters (shovels, federation), vhost and user limits,
+//! and
 //! password hashes of another algorithm than SHA-256. RabbitMQ's own
 //! `cluster_name` and `internal_cluster_id` global parameters, which every RabbitMQ
 //! export carries, are skipped with a log line: a single Triad node has no cluster; so
@@ -246,6 +247,21 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
         return Err(ApiError::not_implemented(
             "the definitions contain runtime parameters (shovels, federation, ...), which Triad does not implement",
         ));
+    }
+    // limits: Triad has no per-vhost limits (user limits are imported below); a file
+    // that sets any is refused, never half-imported
+    let has_limits = |v: &Value| match v.get("limits") {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(_) => true,
+    };
+    if let Some(e) = d.vhosts.iter().find(|e| has_limits(e)) {
+        let name = e.get("name").and_then(Value::as_str).unwrap_or("");
+        return Err(bad(format!(
+            "vhost '{name}' has limits {}, which are not imported: Triad has no per-vhost limits (limits.max_queues_per_vhost in the configuration applies to every vhost); remove them and import again",
+            e.get("limits").unwrap_or(&Value::Null)
+        )));
     }
     for g in &d.global_parameters {
         match g.get("name").and_then(Value::as_str) {

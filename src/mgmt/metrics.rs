@@ -12,7 +12,10 @@
 //! that matters). Triad's own metrics are prefixed `triad_`.
 //!
 //! Counters are read when scraped: queue counters under each queue's lock for a moment,
-//! the publish counter summed over its shards; nothing is added to a message path.
+//! the publish counter summed over its shards, the store's flush histograms (relaxed
+//! atomic adds once per flush, by the flusher) and compaction counters (by the
+//! retention pass), the commitlog's append count (a plain integer under the writer lock
+//! the append holds anyway); nothing else is added to a message path.
 
 use std::fmt::Write as _;
 
@@ -57,6 +60,24 @@ fn one(
     } else {
         let _ = writeln!(out, "{name}{{{labels}}} {v}");
     }
+}
+
+/// A histogram family; the recorded values are divided by `divisor` (1e6: µs to
+/// seconds).
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    h: &triad_store::flush::HistogramSnapshot,
+    divisor: f64,
+) {
+    head(out, name, "histogram", help);
+    for (le, n) in &h.buckets {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {n}", *le as f64 / divisor);
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum as f64 / divisor);
+    let _ = writeln!(out, "{name}_count {}", h.count);
 }
 
 /// The per-queue gauges: (name, help, value from stats).
@@ -126,21 +147,22 @@ pub fn aggregated(broker: &Broker) -> String {
     let mut values = [0u64; 8];
     for v in broker.vhost_names() {
         let Ok(vh) = broker.vhost(&v) else { continue };
-        values[0] = values[0].wrapping_add(vh.published());
-        for n in vh.queue_names() {
-            if triad_core::reserved::is_reserved_queue(&n) {
-                continue;
-            }
-            let Some(q) = vh.queue(&n) else { continue };
-            let s = q.stats();
-            queues += 1;
-            consumers += u64::from(s.consumers);
-            for (sum, (_, _, f)) in sums.iter_mut().zip(QUEUE_GAUGES.iter()) {
-                *sum = sum.wrapping_add(f(&s));
-            }
-            for (a, b) in values.iter_mut().zip(s.values()).skip(1) {
-                *a = a.wrapping_add(b);
-            }
+        // one pass over the vhost's queues
+        let t = vh.totals();
+        queues += t.queues;
+        consumers += t.consumers;
+        let gauges = [
+            t.ready,
+            t.unacked,
+            t.ready.wrapping_add(t.unacked),
+            t.consumers,
+            t.ready_bytes,
+        ];
+        for (sum, g) in sums.iter_mut().zip(gauges) {
+            *sum = sum.wrapping_add(g);
+        }
+        for (a, b) in values.iter_mut().zip(t.values) {
+            *a = a.wrapping_add(b);
         }
     }
     let conns = broker.connections().list();
@@ -257,6 +279,61 @@ pub fn aggregated(broker: &Broker) -> String {
     );
     one(
         &mut out,
+        "triad_store_segment_bytes",
+        "gauge",
+        "Bytes of commitlog segment files on disk (each preallocated whole)",
+        "",
+        st.segment_bytes,
+    );
+    one(
+        &mut out,
+        "triad_store_appends_total",
+        "counter",
+        "Records appended to the commitlog since the broker started",
+        "",
+        st.appends,
+    );
+    one(
+        &mut out,
+        "triad_store_compactions_total",
+        "counter",
+        "Commitlog segments compacted (live records copied forward, segment deleted)",
+        "",
+        st.compactions,
+    );
+    one(
+        &mut out,
+        "triad_store_compaction_reclaimed_bytes_total",
+        "counter",
+        "Bytes compactions gave back: segment size less the bytes copied forward",
+        "",
+        st.compacted_bytes_reclaimed,
+    );
+    one(
+        &mut out,
+        "triad_store_segments_deleted_total",
+        "counter",
+        "Commitlog segments deleted (no queue needed them, or compacted)",
+        "",
+        st.segments_deleted,
+    );
+    let fs = broker.store().flush_stats();
+    histogram(
+        &mut out,
+        "triad_store_fsync_seconds",
+        "Duration of each commitlog flush (msync): one per group commit",
+        &fs.sync_us.snapshot(),
+        1e6,
+    );
+    histogram(
+        &mut out,
+        "triad_store_group_commit_bytes",
+        "Bytes each commitlog flush made durable (a group commit's batch)",
+        &fs.batch_bytes.snapshot(),
+        1.0,
+    );
+    one(
+        &mut out,
         "triad_store_failed",
         "gauge",
         "is 1 if the store has failed (disk full)",
@@ -317,8 +394,9 @@ fn text(body: String) -> Response<Body> {
 pub async fn handle(
     path: &str,
     method: &hyper::Method,
-    broker: &std::sync::Arc<Broker>,
+    ctx: &crate::listener::ConnContext,
 ) -> Option<Response<Body>> {
+    let broker = &ctx.broker;
     let detailed = match path {
         "/metrics" => false,
         "/metrics/per-object" => true,
@@ -334,7 +412,29 @@ pub async fn handle(
             .insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT));
         return Some(r);
     }
-    let body = tokio::task::spawn_blocking(move || aggregated(&broker)).await;
+    let mqtt = std::sync::Arc::clone(&ctx.mqtt);
+    let body = tokio::task::spawn_blocking(move || {
+        let mut out = aggregated(&broker);
+        let (retained, sessions) = mqtt.totals();
+        one(
+            &mut out,
+            "triad_mqtt_retained_messages",
+            "gauge",
+            "MQTT retained messages, over all vhosts",
+            "",
+            retained,
+        );
+        one(
+            &mut out,
+            "triad_mqtt_persistent_sessions",
+            "gauge",
+            "MQTT persistent sessions (clean session 0), connected or not",
+            "",
+            sessions,
+        );
+        out
+    })
+    .await;
     Some(match body {
         Ok(b) => text(b),
         Err(_) => crate::http::error_response(
@@ -348,6 +448,21 @@ pub async fn handle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histograms_in_the_exposition_format() {
+        let h = triad_store::flush::Histogram::new([100, 1000]);
+        h.record(50);
+        h.record(5000);
+        let mut out = String::new();
+        histogram(&mut out, "x_seconds", "help", &h.snapshot(), 1e6);
+        assert_eq!(
+            out,
+            "# HELP x_seconds help\n# TYPE x_seconds histogram\n\
+             x_seconds_bucket{le=\"0.0001\"} 1\nx_seconds_bucket{le=\"0.001\"} 1\n\
+             x_seconds_bucket{le=\"+Inf\"} 2\nx_seconds_sum 0.00505\nx_seconds_count 2\n"
+        );
+    }
 
     #[test]
     fn label_values_are_escaped() {

@@ -20,12 +20,13 @@
 //!   streamed.
 //! - Handlers run on a blocking thread: changes wait for the metadata journal's fsync.
 //!
-//! Modules: [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
+//! Modules: [`channels`] (channel listings), [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
 //! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
 //! [`policies`] (policies), [`user_limits`] (per-user limits), [`metrics`] (Prometheus
 //! `/metrics`), [`messages`] (message queries from the store), [`streams`] (stored stream
 //! consumer offsets), [`ui`] (the web dashboard's static files).
 
+pub mod channels;
 pub mod defs;
 pub mod json;
 pub mod list;
@@ -277,6 +278,10 @@ impl Api {
             serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
         };
+        if *method == Method::PUT || *method == Method::POST {
+            // refused before the body is parsed
+            write::authorize(self, method, path)?;
+        }
         match *method {
             Method::GET | Method::HEAD => read::get(self, path),
             Method::PUT => write::put(self, path, &json_body()?),

@@ -6,9 +6,10 @@
 //! the vhost. What Triad does not implement (a definition key, an `apply-to` value, a
 //! body field) is a 400 naming it; see [`triad_core::policy`].
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use triad_core::policy::{Policy, PolicyDoc};
 
+use super::list::{respond, ListQuery};
 use super::{no_content, ok_json, Api, ApiError, ApiResult};
 
 fn may_manage(api: &Api) -> Result<(), ApiError> {
@@ -95,34 +96,62 @@ pub fn get(api: &Api, vhost: Option<&str>, name: Option<&str>) -> ApiResult {
             .filter(|v| may_use_vhost(api, v))
             .collect(),
     };
-    let mut out: Vec<Value> = Vec::new();
+    let mut items = Vec::new();
     for v in &vhosts {
         if let Ok(vh) = api.broker().vhost(v) {
             let mut ps = vh.policies();
             ps.sort_by(|a, b| a.name.cmp(&b.name));
-            out.extend(ps.iter().map(|p| p.to_json()));
+            items.extend(ps);
         }
     }
     match name {
-        None => ok_json(&json!(out)),
-        Some(n) => out
+        // a listing: paged, filtered and sorted as queues are
+        None => respond(
+            ListQuery::parse(&api.params)?,
+            items,
+            |p| p.name.as_str(),
+            |p| Some(p.to_json()),
+        ),
+        Some(n) => items
             .into_iter()
-            .find(|p| p["name"] == n)
-            .map_or_else(|| Err(ApiError::not_found()), |p| ok_json(&p)),
+            .find(|p| p.name == n)
+            .map_or_else(|| Err(ApiError::not_found()), |p| ok_json(&p.to_json())),
     }
 }
 
-/// `PUT /api/policies/{vhost}/{name}`.
-pub fn put(api: &Api, vhost: &str, name: &str, body: &Value) -> ApiResult {
+/// Whether the user may set policies in `vhost` (checked before a body is parsed).
+pub fn authorize(api: &Api, vhost: &str) -> Result<(), ApiError> {
     may_manage(api)?;
-    let vh = api
-        .broker()
+    api.broker()
         .vhost(vhost)
         .map_err(|_| ApiError::not_found())?;
     if !may_use_vhost(api, vhost) {
         return Err(ApiError::not_authorised(
             "User not authorised to access virtual host",
         ));
+    }
+    Ok(())
+}
+
+/// `PUT /api/policies/{vhost}/{name}`. A `name` or `vhost` in the body must be the
+/// URL's (RabbitMQ 3.10 answers 201 and uses the URL's, silently; Triad refuses the
+/// mismatch with a 400 naming it rather than ignore what it was sent).
+pub fn put(api: &Api, vhost: &str, name: &str, body: &Value) -> ApiResult {
+    authorize(api, vhost)?;
+    let vh = api
+        .broker()
+        .vhost(vhost)
+        .map_err(|_| ApiError::not_found())?;
+    for (k, url) in [("name", name), ("vhost", vhost)] {
+        match body.get(k) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == url => {}
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "the body's {k} {other} is not the URL's '{url}'"
+                )))
+            }
+        }
     }
     let p = policy(vhost, name, body)?;
     let created = vh.set_policy(p)?;
@@ -153,6 +182,7 @@ pub fn delete(api: &Api, vhost: &str, name: &str) -> ApiResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn bodies_are_checked_field_by_field() {

@@ -161,6 +161,8 @@ pub fn connection_json(c: &ConnInfo) -> Value {
         "peer_port": c.peer.port(),
         "ssl": c.tls,
         "connected_at": c.connected_at,
+        // AMQP: its open channels; STOMP and MQTT: one, as RabbitMQ's plugins
+        "channels": if c.protocol == "amqp" { c.channels().len() } else { 1 },
     });
     if let Some(cn) = c.peer_cert_cn() {
         v["peer_cert_subject"] = json!(format!("CN={cn}"));
@@ -172,15 +174,10 @@ fn vhost_json(api: &Api, name: &str) -> Value {
     let (mut ready, mut unacked) = (0u64, 0u64);
     let mut stats = Value::Null;
     if let Ok(vh) = api.broker().vhost(name) {
-        for q in queue_names(&vh) {
-            if let Some(q) = vh.queue(&q) {
-                let s = q.stats();
-                ready += s.ready;
-                unacked += s.unacked;
-            }
-        }
-        let (values, rates) = vh.message_stats();
-        stats = message_stats_json(&values, &rates);
+        // one pass over the queues
+        let t = vh.totals();
+        (ready, unacked) = (t.ready, t.unacked);
+        stats = message_stats_json(&t.values, &t.rates);
     }
     json!({
         "message_stats": stats,
@@ -312,6 +309,21 @@ pub fn visible_connections(api: &Api) -> Vec<Arc<ConnInfo>> {
         .collect()
 }
 
+/// A connection the user may see, by name: one lookup ([`triad_core::conns::Registry::by_name`]),
+/// not a scan; 404 when it is not there or not the user's (unless monitoring).
+pub fn visible_connection(api: &Api, name: &str) -> Result<Arc<ConnInfo>, ApiError> {
+    let c = api
+        .broker()
+        .connections()
+        .by_name(name)
+        .ok_or_else(ApiError::not_found)?;
+    if api.is_monitor() || c.login().is_some_and(|l| l.user == api.user.name) {
+        Ok(c)
+    } else {
+        Err(ApiError::not_found())
+    }
+}
+
 fn list_connections(api: &Api, vhost: Option<&str>) -> ApiResult {
     let q = ListQuery::parse(&api.params)?;
     let mut items: Vec<(String, Arc<ConnInfo>)> = visible_connections(api)
@@ -385,23 +397,19 @@ fn overview(api: &Api) -> ApiResult {
     let (mut values, mut rates) = ([0u64; 8], [0f64; 8]);
     for v in &vhosts {
         if let Ok(vh) = api.broker().vhost(v) {
-            let (vs, rs) = vh.message_stats();
-            for (a, b) in values.iter_mut().zip(vs) {
+            // one pass over the vhost's queues
+            let t = vh.totals();
+            for (a, b) in values.iter_mut().zip(t.values) {
                 *a = a.wrapping_add(b);
             }
-            for (a, b) in rates.iter_mut().zip(rs) {
+            for (a, b) in rates.iter_mut().zip(t.rates) {
                 *a += b;
             }
             exchanges += vh.exchanges().len() as u64;
-            for n in queue_names(&vh) {
-                if let Some(q) = vh.queue(&n) {
-                    let s = q.stats();
-                    queues += 1;
-                    consumers += u64::from(s.consumers);
-                    ready += s.ready;
-                    unacked += s.unacked;
-                }
-            }
+            queues += t.queues;
+            consumers += t.consumers;
+            ready += t.ready;
+            unacked += t.unacked;
         }
     }
     let connections = super::read::visible_connections(api).len();
@@ -568,22 +576,33 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["vhosts", v, "permissions"] => {
             api.require_admin()?;
             api.vhost_read(v)?;
-            let items: Vec<Value> = auth.permissions().iter().filter(|p| p.vhost == *v).map(perm_json).collect();
+            let items: Vec<Value> = auth
+                .permissions()
+                .iter()
+                .filter(|p| p.vhost == *v)
+                .map(perm_json)
+                .collect();
             ok_json(&json!(items))
         }
         ["vhosts", v, "topic-permissions"] => {
             api.require_admin()?;
             api.vhost_read(v)?;
-            let items: Vec<Value> = auth.topic_permissions().iter().filter(|p| p.vhost == *v).map(topic_json).collect();
+            let items: Vec<Value> = auth
+                .topic_permissions()
+                .iter()
+                .filter(|p| p.vhost == *v)
+                .map(topic_json)
+                .collect();
             ok_json(&json!(items))
         }
         ["vhosts", v, "connections"] => {
             api.vhost_read(v)?;
             list_connections(api, Some(v))
         }
-        ["vhosts", _, "channels"] | ["channels"] | ["channels", _] | ["connections", _, "channels"] => Err(ApiError::not_implemented(
-            "channel listing is not implemented: AMQP channels are not registered with the core yet",
-        )),
+        ["vhosts", v, "channels"] => super::channels::of_vhost(api, v),
+        ["channels"] => super::channels::all(api),
+        ["channels", name] => super::channels::one(api, name),
+        ["connections", name, "channels"] => super::channels::of_connection(api, name),
         ["queues"] => list_queues(api, api.visible_vhosts()),
         ["queues", v] => {
             api.vhost_read(v)?;
@@ -607,7 +626,11 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["queues", v, q, "bindings"] => {
             let vh = api.vhost_read(v)?;
             vh.queue(q).ok_or_else(ApiError::not_found)?;
-            list_bindings(api, v, |b| matches!(&b.destination, Destination::Queue(d) if &**d == *q))
+            list_bindings(
+                api,
+                v,
+                |b| matches!(&b.destination, Destination::Queue(d) if &**d == *q),
+            )
         }
         ["exchanges"] => list_exchanges(api, api.visible_vhosts()),
         ["exchanges", v] => {
@@ -651,7 +674,7 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         ["connections"] => list_connections(api, None),
         ["connections", name] => {
-            let c = find(visible_connections(api), |c| c.name() == *name)?;
+            let c = visible_connection(api, name)?;
             ok_json(&connection_json(&c))
         }
         ["consumers"] => list_consumers(api, api.visible_vhosts()),
@@ -662,11 +685,10 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["users"] => {
             api.require_admin()?;
             let limits = super::user_limits::export(api);
-            ok_json(&json!(auth
-                .users()
-                .iter()
-                .map(|u| user_json(u, &limits))
-                .collect::<Vec<_>>()))
+            let q = ListQuery::parse(&api.params)?;
+            let mut users = auth.users();
+            users.sort_by(|a, b| a.name.cmp(&b.name));
+            respond(q, users, |u| u.name.as_str(), |u| Some(user_json(u, &limits)))
         }
         ["users", "without-permissions"] => {
             api.require_admin()?;
@@ -688,26 +710,47 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["users", u, "permissions"] => {
             api.require_admin()?;
             find(auth.users(), |x| x.name == *u)?;
-            let items: Vec<Value> = auth.permissions().iter().filter(|p| p.user == *u).map(perm_json).collect();
+            let items: Vec<Value> = auth
+                .permissions()
+                .iter()
+                .filter(|p| p.user == *u)
+                .map(perm_json)
+                .collect();
             ok_json(&json!(items))
         }
         ["users", u, "topic-permissions"] => {
             api.require_admin()?;
             find(auth.users(), |x| x.name == *u)?;
-            let items: Vec<Value> = auth.topic_permissions().iter().filter(|p| p.user == *u).map(topic_json).collect();
+            let items: Vec<Value> = auth
+                .topic_permissions()
+                .iter()
+                .filter(|p| p.user == *u)
+                .map(topic_json)
+                .collect();
             ok_json(&json!(items))
         }
         ["permissions"] => {
             api.require_admin()?;
-            ok_json(&json!(auth.permissions().iter().map(perm_json).collect::<Vec<_>>()))
+            // listed by user name (the `name` filter and the order), then vhost
+            let q = ListQuery::parse(&api.params)?;
+            let mut perms = auth.permissions();
+            perms.sort_by(|a, b| (&a.user, &a.vhost).cmp(&(&b.user, &b.vhost)));
+            respond(q, perms, |p| p.user.as_str(), |p| Some(perm_json(p)))
         }
         ["permissions", v, u] => {
             api.require_admin()?;
-            ok_json(&perm_json(&find(auth.permissions(), |p| p.vhost == *v && p.user == *u)?))
+            ok_json(&perm_json(&find(auth.permissions(), |p| {
+                p.vhost == *v && p.user == *u
+            })?))
         }
         ["topic-permissions"] => {
             api.require_admin()?;
-            ok_json(&json!(auth.topic_permissions().iter().map(topic_json).collect::<Vec<_>>()))
+            let q = ListQuery::parse(&api.params)?;
+            let mut perms = auth.topic_permissions();
+            perms.sort_by(|a, b| {
+                (&a.user, &a.vhost, &a.exchange).cmp(&(&b.user, &b.vhost, &b.exchange))
+            });
+            respond(q, perms, |p| p.user.as_str(), |p| Some(topic_json(p)))
         }
         ["topic-permissions", v, u] => {
             api.require_admin()?;

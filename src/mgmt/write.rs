@@ -22,6 +22,12 @@ const API_CONN: triad_core::ConnectionId = 0;
 
 /// Most messages one `POST .../get` takes (each is held until the answer is built).
 const MAX_GET: u64 = 10_000;
+/// Payload bytes one `POST /api/queues/{vhost}/{name}/get` answers with (after
+/// `truncate`): no further message is taken once the ones taken reach it, so a request
+/// holds at most this plus one message (`limits.max_message_size`), whatever its
+/// `count`. The answer then has fewer than `count` messages, as when the queue runs
+/// out; `truncate` shows more messages per request.
+pub const MAX_GET_BYTES: usize = 16 << 20;
 
 /// RabbitMQ's accepted password hashing algorithm names for what Triad stores.
 pub const SHA256: &str = "rabbit_password_hashing_sha256";
@@ -290,10 +296,19 @@ fn get_messages(api: &Api, vhost: &str, name: &str, body: &Value) -> ApiResult {
     if count > MAX_GET {
         return Err(bad(format!("count must be at most {MAX_GET}")));
     }
+    let shown_len =
+        |len: usize| truncate.map_or(len, |n| len.min(usize::try_from(n).unwrap_or(usize::MAX)));
     let mut got = Vec::new();
+    let mut shown_bytes = 0usize;
     for _ in 0..count {
+        if shown_bytes >= MAX_GET_BYTES {
+            break;
+        }
         match vh.get(name, false, API_CONN)? {
-            Some(d) => got.push(d),
+            Some(d) => {
+                shown_bytes = shown_bytes.saturating_add(shown_len(d.body.len()));
+                got.push(d);
+            }
             None => break,
         }
     }
@@ -301,12 +316,7 @@ fn get_messages(api: &Api, vhost: &str, name: &str, body: &Value) -> ApiResult {
         .iter()
         .map(|d| {
             let full = &d.body[..];
-            let shown = match truncate {
-                Some(n) => full
-                    .get(..usize::try_from(n).unwrap_or(usize::MAX).min(full.len()))
-                    .unwrap_or(full),
-                None => full,
-            };
+            let shown = full.get(..shown_len(full.len())).unwrap_or(full);
             let (text, enc) = payload(shown, force_base64);
             json!({
                 "payload_bytes": d.body.len(),
@@ -501,10 +511,7 @@ pub fn delete(api: &Api, path: &[&str]) -> ApiResult {
             unbind(api, v, src, kind, dst, props)
         }
         ["connections", name] => {
-            let c = super::read::visible_connections(api)
-                .into_iter()
-                .find(|c| c.name() == *name)
-                .ok_or_else(ApiError::not_found)?;
+            let c = super::read::visible_connection(api, name)?;
             tracing::info!(connection = %name, by = %api.user.name, "closing connection through the management API");
             c.close();
             no_content(false)
@@ -549,6 +556,28 @@ pub fn delete(api: &Api, path: &[&str]) -> ApiResult {
 }
 
 /// Every POST.
+/// What a PUT or POST needs of its user that the path alone tells (a tag, access to
+/// the vhost), checked before its body (up to `http.max_body_size`) is parsed, so that
+/// a request that will be refused costs no parse. The handlers then check what the
+/// body names (queue, exchange, routing key permissions) as before.
+pub fn authorize(api: &Api, method: &hyper::Method, path: &[&str]) -> Result<(), ApiError> {
+    use hyper::Method;
+    match (method, path) {
+        (&Method::PUT, ["queues", v, _] | ["exchanges", v, _])
+        | (
+            &Method::POST,
+            ["bindings", v, "e", ..] | ["exchanges", v, _, "publish"] | ["queues", v, _, "get"],
+        ) => api.vhost_write(v).map(drop),
+        (
+            &Method::PUT,
+            ["vhosts", _] | ["users", _] | ["permissions", ..] | ["topic-permissions", ..],
+        )
+        | (&Method::POST, ["users", "bulk-delete"] | ["definitions", ..]) => api.require_admin(),
+        (&Method::PUT, ["policies", v, _]) => super::policies::authorize(api, v),
+        _ => Ok(()),
+    }
+}
+
 pub fn post(api: &Api, path: &[&str], body: &Value) -> ApiResult {
     match path {
         ["bindings", v, "e", src, kind @ ("q" | "e"), dst] => bind(api, v, src, kind, dst, body),
@@ -722,10 +751,6 @@ mod tests {
             .is_some_and(|r| r.contains("no policy provided")));
         assert_eq!(
             call(&a, Method::PUT, &["vhosts", "v"], json!({"tracing": true})).0,
-            StatusCode::NOT_IMPLEMENTED
-        );
-        assert_eq!(
-            call(&a, Method::GET, &["channels"], json!({})).0,
             StatusCode::NOT_IMPLEMENTED
         );
         let (s, _) = call(

@@ -233,6 +233,8 @@ pub struct Writer {
     seg: Arc<Segment>,
     /// Absolute offset of the next append.
     pos: u64,
+    /// Records appended since the store opened (a plain integer under the writer lock).
+    appends: u64,
 }
 
 impl Writer {
@@ -249,6 +251,11 @@ impl Writer {
     /// Absolute offset of the next append.
     pub fn pos(&self) -> u64 {
         self.pos
+    }
+
+    /// Records appended since the store opened.
+    pub fn appends(&self) -> u64 {
+        self.appends
     }
 }
 
@@ -621,7 +628,11 @@ impl CommitLog {
             Some(s) => s,
             None => self.create_segment(pos)?,
         };
-        Ok(Writer { seg, pos })
+        Ok(Writer {
+            seg,
+            pos,
+            appends: 0,
+        })
     }
 
     /// Largest record that fits in a segment.
@@ -656,6 +667,7 @@ impl CommitLog {
         encode(buf)?;
         let offset = w.pos;
         w.pos += len;
+        w.appends += 1;
         Ok(offset)
     }
 

@@ -14,6 +14,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -56,6 +57,110 @@ struct State {
     wakers: Vec<(u64, Waker)>,
 }
 
+/// A histogram with fixed upper bounds (Prometheus' cumulative buckets are made when
+/// read). Written by whoever flushes (one at a time in practice: the flusher thread,
+/// or a checkpoint or compaction pass), with relaxed atomic adds, once per flush, never
+/// per message; read when scraped.
+#[derive(Debug)]
+pub struct Histogram<const N: usize> {
+    bounds: [u64; N],
+    /// Samples at or below each bound (and above the one before), then above the last.
+    counts: [AtomicU64; N],
+    over: AtomicU64,
+    sum: AtomicU64,
+}
+
+/// What a [`Histogram`] holds at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// Each bucket's upper bound and the samples at or below it (cumulative).
+    pub buckets: Vec<(u64, u64)>,
+    /// All samples.
+    pub count: u64,
+    /// Their sum.
+    pub sum: u64,
+}
+
+impl<const N: usize> Histogram<N> {
+    /// A histogram with these upper bounds (ascending).
+    pub fn new(bounds: [u64; N]) -> Histogram<N> {
+        Histogram {
+            bounds,
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            over: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one sample.
+    pub fn record(&self, v: u64) {
+        let slot = self
+            .bounds
+            .iter()
+            .position(|b| v <= *b)
+            .and_then(|i| self.counts.get(i))
+            .unwrap_or(&self.over);
+        slot.fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(v, Ordering::Relaxed);
+    }
+
+    /// The cumulative buckets, count and sum.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut acc = 0u64;
+        let buckets = self
+            .bounds
+            .iter()
+            .zip(&self.counts)
+            .map(|(b, c)| {
+                acc = acc.wrapping_add(c.load(Ordering::Relaxed));
+                (*b, acc)
+            })
+            .collect();
+        HistogramSnapshot {
+            buckets,
+            count: acc.wrapping_add(self.over.load(Ordering::Relaxed)),
+            sum: self.sum.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Upper bounds of [`FlushStats::sync_us`], in µs: 100 µs to 1 s.
+pub const SYNC_US_BOUNDS: [u64; 12] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+/// Upper bounds of [`FlushStats::batch_bytes`]: 512 B to 64 MiB.
+pub const BATCH_BYTES_BOUNDS: [u64; 10] = [
+    512,
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+    256 << 20,
+];
+
+/// The flushes of the commitlog: how long each `msync` took and how many bytes it made
+/// durable (a group commit's batch).
+#[derive(Debug)]
+pub struct FlushStats {
+    /// Duration of each commitlog flush, µs.
+    pub sync_us: Histogram<12>,
+    /// Bytes each flush made durable.
+    pub batch_bytes: Histogram<10>,
+}
+
+impl Default for FlushStats {
+    fn default() -> FlushStats {
+        FlushStats {
+            sync_us: Histogram::new(SYNC_US_BOUNDS),
+            batch_bytes: Histogram::new(BATCH_BYTES_BOUNDS),
+        }
+    }
+}
+
 /// Shared between appenders, waiters and the flusher thread.
 #[derive(Default)]
 pub struct FlushShared {
@@ -64,6 +169,8 @@ pub struct FlushShared {
     work: Condvar,
     /// Blocking waiters wait here for progress.
     done: Condvar,
+    /// The flushes' durations and sizes.
+    pub stats: FlushStats,
 }
 
 impl FlushShared {
@@ -388,5 +495,21 @@ mod tests {
         s.shutdown();
         s.complete(500);
         assert_eq!(s.next_target(), None);
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::new([10, 100]);
+        for v in [1, 10, 11, 100, 1000] {
+            h.record(v);
+        }
+        assert_eq!(
+            h.snapshot(),
+            HistogramSnapshot {
+                buckets: vec![(10, 2), (100, 4)],
+                count: 5,
+                sum: 1122,
+            }
+        );
     }
 }

@@ -171,6 +171,17 @@ pub struct StoreStats {
     pub checkpoint: u64,
     pub segments: usize,
     pub queues: usize,
+    /// Bytes of the commitlog's segment files on disk (each preallocated whole).
+    pub segment_bytes: u64,
+    /// Records appended since the store opened (compaction's copies included).
+    pub appends: u64,
+    /// Segments compacted since the store opened (live records copied forward, the
+    /// segment deleted).
+    pub compactions: u64,
+    /// Bytes those compactions gave back (segment size less the bytes copied).
+    pub compacted_bytes_reclaimed: u64,
+    /// Segments deleted since the store opened (no queue needed them, or compacted).
+    pub segments_deleted: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -309,6 +320,11 @@ struct Inner {
     copied_to: AtomicU64,
     /// How long the last retention pass took to count live bytes (paces the passes).
     live_walk_ns: AtomicU64,
+    /// Segments compacted, the bytes that gave back, and segments deleted, since open
+    /// (`/metrics`; counted by the retention pass, never on a message path).
+    compactions: AtomicU64,
+    compacted_reclaimed: AtomicU64,
+    segments_deleted: AtomicU64,
     /// Set when a write failed for want of space (a new segment could not be
     /// preallocated); the broker raises its disk alarm until enough space is free again.
     disk_full: AtomicBool,
@@ -536,6 +552,9 @@ impl Store {
             checkpoint: Mutex::new(ckpt_offset),
             copied_to: AtomicU64::new(0),
             live_walk_ns: AtomicU64::new(0),
+            compactions: AtomicU64::new(0),
+            compacted_reclaimed: AtomicU64::new(0),
+            segments_deleted: AtomicU64::new(0),
             disk_full: AtomicBool::new(false),
             loaded_counts: Mutex::new(loaded_counts),
             stop: Mutex::new(false),
@@ -863,12 +882,18 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
+        let segments = self.inner.log.segment_list().len();
         StoreStats {
             commitlog_min: self.inner.log.min_offset(),
             commitlog_end: self.inner.log.end(),
             flushed: self.inner.flush.flushed(),
             checkpoint: *lock(&self.inner.checkpoint),
-            segments: self.inner.log.segment_list().len(),
+            segments,
+            segment_bytes: (segments as u64).saturating_mul(self.inner.cfg.segment_size),
+            appends: self.inner.writer().appends(),
+            compactions: self.inner.compactions.load(Ordering::Relaxed),
+            compacted_bytes_reclaimed: self.inner.compacted_reclaimed.load(Ordering::Relaxed),
+            segments_deleted: self.inner.segments_deleted.load(Ordering::Relaxed),
             queues: self
                 .inner
                 .queues
@@ -876,6 +901,11 @@ impl Store {
                 .unwrap_or_else(|e| e.into_inner())
                 .len(),
         }
+    }
+
+    /// The commitlog flushes' durations and sizes (fsync latency, group-commit batches).
+    pub fn flush_stats(&self) -> &crate::flush::FlushStats {
+        &self.inner.flush.stats
     }
 
     /// Paths of the commitlog segments, oldest first (for tests and tools).
@@ -1288,10 +1318,15 @@ impl Inner {
         if from >= end {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         if let Err(e) = self.log.flush(from, end) {
             self.flush.fail(e.to_string());
             return Err(e);
         }
+        let st = &self.flush.stats;
+        st.sync_us
+            .record(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+        st.batch_bytes.record(end - from);
         self.flush.complete(end);
         Ok(())
     }
@@ -1446,6 +1481,13 @@ impl Inner {
             for (start, live, copied) in compacted {
                 let gone = self.log.delete_segment(start)?;
                 deleted += usize::from(gone);
+                if gone {
+                    self.compactions.fetch_add(1, Ordering::Relaxed);
+                    self.compacted_reclaimed.fetch_add(
+                        self.cfg.segment_size.saturating_sub(copied),
+                        Ordering::Relaxed,
+                    );
+                }
                 tracing::debug!(
                     segment = start,
                     live,
@@ -1456,6 +1498,8 @@ impl Inner {
             }
         }
         self.index.delete_files_below(self.log.min_offset())?;
+        self.segments_deleted
+            .fetch_add(deleted as u64, Ordering::Relaxed);
         if deleted > 0 {
             tracing::debug!(segments = deleted, "store: retention deleted segments");
         }

@@ -764,6 +764,20 @@ fn queues_move_between_forms_and_old_segments_are_compacted() {
     store.run_retention().unwrap();
     let segs = count_entries(&dir.path().join("sharedcq"));
     assert!(segs <= 2, "{segs} shared-index segments for 2 live entries");
+    // the counters /metrics shows: idle's entry was copied out of the first segment
+    let st = store.stats();
+    assert!(st.compactions >= 1, "{st:?}");
+    assert!(st.compacted_bytes_reclaimed > 0, "{st:?}");
+    assert!(st.segments_deleted >= st.compactions, "{st:?}");
+    assert!(st.appends >= 40, "{st:?}");
+    assert_eq!(st.segment_bytes, st.segments as u64 * cfg.segment_size);
+    let (syncs, batches) = (
+        store.flush_stats().sync_us.snapshot(),
+        store.flush_stats().batch_bytes.snapshot(),
+    );
+    assert!(syncs.count > 0);
+    assert_eq!(syncs.count, batches.count);
+    assert!(batches.sum > 0);
     store.abandon();
     let store = Store::open(cfg.clone()).unwrap();
     let (_, rec) = store.read_queue(idle, 0).unwrap().unwrap();

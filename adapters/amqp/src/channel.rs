@@ -7,6 +7,7 @@ use std::sync::Arc;
 use amq_protocol::frame::AMQPContentHeader;
 use amq_protocol::protocol::{basic, channel, confirm, exchange, queue, tx, AMQPClass};
 use bytes::{Bytes, BytesMut};
+use triad_core::conns::{ChannelEntry, ChannelMode};
 use triad_core::direct_reply::{REPLY_PREFIX, REPLY_TO};
 use triad_core::{
     ChannelSlot, ConsumeRequest, ConsumerHandle, CoreError, CreditGate, Delivery, DirectReply,
@@ -71,10 +72,12 @@ pub struct Channel {
     /// Counted against the user's `max_channels` (`None`: the user has no such limit);
     /// given back when the channel goes.
     _slot: Option<ChannelSlot>,
+    /// Its entry in the connection registry (`/api/channels`), when registered.
+    entry: Option<ChannelEntry>,
 }
 
 impl Channel {
-    fn new(slot: Option<ChannelSlot>) -> Channel {
+    fn new(slot: Option<ChannelSlot>, entry: Option<ChannelEntry>) -> Channel {
         Channel {
             closing: false,
             content: None,
@@ -87,6 +90,30 @@ impl Channel {
             last_queue: String::new(),
             reply: None,
             _slot: slot,
+            entry,
+        }
+    }
+
+    /// Stores what `/api/channels` shows (relaxed stores, after each method).
+    fn note_stats(&self) {
+        let Some(e) = &self.entry else {
+            return;
+        };
+        let s = e.stats();
+        s.set_mode(match self.mode {
+            Mode::Normal => ChannelMode::Normal,
+            Mode::Confirm { .. } => ChannelMode::Confirm,
+            Mode::Tx { .. } => ChannelMode::Tx,
+        });
+        s.set_prefetch(self.prefetch, false);
+        s.set_prefetch(self.gate.as_ref().map_or(0, |g| g.limit()), true);
+        s.set_consumers(self.consumers.len());
+        s.set_unacked(self.unacked.len());
+    }
+
+    fn note_unacked(&self) {
+        if let Some(e) = &self.entry {
+            e.stats().set_unacked(self.unacked.len());
         }
     }
 
@@ -167,7 +194,9 @@ impl Session {
                     .open_link()
                     .and_then(|l| l.open_channel().map_err(AmqpError::from))
                     .map_err(|e| e.on(cid, mid))?;
-                self.channels.insert(id, Box::new(Channel::new(slot)));
+                let entry = triad_core::conns::open_channel(id);
+                self.channels
+                    .insert(id, Box::new(Channel::new(slot, entry)));
                 self.send(
                     id,
                     AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
@@ -210,7 +239,11 @@ impl Session {
             )
             .on(cid, mid));
         }
-        match self.channel_method_inner(id, class) {
+        let r = self.channel_method_inner(id, class);
+        if let Some(ch) = self.channels.get(&id) {
+            ch.note_stats();
+        }
+        match r {
             Ok(()) => Ok(()),
             Err(e) => {
                 let e = e.on(cid, mid);
@@ -264,6 +297,7 @@ impl Session {
                 .collect(),
             _ => Vec::new(),
         };
+        ch.note_stats();
         if let Some(r) = reply {
             // dropped: its name is retired
             self.consumer_channels.remove(r.tag());
@@ -1166,6 +1200,7 @@ impl Session {
                     offset: d.offset,
                 },
             );
+            ch.note_unacked();
         }
         let m = basic::AMQPMethod::Deliver(basic::Deliver {
             consumer_tag: short(&d.tag),
@@ -1184,6 +1219,7 @@ impl Session {
         };
         if let Some(ch) = self.channels.get_mut(&id) {
             ch.consumers.remove(tag);
+            ch.note_stats();
             if ch.is_open() {
                 self.send(
                     id,

@@ -177,6 +177,16 @@ impl SessionStore {
         out
     }
 
+    /// Persistent sessions stored (connected or not).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Forgets `client`.
     pub fn remove(&self, client: &str) {
         let mut g = self.lock();
@@ -498,6 +508,15 @@ impl MqttState {
                 tracing::warn!(queue = qname, error = %e, "cannot delete a shared subscription's queue");
             }
         }
+    }
+
+    /// Retained messages and persistent sessions over the vhosts MQTT has opened
+    /// (`/metrics`): O(vhosts), each a length under its lock.
+    pub fn totals(&self) -> (usize, usize) {
+        let vhosts: Vec<Arc<VhostState>> = lock(&self.vhosts).values().cloned().collect();
+        vhosts.iter().fold((0, 0), |(r, s), vs| {
+            (r + vs.retained.len(), s + vs.sessions.len())
+        })
     }
 
     /// Members of a shared subscription queue (tests and the management view).
