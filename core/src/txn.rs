@@ -356,7 +356,7 @@ impl Txn {
         }
         vh.check_size(&p)?;
         // the exchange must exist now, as for any publish
-        vh.route(&p.exchange, &p.routing_key, p.properties.headers.as_ref())?;
+        vh.route(&p.exchange, &p.routing_key, &p.properties)?;
         let env = envelope::encode(&p.exchange, &p.routing_key, &p.properties)?;
         let mut st = self.lock();
         if st.by_id.contains_key(id) {

@@ -1249,7 +1249,7 @@ impl Vhost {
                 tracing::warn!(vhost = %self.name, "dropping a delayed message with undecodable properties");
                 continue;
             };
-            let targets = match self.route(&exchange, &routing_key, props.headers.as_ref()) {
+            let targets = match self.route(&exchange, &routing_key, &props) {
                 Ok(t) => t,
                 Err(err) => {
                     tracing::debug!(vhost = %self.name, exchange, error = %err, "delayed message's exchange is gone; dropped");
@@ -1311,7 +1311,7 @@ impl Vhost {
         conn: ConnectionId,
     ) -> Result<Published, CoreError> {
         self.published.add(1);
-        let targets = self.route(exchange, routing_key, props.headers.as_ref())?;
+        let targets = self.route(exchange, routing_key, &props)?;
         self.publish_to_keyed(
             targets,
             exchange,

@@ -58,6 +58,7 @@ fn consume(v: &Vhost, q: &str, o: &Arc<Outbox>) -> triad_core::ConsumerHandle {
             conn: 1,
             outbox: o.clone(),
             gate: None,
+            filter: None,
         },
     )
     .unwrap()

@@ -73,6 +73,7 @@ fn req(tag: &str, prefetch: u32, outbox: &Arc<Outbox>) -> ConsumeRequest {
         conn: 1,
         outbox: outbox.clone(),
         gate: None,
+        filter: None,
     }
 }
 

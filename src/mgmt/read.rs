@@ -688,7 +688,12 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             let q = ListQuery::parse(&api.params)?;
             let mut users = auth.users();
             users.sort_by(|a, b| a.name.cmp(&b.name));
-            respond(q, users, |u| u.name.as_str(), |u| Some(user_json(u, &limits)))
+            respond(
+                q,
+                users,
+                |u| u.name.as_str(),
+                move |u| Some(user_json(u, &limits)),
+            )
         }
         ["users", "without-permissions"] => {
             api.require_admin()?;

@@ -1278,6 +1278,7 @@ impl Conn {
                 conn: self.link.id(),
                 outbox: self.outbox.clone(),
                 gate: None,
+                filter: None,
             },
             crate::stream::consume_options(sf),
         )?;

@@ -857,7 +857,9 @@ impl Session {
         };
         let mut req = self.consume_request(&id, mode, prefetch, exclusive, priority);
         req.filter = filter;
-        let consumer = self.linked()?.consume_stream(&queue, req, stream_consume(f)?)?;
+        let consumer = self
+            .linked()?
+            .consume_stream(&queue, req, stream_consume(f)?)?;
         self.subs.insert(
             id.clone(),
             Subscription {
