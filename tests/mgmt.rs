@@ -1456,7 +1456,7 @@ fn listings_page_and_imports_refuse_what_they_would_drop() {
         "/api/definitions",
         GUEST,
         Some(
-            &json!({"users": [{"name": "lu", "password_hash": "", "tags": "", "limits": {"max-connections": 1}}]}),
+            &json!({"users": [{"name": "lu", "password": "lu-secret", "tags": "", "limits": {"max-connections": 1}}]}),
         ),
     );
     // user limits are imported (`/api/user-limits`)
