@@ -964,12 +964,6 @@ def test_expired_messages_leave_the_message_count_on_time(conn, ch, uid):
     assert count(conn, q50) == 0, "a message 100 ms past its TTL must not be counted"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="x-queue-type=stream (listed in ARCHITECTURE.md) is refused: queue.declare "
-    "closes the channel with 406 \"invalid arg 'x-queue-type' for queue: 'stream' is not "
-    "supported\"",
-)
 def test_stream_queue_replays_from_first(conn, ch, uid):
     q = f"s-{uid}"
     declare(ch, q, durable=True, arguments={"x-queue-type": "stream"})
