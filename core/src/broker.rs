@@ -785,6 +785,21 @@ impl Broker {
         Ok(was)
     }
 
+    /// A user was deleted: its limits go with it (as in RabbitMQ, where they are part of
+    /// the user), so a user made later under the same name starts without them.
+    pub fn clear_user_limits(&self, user: &str) -> Result<(), CoreError> {
+        let mut all = self
+            .user_conns
+            .limits
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if all.contains_key(user) {
+            crate::user_limits::store(&self.store, user, &UserLimits::default())?;
+            all.remove(user);
+        }
+        Ok(())
+    }
+
     /// A connection closed: its exclusive queues go.
     pub fn connection_closed(&self, conn: ConnectionId) {
         for vh in self.all_vhosts() {

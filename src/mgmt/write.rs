@@ -395,6 +395,7 @@ fn unusable_password() -> Result<String, ApiError> {
 fn delete_user(api: &Api, name: &str) -> Result<bool, ApiError> {
     let deleted = api.broker().auth().delete_user(name)?;
     if deleted {
+        api.broker().clear_user_limits(name)?;
         let closed = api.broker().connections().close_user(name);
         tracing::info!(user = name, closed, by = %api.user.name, "user deleted through the management API");
     }

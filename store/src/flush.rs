@@ -191,17 +191,19 @@ impl FlushShared {
     }
 
     /// Records that bytes up to `end` were appended and wakes the flusher once at least
-    /// `kick_at` bytes are unflushed (0: always, for group commit).
-    pub fn appended(&self, end: u64, kick_at: u64) {
+    /// `kick_at` bytes are unflushed (0: always, for group commit). Returns the offset
+    /// flushed so far.
+    pub fn appended(&self, end: u64, kick_at: u64) -> u64 {
         let mut st = self.lock();
         if end > st.written {
             st.written = end;
         }
-        let dirty = st.written - st.flushed;
+        let (dirty, flushed) = (st.written - st.flushed, st.flushed);
         drop(st);
         if dirty >= kick_at {
             self.work.notify_one();
         }
+        flushed
     }
 
     /// Wakes the flusher even if it is waiting for an interval (dirty threshold crossed).

@@ -1082,13 +1082,13 @@ impl Inner {
                 Durable::new(end, self.flush.clone())
             }
             FlushMode::Async { dirty_bytes, .. } => {
-                self.flush.appended(end, dirty_bytes);
+                let flushed = self.flush.appended(end, dirty_bytes);
                 // Appends complete at once, unless they outrun the disk: past
                 // ASYNC_BACKLOG_FLUSHES flushes' worth of unflushed bytes, an append waits
                 // until the flusher has brought the backlog back to that. Without this the
                 // backlog (and the log the checkpoint cannot pass) grows with the
                 // difference between the write rate and the disk's.
-                match async_wait(end, self.flush.flushed(), dirty_bytes) {
+                match async_wait(end, flushed, dirty_bytes) {
                     Some(offset) => Durable::new(offset, self.flush.clone()),
                     None => Durable::ready(),
                 }
