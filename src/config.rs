@@ -185,10 +185,12 @@ pub struct TxnSection {
 }
 
 impl Default for TxnSection {
+    /// The core's defaults (6 s, 15 checks).
     fn default() -> Self {
+        let d = triad_core::txn::TxnConfig::default();
         TxnSection {
-            check_timeout: HumanDuration::secs(6),
-            check_max: 15,
+            check_timeout: HumanDuration(d.check_timeout),
+            check_max: d.check_max,
         }
     }
 }

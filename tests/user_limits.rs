@@ -214,4 +214,24 @@ fn user_limits_through_the_api_apply_and_survive_a_restart() {
     let (a, _a) = stomp_login(stomp);
     let (c, _c) = stomp_login(stomp);
     assert!(a && c, "no limit once cleared");
+
+    // a user's limits go with the user: one made later under the name starts without
+    assert_eq!(
+        call(
+            http,
+            "PUT",
+            "/api/user-limits/lim/max-channels",
+            Some(json!({"value": 3}))
+        )
+        .0,
+        204
+    );
+    assert_eq!(call(http, "DELETE", "/api/users/lim", None).0, 204);
+    assert_eq!(limits(http), json!([]));
+    let again = json!({"password": "x", "tags": ""});
+    assert_eq!(call(http, "PUT", "/api/users/lim", Some(again)).0, 201);
+    let (st, body) = call(http, "GET", "/api/user-limits/lim", None);
+    assert_eq!((st, body.as_str()), (200, "[]"));
+    b.restart();
+    assert_eq!(limits(b.http_addr()), json!([]), "and stay gone after a restart");
 }

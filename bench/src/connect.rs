@@ -30,9 +30,9 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
 
-use crate::args::{ConnectArgs, ConnectProto, MqttSession, Proto, TlsVersion};
+use crate::args::{ConnectArgs, ConnectProto, MqttSession, Proto};
 use crate::e2e;
-use crate::idle::{self, AcceptAnyCert, Stream};
+use crate::idle::{self, Stream};
 use crate::report::{latency_json, new_histogram, round};
 use crate::sys::{loadavg, Cpu};
 
@@ -73,18 +73,7 @@ struct Seen {
 }
 
 fn tls_connector(a: &ConnectArgs) -> Result<tokio_rustls::TlsConnector, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions: &[&rustls::SupportedProtocolVersion] = match a.tls_version {
-        Some(TlsVersion::V12) => &[&rustls::version::TLS12],
-        Some(TlsVersion::V13) => &[&rustls::version::TLS13],
-        None => rustls::DEFAULT_VERSIONS,
-    };
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
-        .with_protocol_versions(versions)
-        .map_err(|e| format!("TLS client config: {e}"))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
-        .with_no_client_auth();
+    let mut config = idle::tls_client_config(a.tls_version)?;
     config.resumption = if a.resume {
         rustls::client::Resumption::in_memory_sessions(4096)
             .tls12_resumption(rustls::client::Tls12Resumption::SessionIdOrTickets)

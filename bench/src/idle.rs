@@ -148,20 +148,31 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyCert {
     }
 }
 
-fn tls_connector(version: Option<TlsVersion>) -> Result<tokio_rustls::TlsConnector, String> {
+/// A client configuration offering `version` (default: 1.3 and 1.2, the server picks)
+/// that accepts any server certificate.
+pub(crate) fn tls_client_config(
+    version: Option<TlsVersion>,
+) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let versions: &[&rustls::SupportedProtocolVersion] = match version {
         Some(TlsVersion::V12) => &[&rustls::version::TLS12],
         Some(TlsVersion::V13) => &[&rustls::version::TLS13],
         None => rustls::DEFAULT_VERSIONS,
     };
-    let config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
-        .with_protocol_versions(versions)
-        .map_err(|e| format!("TLS client config: {e}"))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
-        .with_no_client_auth();
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    Ok(
+        rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_protocol_versions(versions)
+            .map_err(|e| format!("TLS client config: {e}"))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
+            .with_no_client_auth(),
+    )
+}
+
+fn tls_connector(version: Option<TlsVersion>) -> Result<tokio_rustls::TlsConnector, String> {
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(
+        tls_client_config(version)?,
+    )))
 }
 
 // ---- connecting ----

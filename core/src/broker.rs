@@ -145,6 +145,9 @@ struct UserCounts {
     /// In force: the configuration's, then the management API's changes
     /// ([`crate::user_limits`]).
     limits: std::sync::RwLock<HashMap<String, UserLimits>>,
+    /// Held by a change of limits across its journal write, so that changes go one at a
+    /// time while logins and channel opens (which read `limits`) never wait for the disk.
+    changing: std::sync::Mutex<()>,
 }
 
 impl UserCounts {
@@ -346,13 +349,15 @@ impl Broker {
                 store.delete_queue(q.id)?;
             }
         }
-        // every entity is loaded: the journal's copy of the metadata is not needed in
-        // memory any more (a vhost added later reads it back from the files)
-        store.journal().release_state();
+        // read while the journal's state is still in memory (after, each read would go
+        // back to its files)
         let user_conns = Arc::new(UserCounts {
             limits: std::sync::RwLock::new(crate::user_limits::load(&store, &cfg.user_limits)?),
             ..UserCounts::default()
         });
+        // every entity is loaded: the journal's copy of the metadata is not needed in
+        // memory any more (a vhost added later reads it back from the files)
+        store.journal().release_state();
         Ok(Arc::new(Broker {
             store,
             cfg,
@@ -759,43 +764,81 @@ impl Broker {
         name: &str,
         value: Option<u32>,
     ) -> Result<bool, CoreError> {
-        let mut all = self
+        Ok(self
+            .set_user_limits(user, &[(name, value)])?
+            .first()
+            .copied()
+            .unwrap_or(false))
+    }
+
+    /// [`Self::set_user_limit`] for several limits of `user` at once, in one journal
+    /// record. Returns, for each, whether it was set before.
+    pub fn set_user_limits(
+        &self,
+        user: &str,
+        changes: &[(&str, Option<u32>)],
+    ) -> Result<Vec<bool>, CoreError> {
+        let _one = self
             .user_conns
-            .limits
-            .write()
+            .changing
+            .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let mut l = all.get(user).copied().unwrap_or_default();
-        let slot = match name {
-            crate::user_limits::MAX_CONNECTIONS => &mut l.max_connections,
-            crate::user_limits::MAX_CHANNELS => &mut l.max_channels,
-            other => {
-                return Err(CoreError::PreconditionFailed(format!(
-                    "unknown user limit '{other}': max-connections or max-channels"
-                )))
-            }
-        };
-        let was = slot.is_some();
-        *slot = value;
-        crate::user_limits::store(&self.store, user, &l)?;
-        if l == UserLimits::default() {
-            all.remove(user);
-        } else {
-            all.insert(user.to_string(), l);
+        let mut l = self.user_limits_of(user);
+        let mut was = Vec::with_capacity(changes.len());
+        for (name, value) in changes {
+            let slot = match *name {
+                crate::user_limits::MAX_CONNECTIONS => &mut l.max_connections,
+                crate::user_limits::MAX_CHANNELS => &mut l.max_channels,
+                other => {
+                    return Err(CoreError::PreconditionFailed(format!(
+                        "unknown user limit '{other}': max-connections or max-channels"
+                    )))
+                }
+            };
+            was.push(slot.is_some());
+            *slot = *value;
         }
+        self.put_user_limits(user, l)?;
         Ok(was)
     }
 
     /// A user was deleted: its limits go with it (as in RabbitMQ, where they are part of
     /// the user), so a user made later under the same name starts without them.
     pub fn clear_user_limits(&self, user: &str) -> Result<(), CoreError> {
+        let _one = self
+            .user_conns
+            .changing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if self.user_limits_of(user) != UserLimits::default() {
+            self.put_user_limits(user, UserLimits::default())?;
+        }
+        Ok(())
+    }
+
+    fn user_limits_of(&self, user: &str) -> UserLimits {
+        self.user_conns
+            .limits
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(user)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Journals `user`'s limits (waiting for the disk), then puts them in force. The
+    /// caller holds `changing`.
+    fn put_user_limits(&self, user: &str, l: UserLimits) -> Result<(), CoreError> {
+        crate::user_limits::store(&self.store, user, &l)?;
         let mut all = self
             .user_conns
             .limits
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        if all.contains_key(user) {
-            crate::user_limits::store(&self.store, user, &UserLimits::default())?;
+        if l == UserLimits::default() {
             all.remove(user);
+        } else {
+            all.insert(user.to_string(), l);
         }
         Ok(())
     }

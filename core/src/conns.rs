@@ -324,6 +324,11 @@ impl ConnInfo {
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How many AMQP channels it has open.
+    pub fn channel_count(&self) -> usize {
+        self.channel_list().len()
+    }
+
     /// Its open AMQP channels, by number.
     pub fn channels(&self) -> Vec<Arc<ChannelStats>> {
         let mut v = self.channel_list().clone();

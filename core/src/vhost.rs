@@ -1519,27 +1519,27 @@ impl Vhost {
 
     /// Totals over the vhost's queues in one pass, one queue lock at a time: what the
     /// management overview, a vhost's entry and `/metrics` show. The broker's own queues
-    /// (reserved names) count in `values` (as in [`Vhost::message_stats`]) but not in
-    /// the queue, consumer and message totals (no client can address them).
+    /// (reserved names) do not count: no client can address them.
     pub fn totals(&self) -> QueueTotals {
-        let queues: Vec<(bool, Arc<Queue>)> = self
+        // the broker's own queues (MQTT's retained and session stores, ...) count nothing
+        // a client did
+        let queues: Vec<Arc<Queue>> = self
             .queues_read()
             .iter()
-            .map(|(n, q)| (reserved::is_reserved_queue(n), Arc::clone(q)))
+            .filter(|(n, _)| !reserved::is_reserved_queue(n))
+            .map(|(_, q)| Arc::clone(q))
             .collect();
         let mut t = QueueTotals::default();
-        for (own, q) in queues {
+        for q in queues {
             let s = q.stats();
             for (v, x) in t.values.iter_mut().zip(s.values()) {
                 *v = v.wrapping_add(x);
             }
-            if !own {
-                t.queues += 1;
-                t.consumers += u64::from(s.consumers);
-                t.ready = t.ready.wrapping_add(s.ready);
-                t.unacked = t.unacked.wrapping_add(s.unacked);
-                t.ready_bytes = t.ready_bytes.wrapping_add(s.ready_bytes);
-            }
+            t.queues += 1;
+            t.consumers += u64::from(s.consumers);
+            t.ready = t.ready.wrapping_add(s.ready);
+            t.unacked = t.unacked.wrapping_add(s.unacked);
+            t.ready_bytes = t.ready_bytes.wrapping_add(s.ready_bytes);
         }
         if let Some(p) = t.values.first_mut() {
             *p = self.published();
@@ -1559,23 +1559,6 @@ impl Vhost {
                 [0.0; 8]
             }
         }
-    }
-
-    /// The vhost's message counters in [`crate::queue::RATE_NAMES`] order (`publish`:
-    /// what clients published into it; the others summed over its queues, one queue
-    /// lock at a time) and their per-second rates (0 at the first call).
-    pub fn message_stats(&self) -> (crate::stats::Values, [f64; 8]) {
-        let mut values = [0u64; 8];
-        let queues: Vec<Arc<Queue>> = self.queues_read().values().cloned().collect();
-        for q in queues {
-            for (v, x) in values.iter_mut().zip(q.stats().values()) {
-                *v = v.wrapping_add(x);
-            }
-        }
-        if let Some(p) = values.first_mut() {
-            *p = self.published();
-        }
-        (values, self.sample_rates(values))
     }
 
     /// The vhost's policies, highest priority first.

@@ -81,7 +81,7 @@ fn queues_count_deliveries_gets_acks_and_redeliveries() {
     assert_eq!((s.counts.get, s.counts.get_no_ack), (1, 1));
     // publish, deliver, deliver_no_ack, get, get_no_ack, redeliver, ack, deliver_get
     assert_eq!(s.values(), [4, 3, 0, 1, 1, 1, 3, 5]);
-    let (values, rates) = v.message_stats();
-    assert_eq!(values, [4, 3, 0, 1, 1, 1, 3, 5]);
-    assert_eq!(rates, [0.0; 8]);
+    let t = v.totals();
+    assert_eq!(t.values, [4, 3, 0, 1, 1, 1, 3, 5]);
+    assert_eq!(t.rates, [0.0; 8]);
 }

@@ -4,9 +4,8 @@
 //! so that moving from RabbitMQ is one command.
 //!
 //! What an import does not take is refused before anything is changed (400 naming it):
-//! operator policies, runtime parameters (shovels, federation), vhost and user limits,
-//! and
-//! password hashes of another algorithm than SHA-256. RabbitMQ's own
+//! operator policies, runtime parameters (shovels, federation), vhost limits, and
+//! password hashes of another algorithm than SHA-256 (user limits are imported). RabbitMQ's own
 //! `cluster_name` and `internal_cluster_id` global parameters, which every RabbitMQ
 //! export carries, are skipped with a log line: a single Triad node has no cluster; so
 //! are vhost descriptions and tags (RabbitMQ's default vhost always has one).
@@ -304,8 +303,10 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
     for (u, limits) in users {
         let name = u.name.clone();
         broker.auth().put_user(u)?;
-        for (limit, value) in limits {
-            broker.set_user_limit(&name, limit, Some(value))?;
+        if !limits.is_empty() {
+            let changes: Vec<(&str, Option<u32>)> =
+                limits.iter().map(|(l, v)| (*l, Some(*v))).collect();
+            broker.set_user_limits(&name, &changes)?;
         }
     }
     for v in &d.vhosts {

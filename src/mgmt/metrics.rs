@@ -321,14 +321,14 @@ pub fn aggregated(broker: &Broker) -> String {
     histogram(
         &mut out,
         "triad_store_fsync_seconds",
-        "Duration of each commitlog flush (msync): one per group commit",
+        "Duration of each group commit's commitlog flush (msync), by the flusher thread",
         &fs.sync_us.snapshot(),
         1e6,
     );
     histogram(
         &mut out,
         "triad_store_group_commit_bytes",
-        "Bytes each commitlog flush made durable (a group commit's batch)",
+        "Bytes each group commit made durable (its batch)",
         &fs.batch_bytes.snapshot(),
         1.0,
     );
@@ -420,7 +420,7 @@ pub async fn handle(
             &mut out,
             "triad_mqtt_retained_messages",
             "gauge",
-            "MQTT retained messages, over all vhosts",
+            "MQTT retained messages, over the vhosts MQTT clients have used since the start",
             "",
             retained,
         );
@@ -428,7 +428,7 @@ pub async fn handle(
             &mut out,
             "triad_mqtt_persistent_sessions",
             "gauge",
-            "MQTT persistent sessions (clean session 0), connected or not",
+            "MQTT persistent sessions (clean session 0), connected or not, over the vhosts MQTT clients have used since the start",
             "",
             sessions,
         );

@@ -162,7 +162,7 @@ pub fn connection_json(c: &ConnInfo) -> Value {
         "ssl": c.tls,
         "connected_at": c.connected_at,
         // AMQP: its open channels; STOMP and MQTT: one, as RabbitMQ's plugins
-        "channels": if c.protocol == "amqp" { c.channels().len() } else { 1 },
+        "channels": if c.protocol == "amqp" { c.channel_count() } else { 1 },
     });
     if let Some(cn) = c.peer_cert_cn() {
         v["peer_cert_subject"] = json!(format!("CN={cn}"));

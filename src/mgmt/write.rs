@@ -556,7 +556,6 @@ pub fn delete(api: &Api, path: &[&str]) -> ApiResult {
     }
 }
 
-/// Every POST.
 /// What a PUT or POST needs of its user that the path alone tells (a tag, access to
 /// the vhost), checked before its body (up to `http.max_body_size`) is parsed, so that
 /// a request that will be refused costs no parse. The handlers then check what the
@@ -571,7 +570,11 @@ pub fn authorize(api: &Api, method: &hyper::Method, path: &[&str]) -> Result<(),
         ) => api.vhost_write(v).map(drop),
         (
             &Method::PUT,
-            ["vhosts", _] | ["users", _] | ["permissions", ..] | ["topic-permissions", ..],
+            ["vhosts", _]
+            | ["users", _]
+            | ["permissions", ..]
+            | ["topic-permissions", ..]
+            | ["user-limits", ..],
         )
         | (&Method::POST, ["users", "bulk-delete"] | ["definitions", ..]) => api.require_admin(),
         (&Method::PUT, ["policies", v, _]) => super::policies::authorize(api, v),
@@ -579,6 +582,7 @@ pub fn authorize(api: &Api, method: &hyper::Method, path: &[&str]) -> Result<(),
     }
 }
 
+/// Every POST.
 pub fn post(api: &Api, path: &[&str], body: &Value) -> ApiResult {
     match path {
         ["bindings", v, "e", src, kind @ ("q" | "e"), dst] => bind(api, v, src, kind, dst, body),

@@ -58,8 +58,8 @@ struct State {
 }
 
 /// A histogram with fixed upper bounds (Prometheus' cumulative buckets are made when
-/// read). Written by whoever flushes (one at a time in practice: the flusher thread,
-/// or a checkpoint or compaction pass), with relaxed atomic adds, once per flush, never
+/// read). Written by the flusher thread only (its group commits; checkpoint and
+/// compaction flushes are not counted), with relaxed atomic adds, once per flush, never
 /// per message; read when scraped.
 #[derive(Debug)]
 pub struct Histogram<const N: usize> {
@@ -128,7 +128,7 @@ impl<const N: usize> Histogram<N> {
 pub const SYNC_US_BOUNDS: [u64; 12] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
 ];
-/// Upper bounds of [`FlushStats::batch_bytes`]: 512 B to 64 MiB.
+/// Upper bounds of [`FlushStats::batch_bytes`]: 512 B to 256 MiB.
 pub const BATCH_BYTES_BOUNDS: [u64; 10] = [
     512,
     4 << 10,
@@ -142,7 +142,7 @@ pub const BATCH_BYTES_BOUNDS: [u64; 10] = [
     256 << 20,
 ];
 
-/// The flushes of the commitlog: how long each `msync` took and how many bytes it made
+/// The flusher thread's commitlog flushes: how long each `msync` took and how many bytes it made
 /// durable (a group commit's batch).
 #[derive(Debug)]
 pub struct FlushStats {

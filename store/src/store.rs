@@ -1313,21 +1313,35 @@ impl Inner {
 
     /// Makes the log durable up to `end`, whoever is flushing.
     fn flush_to(&self, end: u64) -> Result<()> {
+        self.flush_from(end).map(|_| ())
+    }
+
+    /// [`Self::flush_to`], returning where the flush started (`None`: nothing to do).
+    fn flush_from(&self, end: u64) -> Result<Option<u64>> {
         self.flush.check()?;
         let from = self.flush.flushed();
         if from >= end {
-            return Ok(());
+            return Ok(None);
         }
-        let started = std::time::Instant::now();
         if let Err(e) = self.log.flush(from, end) {
             self.flush.fail(e.to_string());
             return Err(e);
         }
-        let st = &self.flush.stats;
-        st.sync_us
-            .record(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
-        st.batch_bytes.record(end - from);
         self.flush.complete(end);
+        Ok(Some(from))
+    }
+
+    /// The flusher thread's flush (group commit, or async mode's interval): timed and
+    /// sized for `/metrics`. Checkpoint and compaction flushes are not group commits and
+    /// are not counted.
+    fn group_commit(&self, end: u64) -> Result<()> {
+        let started = std::time::Instant::now();
+        if let Some(from) = self.flush_from(end)? {
+            let st = &self.flush.stats;
+            st.sync_us
+                .record(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+            st.batch_bytes.record(end - from);
+        }
         Ok(())
     }
 
@@ -1632,7 +1646,7 @@ impl Inner {
         match self.cfg.flush {
             FlushMode::Sync => {
                 while let Some(target) = self.flush.next_target() {
-                    if self.flush_to(target).is_err() {
+                    if self.group_commit(target).is_err() {
                         break;
                     }
                 }
@@ -1642,7 +1656,7 @@ impl Inner {
                 dirty_bytes,
             } => loop {
                 match self.flush.next_target_async(interval, dirty_bytes) {
-                    Some(target) if self.flush_to(target).is_err() => break,
+                    Some(target) if self.group_commit(target).is_err() => break,
                     Some(_) => {}
                     None if self.flush.is_shutdown() || self.flush.check().is_err() => break,
                     None => {}

@@ -239,9 +239,13 @@ impl Session {
             )
             .on(cid, mid));
         }
+        // A publish changes none of the figures the management API shows.
+        let refresh = !matches!(&class, AMQPClass::Basic(basic::AMQPMethod::Publish(_)));
         let r = self.channel_method_inner(id, class);
-        if let Some(ch) = self.channels.get(&id) {
-            ch.note_stats();
+        if refresh {
+            if let Some(ch) = self.channels.get(&id) {
+                ch.note_stats();
+            }
         }
         match r {
             Ok(()) => Ok(()),
