@@ -233,5 +233,9 @@ fn user_limits_through_the_api_apply_and_survive_a_restart() {
     let (st, body) = call(http, "GET", "/api/user-limits/lim", None);
     assert_eq!((st, body.as_str()), (200, "[]"));
     b.restart();
-    assert_eq!(limits(b.http_addr()), json!([]), "and stay gone after a restart");
+    assert_eq!(
+        limits(b.http_addr()),
+        json!([]),
+        "and stay gone after a restart"
+    );
 }
