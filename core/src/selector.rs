@@ -32,8 +32,9 @@
 //! Integer overflow and division by zero give unknown.
 //!
 //! Bounds against hostile input, checked while parsing (an error, never a truncation):
-//! [`MAX_LEN`] bytes of text, [`MAX_DEPTH`] levels of nesting, [`MAX_IN`] items in one
-//! `IN` list. Evaluation is then linear in the tree's size, except `LIKE`, which is at
+//! [`MAX_LEN`] bytes of text, [`MAX_DEPTH`] levels of nesting (the compiled tree's height,
+//! which bounds the evaluator's recursion, as well as the parser's), [`MAX_IN`] items in
+//! one `IN` list. Evaluation is then linear in the tree's size, except `LIKE`, which is at
 //! most pattern length × value length.
 
 use std::fmt;
@@ -41,7 +42,8 @@ use std::fmt;
 /// Longest selector accepted, in bytes (ActiveMQ has no bound; 4 KiB is far beyond
 /// any selector seen in practice and keeps a subscription's cost small).
 pub const MAX_LEN: usize = 4096;
-/// Deepest nesting of parentheses, `NOT`s, signs and operators.
+/// Deepest nesting of parentheses, `NOT`s, signs and operators, and the highest compiled
+/// tree (operators on its longest path).
 pub const MAX_DEPTH: usize = 100;
 /// Most items in one `IN ( ... )` list.
 pub const MAX_IN: usize = 256;
@@ -491,13 +493,26 @@ impl Parser {
         Ok(())
     }
 
+    /// `e`, a node just built from already-checked children, if the tree under it is no
+    /// more than [`MAX_DEPTH`] operators high. [`enter`](Self::enter) bounds the parser's
+    /// own recursion, but not the tree's height: parentheses reset its count, so
+    /// `((1+1+…)+1+…)` chains many levels under one count. Evaluation recurses over the
+    /// tree per message, so the bound must be on the tree. Each child is at most
+    /// `MAX_DEPTH` high (checked when it was built), so this costs at most its size.
+    fn node(&self, e: Expr) -> Result<Expr, SelectorError> {
+        if height(&e) > MAX_DEPTH {
+            return err(self.pos(), format!("nested deeper than {MAX_DEPTH} levels"));
+        }
+        Ok(e)
+    }
+
     fn or(&mut self) -> Result<Expr, SelectorError> {
         self.enter()?;
         let mut e = self.and()?;
         while self.eat_kw(Kw::Or) {
             self.enter()?;
             let r = self.and()?;
-            e = Expr::Or(Box::new(e), Box::new(r));
+            e = self.node(Expr::Or(Box::new(e), Box::new(r)))?;
         }
         self.depth = self.depth.saturating_sub(1);
         Ok(e)
@@ -508,7 +523,7 @@ impl Parser {
         while self.eat_kw(Kw::And) {
             self.enter()?;
             let r = self.not()?;
-            e = Expr::And(Box::new(e), Box::new(r));
+            e = self.node(Expr::And(Box::new(e), Box::new(r)))?;
         }
         Ok(e)
     }
@@ -518,7 +533,7 @@ impl Parser {
             self.enter()?;
             let e = self.not()?;
             self.depth -= 1;
-            return Ok(Expr::Not(Box::new(e)));
+            return self.node(Expr::Not(Box::new(e)));
         }
         self.predicate()
     }
@@ -537,14 +552,14 @@ impl Parser {
         if let Some(c) = cmp {
             self.i += 1;
             let r = self.sum()?;
-            return Ok(Expr::Cmp(c, Box::new(e), Box::new(r)));
+            return self.node(Expr::Cmp(c, Box::new(e), Box::new(r)));
         }
         if self.eat_kw(Kw::Is) {
             let not = self.eat_kw(Kw::Not);
             if !self.eat_kw(Kw::Null) {
                 return self.unexpected("NULL after IS");
             }
-            return Ok(Expr::IsNull {
+            return self.node(Expr::IsNull {
                 not,
                 e: Box::new(e),
             });
@@ -556,7 +571,7 @@ impl Parser {
                 return self.unexpected("AND in BETWEEN");
             }
             let hi = self.sum()?;
-            return Ok(Expr::Between {
+            return self.node(Expr::Between {
                 not,
                 e: Box::new(e),
                 lo: Box::new(lo),
@@ -606,7 +621,7 @@ impl Parser {
                 _ => return self.unexpected("',' or ')' in the IN list"),
             }
         }
-        Ok(Expr::In {
+        self.node(Expr::In {
             not,
             e: Box::new(e),
             list,
@@ -650,7 +665,7 @@ impl Parser {
                 pat.push(Pat::Lit(c));
             }
         }
-        Ok(Expr::Like {
+        self.node(Expr::Like {
             not,
             e: Box::new(e),
             pat,
@@ -669,7 +684,7 @@ impl Parser {
             };
             self.enter()?;
             let r = self.product()?;
-            e = Expr::Arith(op, Box::new(e), Box::new(r));
+            e = self.node(Expr::Arith(op, Box::new(e), Box::new(r)))?;
         }
     }
 
@@ -687,7 +702,7 @@ impl Parser {
             };
             self.enter()?;
             let r = self.unary()?;
-            e = Expr::Arith(op, Box::new(e), Box::new(r));
+            e = self.node(Expr::Arith(op, Box::new(e), Box::new(r)))?;
         }
     }
 
@@ -697,11 +712,11 @@ impl Parser {
             // -9223372036854775808 is a literal, not the negation of one out of range
             let e = self.unary()?;
             self.depth -= 1;
-            return Ok(match e {
-                Expr::Lit(Value::Int(n)) => Expr::Lit(Value::Int(n.wrapping_neg())),
-                Expr::Lit(Value::Float(f)) => Expr::Lit(Value::Float(-f)),
-                e => Expr::Neg(Box::new(e)),
-            });
+            return match e {
+                Expr::Lit(Value::Int(n)) => Ok(Expr::Lit(Value::Int(n.wrapping_neg()))),
+                Expr::Lit(Value::Float(f)) => Ok(Expr::Lit(Value::Float(-f))),
+                e => self.node(Expr::Neg(Box::new(e))),
+            };
         }
         if self.eat_op("+") {
             self.enter()?;
@@ -738,6 +753,22 @@ impl Parser {
         };
         self.i += 1;
         Ok(e)
+    }
+}
+
+/// Operators on the longest path from `e` down to a literal or identifier.
+fn height(e: &Expr) -> usize {
+    match e {
+        Expr::Lit(_) | Expr::Ident(_) => 0,
+        Expr::Neg(x)
+        | Expr::Not(x)
+        | Expr::In { e: x, .. }
+        | Expr::Like { e: x, .. }
+        | Expr::IsNull { e: x, .. } => 1 + height(x),
+        Expr::Arith(_, x, y) | Expr::Cmp(_, x, y) | Expr::And(x, y) | Expr::Or(x, y) => {
+            1 + height(x).max(height(y))
+        }
+        Expr::Between { e, lo, hi, .. } => 1 + height(e).max(height(lo)).max(height(hi)),
     }
 }
 
@@ -1115,8 +1146,34 @@ mod tests {
         assert!(Selector::parse(&format!("weight IN ({})", items.join(",")))
             .unwrap()
             .matches(&msg()));
+        // parentheses reset the parser's count: each level below holds a chain of 55
+        // additions, ~1,900 levels of tree in under 4 KiB; refused, not built
+        let chain = format!(
+            "a = {}1{}",
+            "(".repeat(35),
+            ("+1".repeat(55) + ")").repeat(35)
+        );
+        assert!(chain.len() <= MAX_LEN);
+        let e = Selector::parse(&chain).unwrap_err();
+        assert!(e.msg.contains("nested"), "{e}");
+        let ands = format!(
+            "{}a = 1{}",
+            "(".repeat(35),
+            (" AND a = 1".repeat(5) + ")").repeat(35)
+        );
+        assert!(Selector::parse(&ands).unwrap_err().msg.contains("nested"));
         let ok = format!("{}weight = 12{}", "(".repeat(30), ")".repeat(30));
         assert!(Selector::parse(&ok).unwrap().matches(&msg()));
+        // the tallest tree accepted evaluates on a small stack (the fuzz target's)
+        let tall = format!("weight = 12{}", " + 0".repeat(MAX_DEPTH - 1));
+        let sel = Selector::parse(&tall).unwrap();
+        let ok = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || sel.matches(&msg()))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(ok);
         // a pattern that is exponential for a naive backtracking matcher
         let m = Map(HashMap::from([("s", Value::Str("a".repeat(3000)))]));
         let sel = Selector::parse(&format!("s LIKE '{}b'", "%a".repeat(500))).unwrap();
