@@ -21,6 +21,8 @@
 //! one hash of the input and one score (a multiply and a logarithm) per destination: no
 //! per-bucket memory, so a binding of weight 1,000,000 costs what one of weight 1 does.
 
+use std::borrow::Cow;
+
 use super::Destination;
 use crate::error::CoreError;
 use crate::message::Properties;
@@ -70,29 +72,33 @@ impl HashOn {
         }
     }
 
-    /// The bytes hashed for a message (empty when it lacks the header or property).
-    pub fn input(
+    /// The bytes hashed for a message (empty when it lacks the header or property):
+    /// borrowed from the message, except a number's text.
+    pub fn input<'a>(
         &self,
-        routing_key: &str,
-        headers: Option<&FieldTable>,
-        props: Option<&Properties>,
-    ) -> Vec<u8> {
+        routing_key: &'a str,
+        headers: Option<&'a FieldTable>,
+        props: Option<&'a Properties>,
+    ) -> Cow<'a, [u8]> {
         match self {
-            HashOn::RoutingKey => routing_key.as_bytes().to_vec(),
+            HashOn::RoutingKey => Cow::Borrowed(routing_key.as_bytes()),
             HashOn::Header(h) => headers
                 .and_then(|t| t.get(h))
-                .map(value_bytes)
-                .unwrap_or_default(),
+                .map_or(Cow::Borrowed(&[][..]), value_bytes),
             HashOn::Property(p) => {
                 let Some(props) = props else {
-                    return Vec::new();
+                    return Cow::Borrowed(&[]);
                 };
                 match p.as_str() {
-                    "correlation_id" => props.correlation_id.clone().map(String::into_bytes),
-                    "message_id" => props.message_id.clone().map(String::into_bytes),
-                    _ => props.timestamp.map(|t| t.to_string().into_bytes()),
+                    "correlation_id" => props.correlation_id.as_deref().map(str::as_bytes),
+                    "message_id" => props.message_id.as_deref().map(str::as_bytes),
+                    _ => {
+                        return props.timestamp.map_or(Cow::Borrowed(&[][..]), |t| {
+                            Cow::Owned(t.to_string().into_bytes())
+                        })
+                    }
                 }
-                .unwrap_or_default()
+                .map_or(Cow::Borrowed(&[][..]), Cow::Borrowed)
             }
         }
     }
@@ -101,20 +107,20 @@ impl HashOn {
 /// A header value as hashed: strings as their bytes, numbers and booleans as their
 /// decimal text (so `1` and `"1"` from different clients hash alike); other types as
 /// their debug form.
-fn value_bytes(v: &FieldValue) -> Vec<u8> {
+fn value_bytes(v: &FieldValue) -> Cow<'_, [u8]> {
     if let Some(b) = v.as_bytes() {
-        return b.to_vec();
+        return Cow::Borrowed(b);
     }
     if let Some(n) = v.as_i64() {
-        return n.to_string().into_bytes();
+        return Cow::Owned(n.to_string().into_bytes());
     }
-    match v {
+    Cow::Owned(match v {
         FieldValue::Bool(b) => b.to_string().into_bytes(),
         FieldValue::F32(f) => f.to_string().into_bytes(),
         FieldValue::F64(f) => f.to_string().into_bytes(),
         FieldValue::Void => Vec::new(),
         other => format!("{other:?}").into_bytes(),
-    }
+    })
 }
 
 /// Parses a binding key as a weight: a positive integer (the plugin's rule).
@@ -386,8 +392,8 @@ mod tests {
         args.insert(HASH_HEADER, "user");
         let on = HashOn::from_args("x", &args).unwrap();
         let h: FieldTable = [("user", 42i32)].into_iter().collect();
-        assert_eq!(on.input("rk", Some(&h), None), b"42");
-        assert_eq!(on.input("rk", None, None), b"");
+        assert_eq!(&*on.input("rk", Some(&h), None), b"42");
+        assert_eq!(&*on.input("rk", None, None), b"");
         args.insert(HASH_PROPERTY, "message_id");
         assert!(HashOn::from_args("x", &args)
             .unwrap_err()
@@ -400,7 +406,7 @@ mod tests {
             message_id: Some("m1".into()),
             ..Default::default()
         };
-        assert_eq!(on.input("rk", None, Some(&props)), b"m1");
+        assert_eq!(&*on.input("rk", None, Some(&props)), b"m1");
         p.insert(HASH_PROPERTY, "app_id");
         assert!(HashOn::from_args("x", &p)
             .unwrap_err()
