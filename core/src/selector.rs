@@ -37,6 +37,7 @@
 //! one `IN` list. Evaluation is then linear in the tree's size, except `LIKE`, which is at
 //! most pattern length × value length.
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// Longest selector accepted, in bytes (ActiveMQ has no bound; 4 KiB is far beyond
@@ -191,13 +192,13 @@ impl Selector {
     /// Whether the message `f` describes is selected (the expression is true, not false
     /// or unknown).
     pub fn matches(&self, f: &dyn Fields) -> bool {
-        truth(&eval(&self.expr, f)) == Some(true)
+        truth(eval(&self.expr, f).as_deref()) == Some(true)
     }
 
     /// The expression's three-valued result: `Some(true)`, `Some(false)` or `None`
     /// (unknown).
     pub fn evaluate(&self, f: &dyn Fields) -> Option<bool> {
-        truth(&eval(&self.expr, f))
+        truth(eval(&self.expr, f).as_deref())
     }
 }
 
@@ -774,7 +775,7 @@ fn height(e: &Expr) -> usize {
 
 // ------------------------------------------------------------------------ evaluator
 
-fn truth(v: &Option<Value>) -> Option<bool> {
+fn truth(v: Option<&Value>) -> Option<bool> {
     match v {
         Some(Value::Bool(b)) => Some(*b),
         // a non-boolean result (`WHERE 1`): not selected, as ActiveMQ
@@ -901,11 +902,12 @@ fn or3(a: Option<bool>, b: impl FnOnce() -> Option<bool>) -> Option<bool> {
 
 fn like(pat: &[Pat], s: &str) -> bool {
     // the iterative wildcard match: backtrack only to the last `%`, so it is
-    // O(pattern × value) at worst, never exponential
-    let s: Vec<char> = s.chars().collect();
+    // O(pattern × value) at worst, never exponential. `i` is a byte offset on a char
+    // boundary: no copy of the value per message
+    let at = |i: usize| s.get(i..).and_then(|r| r.chars().next());
     let (mut p, mut i) = (0usize, 0usize);
     let mut star: Option<(usize, usize)> = None;
-    while i < s.len() {
+    while let Some(ch) = at(i) {
         match pat.get(p) {
             Some(Pat::Any) => {
                 star = Some((p, i));
@@ -913,17 +915,19 @@ fn like(pat: &[Pat], s: &str) -> bool {
             }
             Some(Pat::One) => {
                 p += 1;
-                i += 1;
+                i += ch.len_utf8();
             }
-            Some(Pat::Lit(c)) if s.get(i) == Some(c) => {
+            Some(Pat::Lit(c)) if *c == ch => {
                 p += 1;
-                i += 1;
+                i += ch.len_utf8();
             }
             _ => match star {
                 Some((sp, si)) => {
+                    // one more character under the `%`
+                    let next = si + at(si).map_or(1, char::len_utf8);
                     p = sp + 1;
-                    i = si + 1;
-                    star = Some((sp, si + 1));
+                    i = next;
+                    star = Some((sp, next));
                 }
                 None => return false,
             },
@@ -932,18 +936,21 @@ fn like(pat: &[Pat], s: &str) -> bool {
     pat.iter().skip(p).all(|x| *x == Pat::Any)
 }
 
-fn eval(e: &Expr, f: &dyn Fields) -> Option<Value> {
-    let b = |x: Option<bool>| x.map(Value::Bool);
+/// An expression's value: a literal borrowed from the tree (no copy per message), the rest
+/// computed.
+fn eval<'e>(e: &'e Expr, f: &dyn Fields) -> Option<Cow<'e, Value>> {
+    let b = |x: Option<bool>| x.map(|v| Cow::Owned(Value::Bool(v)));
     match e {
-        Expr::Lit(v) => Some(v.clone()),
-        Expr::Ident(name) => f.field(name),
-        Expr::Neg(x) => match numeric(&eval(x, f)?)? {
+        Expr::Lit(v) => Some(Cow::Borrowed(v)),
+        Expr::Ident(name) => f.field(name).map(Cow::Owned),
+        Expr::Neg(x) => match numeric(&*eval(x, f)?)? {
             Value::Int(n) => n.checked_neg().map(Value::Int),
             Value::Float(v) => Some(Value::Float(-v)),
             _ => None,
-        },
-        Expr::Arith(op, x, y) => arith(*op, &eval(x, f)?, &eval(y, f)?),
-        Expr::Cmp(op, x, y) => b(compare(*op, &eval(x, f)?, &eval(y, f)?)),
+        }
+        .map(Cow::Owned),
+        Expr::Arith(op, x, y) => arith(*op, &*eval(x, f)?, &*eval(y, f)?).map(Cow::Owned),
+        Expr::Cmp(op, x, y) => b(compare(*op, &*eval(x, f)?, &*eval(y, f)?)),
         Expr::Between { not, e, lo, hi } => {
             let v = eval(e, f);
             let ge = match (&v, eval(lo, f)) {
@@ -963,14 +970,18 @@ fn eval(e: &Expr, f: &dyn Fields) -> Option<Value> {
                 .any(|item| compare(Cmp::Eq, &v, item) == Some(true));
             b(Some(found != *not))
         }
-        Expr::Like { not, e, pat } => match eval(e, f)? {
+        Expr::Like { not, e, pat } => match &*eval(e, f)? {
             Value::Str(s) => b(Some(like(pat, &s) != *not)),
             _ => b(Some(false)),
         },
         Expr::IsNull { not, e } => b(Some(eval(e, f).is_none() != *not)),
-        Expr::Not(x) => b(not3(truth(&eval(x, f)))),
-        Expr::And(x, y) => b(and3(truth(&eval(x, f)), || truth(&eval(y, f)))),
-        Expr::Or(x, y) => b(or3(truth(&eval(x, f)), || truth(&eval(y, f)))),
+        Expr::Not(x) => b(not3(truth(eval(x, f).as_deref()))),
+        Expr::And(x, y) => b(and3(truth(eval(x, f).as_deref()), || {
+            truth(eval(y, f).as_deref())
+        })),
+        Expr::Or(x, y) => b(or3(truth(eval(x, f).as_deref()), || {
+            truth(eval(y, f).as_deref())
+        })),
     }
 }
 
@@ -1115,6 +1126,25 @@ mod tests {
         ] {
             let e = Selector::parse(s).expect_err(s);
             assert!(e.to_string().contains(frag), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn like_matches_characters_not_bytes() {
+        let m = Map(HashMap::from([("s", Value::Str("héllo 日本語".into()))]));
+        for (pat, want) in [
+            ("h_llo%", true),
+            ("%_本_", true),
+            ("%語", true),
+            ("h%l_o ___", true),
+            ("h_llo ____", false),
+            ("%本", false),
+            ("_éllo%", true),
+            ("__llo%", true),
+            ("___llo%", false),
+        ] {
+            let sel = Selector::parse(&format!("s LIKE '{pat}'")).unwrap();
+            assert_eq!(sel.matches(&m), want, "{pat}");
         }
     }
 
