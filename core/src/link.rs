@@ -321,10 +321,7 @@ impl Link {
     /// A checked publish: half messages, commits and rollbacks to [`crate::txn`]
     /// (which checks the rights they need), the rest to the vhost.
     fn publish_now(&self, p: Publish) -> Result<Published, CoreError> {
-        if crate::txn::is_txn(&p) {
-            return self.vhost.txn().publish(&self.vhost, &self.access, p);
-        }
-        self.vhost.publish(p)
+        crate::txn::publish(&self.vhost, &self.access, p)
     }
 
     /// Publishes `p` as this connection, once the user may write to its exchange

@@ -32,16 +32,19 @@
 //! Integer overflow and division by zero give unknown.
 //!
 //! Bounds against hostile input, checked while parsing (an error, never a truncation):
-//! [`MAX_LEN`] bytes of text, [`MAX_DEPTH`] levels of nesting, [`MAX_IN`] items in one
-//! `IN` list. Evaluation is then linear in the tree's size, except `LIKE`, which is at
+//! [`MAX_LEN`] bytes of text, [`MAX_DEPTH`] levels of nesting (the compiled tree's height,
+//! which bounds the evaluator's recursion, as well as the parser's), [`MAX_IN`] items in
+//! one `IN` list. Evaluation is then linear in the tree's size, except `LIKE`, which is at
 //! most pattern length × value length.
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// Longest selector accepted, in bytes (ActiveMQ has no bound; 4 KiB is far beyond
 /// any selector seen in practice and keeps a subscription's cost small).
 pub const MAX_LEN: usize = 4096;
-/// Deepest nesting of parentheses, `NOT`s, signs and operators.
+/// Deepest nesting of parentheses, `NOT`s, signs and operators, and the highest compiled
+/// tree (operators on its longest path).
 pub const MAX_DEPTH: usize = 100;
 /// Most items in one `IN ( ... )` list.
 pub const MAX_IN: usize = 256;
@@ -189,13 +192,13 @@ impl Selector {
     /// Whether the message `f` describes is selected (the expression is true, not false
     /// or unknown).
     pub fn matches(&self, f: &dyn Fields) -> bool {
-        truth(&eval(&self.expr, f)) == Some(true)
+        truth(eval(&self.expr, f).as_deref()) == Some(true)
     }
 
     /// The expression's three-valued result: `Some(true)`, `Some(false)` or `None`
     /// (unknown).
     pub fn evaluate(&self, f: &dyn Fields) -> Option<bool> {
-        truth(&eval(&self.expr, f))
+        truth(eval(&self.expr, f).as_deref())
     }
 }
 
@@ -491,13 +494,26 @@ impl Parser {
         Ok(())
     }
 
+    /// `e`, a node just built from already-checked children, if the tree under it is no
+    /// more than [`MAX_DEPTH`] operators high. [`enter`](Self::enter) bounds the parser's
+    /// own recursion, but not the tree's height: parentheses reset its count, so
+    /// `((1+1+…)+1+…)` chains many levels under one count. Evaluation recurses over the
+    /// tree per message, so the bound must be on the tree. Each child is at most
+    /// `MAX_DEPTH` high (checked when it was built), so this costs at most its size.
+    fn node(&self, e: Expr) -> Result<Expr, SelectorError> {
+        if height(&e) > MAX_DEPTH {
+            return err(self.pos(), format!("nested deeper than {MAX_DEPTH} levels"));
+        }
+        Ok(e)
+    }
+
     fn or(&mut self) -> Result<Expr, SelectorError> {
         self.enter()?;
         let mut e = self.and()?;
         while self.eat_kw(Kw::Or) {
             self.enter()?;
             let r = self.and()?;
-            e = Expr::Or(Box::new(e), Box::new(r));
+            e = self.node(Expr::Or(Box::new(e), Box::new(r)))?;
         }
         self.depth = self.depth.saturating_sub(1);
         Ok(e)
@@ -508,7 +524,7 @@ impl Parser {
         while self.eat_kw(Kw::And) {
             self.enter()?;
             let r = self.not()?;
-            e = Expr::And(Box::new(e), Box::new(r));
+            e = self.node(Expr::And(Box::new(e), Box::new(r)))?;
         }
         Ok(e)
     }
@@ -518,7 +534,7 @@ impl Parser {
             self.enter()?;
             let e = self.not()?;
             self.depth -= 1;
-            return Ok(Expr::Not(Box::new(e)));
+            return self.node(Expr::Not(Box::new(e)));
         }
         self.predicate()
     }
@@ -537,14 +553,14 @@ impl Parser {
         if let Some(c) = cmp {
             self.i += 1;
             let r = self.sum()?;
-            return Ok(Expr::Cmp(c, Box::new(e), Box::new(r)));
+            return self.node(Expr::Cmp(c, Box::new(e), Box::new(r)));
         }
         if self.eat_kw(Kw::Is) {
             let not = self.eat_kw(Kw::Not);
             if !self.eat_kw(Kw::Null) {
                 return self.unexpected("NULL after IS");
             }
-            return Ok(Expr::IsNull {
+            return self.node(Expr::IsNull {
                 not,
                 e: Box::new(e),
             });
@@ -556,7 +572,7 @@ impl Parser {
                 return self.unexpected("AND in BETWEEN");
             }
             let hi = self.sum()?;
-            return Ok(Expr::Between {
+            return self.node(Expr::Between {
                 not,
                 e: Box::new(e),
                 lo: Box::new(lo),
@@ -606,7 +622,7 @@ impl Parser {
                 _ => return self.unexpected("',' or ')' in the IN list"),
             }
         }
-        Ok(Expr::In {
+        self.node(Expr::In {
             not,
             e: Box::new(e),
             list,
@@ -650,7 +666,7 @@ impl Parser {
                 pat.push(Pat::Lit(c));
             }
         }
-        Ok(Expr::Like {
+        self.node(Expr::Like {
             not,
             e: Box::new(e),
             pat,
@@ -669,7 +685,7 @@ impl Parser {
             };
             self.enter()?;
             let r = self.product()?;
-            e = Expr::Arith(op, Box::new(e), Box::new(r));
+            e = self.node(Expr::Arith(op, Box::new(e), Box::new(r)))?;
         }
     }
 
@@ -687,7 +703,7 @@ impl Parser {
             };
             self.enter()?;
             let r = self.unary()?;
-            e = Expr::Arith(op, Box::new(e), Box::new(r));
+            e = self.node(Expr::Arith(op, Box::new(e), Box::new(r)))?;
         }
     }
 
@@ -697,11 +713,11 @@ impl Parser {
             // -9223372036854775808 is a literal, not the negation of one out of range
             let e = self.unary()?;
             self.depth -= 1;
-            return Ok(match e {
-                Expr::Lit(Value::Int(n)) => Expr::Lit(Value::Int(n.wrapping_neg())),
-                Expr::Lit(Value::Float(f)) => Expr::Lit(Value::Float(-f)),
-                e => Expr::Neg(Box::new(e)),
-            });
+            return match e {
+                Expr::Lit(Value::Int(n)) => Ok(Expr::Lit(Value::Int(n.wrapping_neg()))),
+                Expr::Lit(Value::Float(f)) => Ok(Expr::Lit(Value::Float(-f))),
+                e => self.node(Expr::Neg(Box::new(e))),
+            };
         }
         if self.eat_op("+") {
             self.enter()?;
@@ -741,9 +757,25 @@ impl Parser {
     }
 }
 
+/// Operators on the longest path from `e` down to a literal or identifier.
+fn height(e: &Expr) -> usize {
+    match e {
+        Expr::Lit(_) | Expr::Ident(_) => 0,
+        Expr::Neg(x)
+        | Expr::Not(x)
+        | Expr::In { e: x, .. }
+        | Expr::Like { e: x, .. }
+        | Expr::IsNull { e: x, .. } => 1 + height(x),
+        Expr::Arith(_, x, y) | Expr::Cmp(_, x, y) | Expr::And(x, y) | Expr::Or(x, y) => {
+            1 + height(x).max(height(y))
+        }
+        Expr::Between { e, lo, hi, .. } => 1 + height(e).max(height(lo)).max(height(hi)),
+    }
+}
+
 // ------------------------------------------------------------------------ evaluator
 
-fn truth(v: &Option<Value>) -> Option<bool> {
+fn truth(v: Option<&Value>) -> Option<bool> {
     match v {
         Some(Value::Bool(b)) => Some(*b),
         // a non-boolean result (`WHERE 1`): not selected, as ActiveMQ
@@ -870,11 +902,12 @@ fn or3(a: Option<bool>, b: impl FnOnce() -> Option<bool>) -> Option<bool> {
 
 fn like(pat: &[Pat], s: &str) -> bool {
     // the iterative wildcard match: backtrack only to the last `%`, so it is
-    // O(pattern × value) at worst, never exponential
-    let s: Vec<char> = s.chars().collect();
+    // O(pattern × value) at worst, never exponential. `i` is a byte offset on a char
+    // boundary: no copy of the value per message
+    let at = |i: usize| s.get(i..).and_then(|r| r.chars().next());
     let (mut p, mut i) = (0usize, 0usize);
     let mut star: Option<(usize, usize)> = None;
-    while i < s.len() {
+    while let Some(ch) = at(i) {
         match pat.get(p) {
             Some(Pat::Any) => {
                 star = Some((p, i));
@@ -882,17 +915,19 @@ fn like(pat: &[Pat], s: &str) -> bool {
             }
             Some(Pat::One) => {
                 p += 1;
-                i += 1;
+                i += ch.len_utf8();
             }
-            Some(Pat::Lit(c)) if s.get(i) == Some(c) => {
+            Some(Pat::Lit(c)) if *c == ch => {
                 p += 1;
-                i += 1;
+                i += ch.len_utf8();
             }
             _ => match star {
                 Some((sp, si)) => {
+                    // one more character under the `%`
+                    let next = si + at(si).map_or(1, char::len_utf8);
                     p = sp + 1;
-                    i = si + 1;
-                    star = Some((sp, si + 1));
+                    i = next;
+                    star = Some((sp, next));
                 }
                 None => return false,
             },
@@ -901,18 +936,21 @@ fn like(pat: &[Pat], s: &str) -> bool {
     pat.iter().skip(p).all(|x| *x == Pat::Any)
 }
 
-fn eval(e: &Expr, f: &dyn Fields) -> Option<Value> {
-    let b = |x: Option<bool>| x.map(Value::Bool);
+/// An expression's value: a literal borrowed from the tree (no copy per message), the rest
+/// computed.
+fn eval<'e>(e: &'e Expr, f: &dyn Fields) -> Option<Cow<'e, Value>> {
+    let b = |x: Option<bool>| x.map(|v| Cow::Owned(Value::Bool(v)));
     match e {
-        Expr::Lit(v) => Some(v.clone()),
-        Expr::Ident(name) => f.field(name),
-        Expr::Neg(x) => match numeric(&eval(x, f)?)? {
+        Expr::Lit(v) => Some(Cow::Borrowed(v)),
+        Expr::Ident(name) => f.field(name).map(Cow::Owned),
+        Expr::Neg(x) => match numeric(&*eval(x, f)?)? {
             Value::Int(n) => n.checked_neg().map(Value::Int),
             Value::Float(v) => Some(Value::Float(-v)),
             _ => None,
-        },
-        Expr::Arith(op, x, y) => arith(*op, &eval(x, f)?, &eval(y, f)?),
-        Expr::Cmp(op, x, y) => b(compare(*op, &eval(x, f)?, &eval(y, f)?)),
+        }
+        .map(Cow::Owned),
+        Expr::Arith(op, x, y) => arith(*op, &*eval(x, f)?, &*eval(y, f)?).map(Cow::Owned),
+        Expr::Cmp(op, x, y) => b(compare(*op, &*eval(x, f)?, &*eval(y, f)?)),
         Expr::Between { not, e, lo, hi } => {
             let v = eval(e, f);
             let ge = match (&v, eval(lo, f)) {
@@ -932,14 +970,18 @@ fn eval(e: &Expr, f: &dyn Fields) -> Option<Value> {
                 .any(|item| compare(Cmp::Eq, &v, item) == Some(true));
             b(Some(found != *not))
         }
-        Expr::Like { not, e, pat } => match eval(e, f)? {
+        Expr::Like { not, e, pat } => match &*eval(e, f)? {
             Value::Str(s) => b(Some(like(pat, &s) != *not)),
             _ => b(Some(false)),
         },
         Expr::IsNull { not, e } => b(Some(eval(e, f).is_none() != *not)),
-        Expr::Not(x) => b(not3(truth(&eval(x, f)))),
-        Expr::And(x, y) => b(and3(truth(&eval(x, f)), || truth(&eval(y, f)))),
-        Expr::Or(x, y) => b(or3(truth(&eval(x, f)), || truth(&eval(y, f)))),
+        Expr::Not(x) => b(not3(truth(eval(x, f).as_deref()))),
+        Expr::And(x, y) => b(and3(truth(eval(x, f).as_deref()), || {
+            truth(eval(y, f).as_deref())
+        })),
+        Expr::Or(x, y) => b(or3(truth(eval(x, f).as_deref()), || {
+            truth(eval(y, f).as_deref())
+        })),
     }
 }
 
@@ -1088,6 +1130,25 @@ mod tests {
     }
 
     #[test]
+    fn like_matches_characters_not_bytes() {
+        let m = Map(HashMap::from([("s", Value::Str("héllo 日本語".into()))]));
+        for (pat, want) in [
+            ("h_llo%", true),
+            ("%_本_", true),
+            ("%語", true),
+            ("h%l_o ___", true),
+            ("h_llo ____", false),
+            ("%本", false),
+            ("_éllo%", true),
+            ("__llo%", true),
+            ("___llo%", false),
+        ] {
+            let sel = Selector::parse(&format!("s LIKE '{pat}'")).unwrap();
+            assert_eq!(sel.matches(&m), want, "{pat}");
+        }
+    }
+
+    #[test]
     fn hostile_input_is_bounded() {
         let long = format!("a = '{}'", "x".repeat(MAX_LEN));
         assert!(Selector::parse(&long)
@@ -1115,8 +1176,34 @@ mod tests {
         assert!(Selector::parse(&format!("weight IN ({})", items.join(",")))
             .unwrap()
             .matches(&msg()));
+        // parentheses reset the parser's count: each level below holds a chain of 55
+        // additions, ~1,900 levels of tree in under 4 KiB; refused, not built
+        let chain = format!(
+            "a = {}1{}",
+            "(".repeat(35),
+            ("+1".repeat(55) + ")").repeat(35)
+        );
+        assert!(chain.len() <= MAX_LEN);
+        let e = Selector::parse(&chain).unwrap_err();
+        assert!(e.msg.contains("nested"), "{e}");
+        let ands = format!(
+            "{}a = 1{}",
+            "(".repeat(35),
+            (" AND a = 1".repeat(5) + ")").repeat(35)
+        );
+        assert!(Selector::parse(&ands).unwrap_err().msg.contains("nested"));
         let ok = format!("{}weight = 12{}", "(".repeat(30), ")".repeat(30));
         assert!(Selector::parse(&ok).unwrap().matches(&msg()));
+        // the tallest tree accepted evaluates on a small stack (the fuzz target's)
+        let tall = format!("weight = 12{}", " + 0".repeat(MAX_DEPTH - 1));
+        let sel = Selector::parse(&tall).unwrap();
+        let ok = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || sel.matches(&msg()))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(ok);
         // a pattern that is exponential for a naive backtracking matcher
         let m = Map(HashMap::from([("s", Value::Str("a".repeat(3000)))]));
         let sel = Selector::parse(&format!("s LIKE '{}b'", "%a".repeat(500))).unwrap();

@@ -30,7 +30,8 @@
 //! records) instead of offering them again: a committed message is delivered once.
 //!
 //! Memory: per pending half message, one entry in each of two hash maps (id → offset,
-//! offset → timer state) and one in a FIFO of due times: about 100 bytes plus the id.
+//! offset → timer state and id, so a rollback needs no read) and one in a FIFO of due
+//! times: about 100 bytes plus the id twice.
 //! No timer per message: [`Txn::tick`] pops the FIFO's due head (its times are in
 //! order, since every deadline is `now + check_timeout`). At most
 //! [`MAX_PENDING`] half messages wait per vhost. The check count is not persisted: after
@@ -126,6 +127,19 @@ pub fn is_txn(p: &Publish) -> bool {
             .is_some_and(|h| h.contains(TXN_HEADER))
 }
 
+/// Publishes `p` for a connection (or the management API) with rights `access`, which
+/// the caller has already checked for `p`'s exchange and routing key (all but
+/// [`TXN_EXCHANGE`], whose commits and rollbacks [`Txn`] checks against the half
+/// message's own exchange): half messages, commits and rollbacks to the vhost's
+/// [`Txn`], the rest to [`Vhost::publish`]. Every publish path that can carry
+/// `x-txn` goes through here, so none accepts it and ignores it.
+pub fn publish(vh: &Vhost, access: &VhostAccess, p: Publish) -> Result<Published, CoreError> {
+    if is_txn(&p) {
+        return vh.txn().publish(vh, access, p);
+    }
+    vh.publish(p)
+}
+
 /// The index key under which a commit's routed copy is stored: names the half entry.
 pub fn commit_key(queue: QueueId, logical: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(16);
@@ -155,8 +169,10 @@ pub fn reply_target(reply_to: &str) -> (String, String) {
     (String::new(), reply_to.to_string())
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Pending {
+    /// Its message-id (the key in `by_id`), so a rollback needs no read of the record.
+    id: Arc<str>,
     /// Where the record was when the half message was stored (compaction may move it:
     /// reads go through [`Store::read_entry`]).
     commit_offset: u64,
@@ -197,7 +213,7 @@ impl std::fmt::Debug for Txn {
 /// What a tick does to one due half message.
 enum Due {
     Check(u32),
-    Rollback,
+    Rollback(Arc<str>),
 }
 
 impl Txn {
@@ -246,13 +262,15 @@ impl Txn {
                 };
                 // one id, two half messages: only a crash between a commit and a new
                 // half with the same id can leave that; the newer one stays
-                if let Some(old) = st.by_id.insert(id.into_boxed_str(), l) {
+                let id: Arc<str> = id.into();
+                if let Some(old) = st.by_id.insert(Box::from(&*id), l) {
                     st.by_offset.remove(&old);
                     dropped.push(old);
                 }
                 st.by_offset.insert(
                     l,
                     Pending {
+                        id,
                         commit_offset: entry.commit_offset,
                         due_ms: due,
                         checks: 0,
@@ -308,10 +326,8 @@ impl Txn {
     ) -> Result<Published, CoreError> {
         let op = TxnOp::of(&p.properties)?;
         match (p.exchange == TXN_EXCHANGE, op) {
-            (false, Some(TxnOp::Half)) => {
-                access.publish_to(vh, &p.exchange, &p.routing_key)?;
-                self.half(vh, p)
-            }
+            // the caller checked the right to publish to its exchange ([`publish`])
+            (false, Some(TxnOp::Half)) => self.half(vh, p),
             (true, Some(op @ (TxnOp::Commit | TxnOp::Rollback))) => {
                 let id = match (p.properties.message_id.as_deref(), p.routing_key.as_str()) {
                     (Some(id), rk) if !id.is_empty() && (rk.is_empty() || rk == id) => id,
@@ -354,9 +370,20 @@ impl Txn {
                 "a half message's message-id is at most {MAX_ID} bytes"
             )));
         }
+        // delivered when committed: a delay would be ignored (RocketMQ has no delayed
+        // transactional messages either)
+        if let Some(h) = p.properties.headers.as_ref() {
+            for name in ["x-delay", "x-delay-level"] {
+                if h.contains(name) {
+                    return Err(CoreError::PreconditionFailed(format!(
+                        "{name} cannot be used on a half message ({TXN_HEADER}: half): it is delivered when committed"
+                    )));
+                }
+            }
+        }
         vh.check_size(&p)?;
-        // the exchange must exist now, as for any publish
-        vh.route(&p.exchange, &p.routing_key, &p.properties)?;
+        // the exchange must exist now (and take publishes), as for any publish
+        vh.check_publishable(&p.exchange)?;
         let env = envelope::encode(&p.exchange, &p.routing_key, &p.properties)?;
         let mut st = self.lock();
         if st.by_id.contains_key(id) {
@@ -387,6 +414,7 @@ impl Txn {
         st.by_offset.insert(
             logical,
             Pending {
+                id: id.into(),
                 commit_offset: appended.commit_offset,
                 due_ms: due,
                 checks: 0,
@@ -417,11 +445,10 @@ impl Txn {
         let (logical, pend) = {
             let st = self.lock();
             let l = *st.by_id.get(id).ok_or_else(not_found)?;
-            (l, *st.by_offset.get(&l).ok_or_else(not_found)?)
+            let pend = st.by_offset.get(&l).ok_or_else(not_found)?;
+            (l, pend.commit_offset)
         };
-        let rec = self
-            .store
-            .read_entry(self.queue, logical, pend.commit_offset)?;
+        let rec = self.store.read_entry(self.queue, logical, pend)?;
         let (exchange, rk, props) = envelope::decode(&rec.properties)?;
         access.publish_to(vh, &exchange, &rk)?;
         let mut st = self.lock();
@@ -443,6 +470,7 @@ impl Txn {
             st.by_offset.insert(
                 logical,
                 Pending {
+                    id: id.into(),
                     commit_offset: entry.commit_offset,
                     due_ms: due,
                     checks: 0,
@@ -514,8 +542,14 @@ impl Txn {
                     continue;
                 }
                 if p.checks >= self.cfg.check_max {
+                    // the id is kept with the offset: the rollback needs no read, so an
+                    // unreadable record is still acked and its id leaves the pending set
+                    let id = p.id.clone();
                     st.by_offset.remove(&l);
-                    work.push((l, Due::Rollback));
+                    if st.by_id.get(&*id) == Some(&l) {
+                        st.by_id.remove(&*id);
+                    }
+                    work.push((l, Due::Rollback(id)));
                 } else {
                     p.checks += 1;
                     p.due_ms = now.saturating_add(timeout);
@@ -526,6 +560,22 @@ impl Txn {
             }
         }
         for (l, what) in work {
+            let n = match what {
+                Due::Rollback(id) => {
+                    tracing::debug!(
+                        vhost = vh.name(),
+                        id = &*id,
+                        "half message unresolved after its last check: rolled back"
+                    );
+                    if let Err(e) = self.store.ack(self.queue, &[l]) {
+                        tracing::warn!(vhost = vh.name(), error = %e, "half message rollback failed");
+                    }
+                    continue;
+                }
+                Due::Check(n) => n,
+            };
+            // an unreadable record gets no check; it stays pending and is rolled back
+            // (acked) after its last one
             let rec = match self.store.read_queue(self.queue, l) {
                 Ok(Some((_, rec))) => rec,
                 other => {
@@ -537,25 +587,7 @@ impl Txn {
                 continue;
             };
             let id = props.message_id.clone().unwrap_or_default();
-            match what {
-                Due::Rollback => {
-                    {
-                        let mut st = self.lock();
-                        if st.by_id.get(id.as_str()) == Some(&l) {
-                            st.by_id.remove(id.as_str());
-                        }
-                    }
-                    tracing::debug!(
-                        vhost = vh.name(),
-                        id,
-                        "half message unresolved after its last check: rolled back"
-                    );
-                    if let Err(e) = self.store.ack(self.queue, &[l]) {
-                        tracing::warn!(vhost = vh.name(), error = %e, "half message rollback failed");
-                    }
-                }
-                Due::Check(n) => self.send_check(vh, &id, &exchange, &rk, &props, n),
-            }
+            self.send_check(vh, &id, &exchange, &rk, &props, n);
         }
     }
 

@@ -1299,6 +1299,18 @@ impl Vhost {
         self.route(&p.exchange, &p.routing_key, &p.properties)
     }
 
+    /// That a publish to `exchange` would be routed (it exists and is not internal),
+    /// without routing it: what storing a half message ([`crate::txn`]) checks.
+    pub(crate) fn check_publishable(&self, exchange: &str) -> Result<(), CoreError> {
+        let topo = self.topology_read();
+        if topo.check_exchange(exchange)?.internal {
+            return Err(CoreError::AccessRefused(format!(
+                "cannot publish to internal exchange '{exchange}'"
+            )));
+        }
+        Ok(())
+    }
+
     /// A committed half message ([`crate::txn`]): routed as published, its copy indexed
     /// under `commit_key` too.
     pub(crate) fn publish_committed(

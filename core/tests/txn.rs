@@ -412,3 +412,67 @@ fn a_commit_whose_copy_was_stored_but_not_its_ack_is_not_offered_again() {
         CoreError::NotFound { .. }
     ));
 }
+
+#[test]
+fn a_delayed_half_message_is_refused_naming_the_header() {
+    // a half message is delivered when committed: x-delay would be silently ignored
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), TxnConfig::default());
+    topology(&b);
+    let link = login(&b, "guest");
+    for (name, value) in [("x-delay", 5_000i64), ("x-delay-level", 3)] {
+        let mut props = txn_props("half", Some("d"));
+        if let Some(h) = props.headers.as_mut() {
+            h.insert(name, value);
+        }
+        match link.publish(Publish {
+            exchange: "orders".into(),
+            routing_key: "order.new".into(),
+            properties: props,
+            body: Bytes::from_static(b"later"),
+            ..Default::default()
+        }) {
+            Err(CoreError::PreconditionFailed(m)) => assert!(m.contains(name), "{m}"),
+            other => panic!("expected a precondition failure naming {name}: {other:?}"),
+        }
+    }
+    assert_eq!(b.vhost("/").unwrap().txn().pending(), 0);
+}
+
+#[test]
+fn the_shared_publish_entry_takes_half_messages_and_commits() {
+    // what the management API's publish calls: x-txn is not accepted and ignored there
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), TxnConfig::default());
+    topology(&b);
+    let v = b.vhost("/").unwrap();
+    let access = triad_core::VhostAccess::full("guest", "/");
+    let p = triad_core::txn::publish(
+        &v,
+        &access,
+        Publish {
+            exchange: "orders".into(),
+            routing_key: "order.new".into(),
+            properties: txn_props("half", Some("api")),
+            body: Bytes::from_static(b"from the api"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    wait(p);
+    assert!(v.txn().is_pending("api"));
+    let link = login(&b, "guest");
+    assert!(bodies(&link, "o").is_empty());
+    let p = triad_core::txn::publish(
+        &v,
+        &access,
+        Publish {
+            exchange: TXN_EXCHANGE.into(),
+            properties: txn_props("commit", Some("api")),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    wait(p);
+    assert_eq!(bodies(&link, "o"), ["from the api"]);
+}

@@ -207,7 +207,9 @@ fn publish(api: &Api, vhost: &str, exchange: &str, body: &Value) -> ApiResult {
     } else {
         exchange
     };
-    if !vh.has_exchange(exchange) {
+    // amq.triad.txn is not an exchange but takes x-txn commits and rollbacks
+    let txn_exchange = exchange == triad_core::txn::TXN_EXCHANGE;
+    if !txn_exchange && !vh.has_exchange(exchange) {
         return Err(ApiError::not_found());
     }
     let key = string(body, "routing_key")
@@ -248,15 +250,22 @@ fn publish(api: &Api, vhost: &str, exchange: &str, body: &Value) -> ApiResult {
             )))
         }
     };
-    access.publish_to(&vh, exchange, key)?;
-    let published = vh.publish(Publish {
-        exchange: exchange.to_owned(),
-        routing_key: key.to_owned(),
-        mandatory: false,
-        properties,
-        body: payload,
-        conn: API_CONN,
-    })?;
+    if !txn_exchange {
+        access.publish_to(&vh, exchange, key)?;
+    }
+    // as a connection's publish: x-txn half / commit / rollback go to the half messages
+    let published = triad_core::txn::publish(
+        &vh,
+        &access,
+        Publish {
+            exchange: exchange.to_owned(),
+            routing_key: key.to_owned(),
+            mandatory: false,
+            properties,
+            body: payload,
+            conn: API_CONN,
+        },
+    )?;
     if let Some(d) = published.durable {
         d.wait().map_err(ApiError::from)?;
     }

@@ -303,11 +303,9 @@ impl BindingTable {
             }
             ExchangeKind::Fanout => self.by_destination.keys().for_each(emit),
             ExchangeKind::Topic => self.topic.route(key, emit),
-            ExchangeKind::ConsistentHash => {
-                if let Some(d) = self.ring.route(key.as_bytes()) {
-                    emit(d);
-                }
-            }
+            // routed by the topology through `route_hashed`, with what the exchange's
+            // arguments say to hash (routing key, header or property)
+            ExchangeKind::ConsistentHash => {}
             ExchangeKind::Headers => {
                 for (destination, bindings) in &self.by_destination {
                     if bindings

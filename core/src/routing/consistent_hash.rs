@@ -1,22 +1,27 @@
 //! The consistent-hash exchange (`x-consistent-hash`), compatible with RabbitMQ's
-//! plugin: a binding's key is its weight (a positive integer: that many buckets on the
-//! ring), and a message goes to exactly one bound destination, picked by a jump
-//! consistent hash (Lamping and Veach, as the plugin uses) of its routing key, of the
-//! header named by the exchange argument `hash-header`, or of the property named by
-//! `hash-property` (`message_id`, `correlation_id` or `timestamp`). A message without
-//! that header or property hashes as empty, so such messages all go to one destination,
-//! as in the plugin.
+//! plugin: a binding's key is its weight (a positive integer: its share of the keys; a
+//! destination bound more than once has the sum), and a message goes to exactly one
+//! bound destination, picked from a hash of its routing key, of the header named by the
+//! exchange argument `hash-header`, or of the property named by `hash-property`
+//! (`message_id`, `correlation_id` or `timestamp`). A message without that header or
+//! property hashes as empty, so such messages all go to one destination, as in the
+//! plugin.
 //!
-//! Buckets are numbered through the bindings in a fixed order (destination name, then
-//! key), so the ring depends only on the set of bindings: the same key reaches the same
-//! queue after a restart or a re-declare in another order (the plugin numbers them in
-//! binding order, which a restart may change). Adding or removing a binding moves only
-//! a share of the keys, as consistent hashing promises. A key's hash is FNV-1a with a
-//! 64-bit finaliser: stable across versions and platforms.
+//! The pick is weighted rendezvous hashing: each destination scores `w / -ln(u)`, `u`
+//! uniform in (0, 1) from a hash of the message's input and the destination's name, and
+//! the highest score wins. So the choice depends only on the set of destinations and
+//! their weights, not on binding order or sort order: the same key reaches the same
+//! queue after a restart or a re-declare in another order, and adding, removing or
+//! re-weighting a destination moves only the keys that go to or come from it (the
+//! plugin numbers buckets in binding order and renumbers on unbind, so removing a
+//! binding other than the last moves more). Hashes are FNV-1a with a 64-bit finaliser:
+//! stable across versions and platforms.
 //!
-//! Cost: one entry (destination, weight, bucket end) per binding; routing is a hash, a
-//! jump over `ln(buckets)` steps and a binary search: no per-bucket memory, so a
-//! binding of weight 1,000,000 costs what one of weight 1 does.
+//! Cost: one entry (destination, name hash, weight) per bound destination; routing is
+//! one hash of the input and one score (a multiply and a logarithm) per destination: no
+//! per-bucket memory, so a binding of weight 1,000,000 costs what one of weight 1 does.
+
+use std::borrow::Cow;
 
 use super::Destination;
 use crate::error::CoreError;
@@ -67,29 +72,33 @@ impl HashOn {
         }
     }
 
-    /// The bytes hashed for a message (empty when it lacks the header or property).
-    pub fn input(
+    /// The bytes hashed for a message (empty when it lacks the header or property):
+    /// borrowed from the message, except a number's text.
+    pub fn input<'a>(
         &self,
-        routing_key: &str,
-        headers: Option<&FieldTable>,
-        props: Option<&Properties>,
-    ) -> Vec<u8> {
+        routing_key: &'a str,
+        headers: Option<&'a FieldTable>,
+        props: Option<&'a Properties>,
+    ) -> Cow<'a, [u8]> {
         match self {
-            HashOn::RoutingKey => routing_key.as_bytes().to_vec(),
+            HashOn::RoutingKey => Cow::Borrowed(routing_key.as_bytes()),
             HashOn::Header(h) => headers
                 .and_then(|t| t.get(h))
-                .map(value_bytes)
-                .unwrap_or_default(),
+                .map_or(Cow::Borrowed(&[][..]), value_bytes),
             HashOn::Property(p) => {
                 let Some(props) = props else {
-                    return Vec::new();
+                    return Cow::Borrowed(&[]);
                 };
                 match p.as_str() {
-                    "correlation_id" => props.correlation_id.clone().map(String::into_bytes),
-                    "message_id" => props.message_id.clone().map(String::into_bytes),
-                    _ => props.timestamp.map(|t| t.to_string().into_bytes()),
+                    "correlation_id" => props.correlation_id.as_deref().map(str::as_bytes),
+                    "message_id" => props.message_id.as_deref().map(str::as_bytes),
+                    _ => {
+                        return props.timestamp.map_or(Cow::Borrowed(&[][..]), |t| {
+                            Cow::Owned(t.to_string().into_bytes())
+                        })
+                    }
                 }
-                .unwrap_or_default()
+                .map_or(Cow::Borrowed(&[][..]), Cow::Borrowed)
             }
         }
     }
@@ -98,20 +107,20 @@ impl HashOn {
 /// A header value as hashed: strings as their bytes, numbers and booleans as their
 /// decimal text (so `1` and `"1"` from different clients hash alike); other types as
 /// their debug form.
-fn value_bytes(v: &FieldValue) -> Vec<u8> {
+fn value_bytes(v: &FieldValue) -> Cow<'_, [u8]> {
     if let Some(b) = v.as_bytes() {
-        return b.to_vec();
+        return Cow::Borrowed(b);
     }
     if let Some(n) = v.as_i64() {
-        return n.to_string().into_bytes();
+        return Cow::Owned(n.to_string().into_bytes());
     }
-    match v {
+    Cow::Owned(match v {
         FieldValue::Bool(b) => b.to_string().into_bytes(),
         FieldValue::F32(f) => f.to_string().into_bytes(),
         FieldValue::F64(f) => f.to_string().into_bytes(),
         FieldValue::Void => Vec::new(),
         other => format!("{other:?}").into_bytes(),
-    }
+    })
 }
 
 /// Parses a binding key as a weight: a positive integer (the plugin's rule).
@@ -134,6 +143,11 @@ pub fn hash(b: &[u8]) -> u64 {
         h ^= u64::from(*x);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
+    mix(h)
+}
+
+/// splitmix64's finaliser.
+fn mix(mut h: u64) -> u64 {
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h ^= h >> 27;
@@ -141,73 +155,108 @@ pub fn hash(b: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
-/// Jump consistent hash: the bucket in `0..n` for `key` (n ≥ 1).
-pub fn jump(mut key: u64, n: u64) -> u64 {
-    let (mut b, mut j): (u64, u64) = (0, 0);
-    while j < n {
-        b = j;
-        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
-        let r = ((key >> 33) + 1) as f64;
-        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / r)) as u64;
-    }
-    b
+/// A destination's identity on the ring: the hash of its kind and name.
+fn salt(d: &Destination) -> u64 {
+    let (kind, name) = match d {
+        Destination::Queue(n) => (b'q', n),
+        Destination::Exchange(n) => (b'x', n),
+    };
+    let mut b = Vec::with_capacity(name.len() + 1);
+    b.push(kind);
+    b.extend_from_slice(name.as_bytes());
+    hash(&b)
 }
 
-/// One exchange's ring: its bindings in a fixed order with their buckets' end.
+/// Weighted rendezvous score of a destination (identity `salt`, weight `w`) for a key
+/// hashed to `h`: `w / -ln(u)` with `u` uniform in (0, 1) from `h` and `salt`. The
+/// destination with the highest score wins; its chance is its share of the weights.
+fn score(h: u64, salt: u64, w: u64) -> f64 {
+    let x = mix(h ^ salt);
+    let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    w as f64 / -u.ln()
+}
+
+/// One destination on an exchange's ring: the sum of its bindings' weights.
+#[derive(Debug)]
+struct Entry {
+    destination: Destination,
+    salt: u64,
+    weight: u64,
+}
+
+/// One exchange's ring: each bound destination with its total weight, sorted by
+/// destination (so that ties, astronomically rare, break the same way everywhere).
 #[derive(Debug, Default)]
 pub struct Ring {
-    /// (destination, binding key, weight), sorted by destination then key.
-    points: Vec<(Destination, Box<str>, u64)>,
-    /// `ends[i]`: one past the last bucket of `points[i]`.
-    ends: Vec<u64>,
+    entries: Vec<Entry>,
 }
 
 impl Ring {
-    /// Adds a binding (its key already validated by [`weight`]).
+    fn find(&self, destination: &Destination) -> Result<usize, usize> {
+        self.entries
+            .binary_search_by(|e| e.destination.cmp(destination))
+    }
+
+    /// Adds a binding (its key already validated by [`weight`]): its weight adds to its
+    /// destination's.
     pub fn insert(&mut self, destination: Destination, key: &str) {
         let Ok(w) = weight(key) else {
             return;
         };
-        let at = self
-            .points
-            .partition_point(|(d, k, _)| (d, &**k) < (&destination, key));
-        self.points.insert(at, (destination, key.into(), w));
-        self.renumber();
+        match self.find(&destination) {
+            Ok(i) => {
+                if let Some(e) = self.entries.get_mut(i) {
+                    e.weight = e.weight.saturating_add(w);
+                }
+            }
+            Err(i) => self.entries.insert(
+                i,
+                Entry {
+                    salt: salt(&destination),
+                    destination,
+                    weight: w,
+                },
+            ),
+        }
     }
 
-    /// Removes a binding.
+    /// Removes one binding: its weight comes off its destination's (another binding with
+    /// the same destination and key, other arguments, keeps its share).
     pub fn remove(&mut self, destination: &Destination, key: &str) {
-        self.points
-            .retain(|(d, k, _)| !(d == destination && &**k == key));
-        self.renumber();
+        let Ok(w) = weight(key) else {
+            return;
+        };
+        let Ok(i) = self.find(destination) else {
+            return;
+        };
+        if let Some(e) = self.entries.get_mut(i) {
+            e.weight = e.weight.saturating_sub(w);
+            if e.weight == 0 {
+                self.entries.remove(i);
+                self.entries.shrink_to_fit();
+            }
+        }
     }
 
     /// Removes every binding of `destination`.
     pub fn remove_destination(&mut self, destination: &Destination) {
-        self.points.retain(|(d, _, _)| d != destination);
-        self.renumber();
-    }
-
-    fn renumber(&mut self) {
-        let mut end = 0u64;
-        self.ends = self
-            .points
-            .iter()
-            .map(|(_, _, w)| {
-                end = end.saturating_add(*w);
-                end
-            })
-            .collect();
-        self.points.shrink_to_fit();
-        self.ends.shrink_to_fit();
+        if let Ok(i) = self.find(destination) {
+            self.entries.remove(i);
+            self.entries.shrink_to_fit();
+        }
     }
 
     /// The destination for a message whose hash input is `input`, if any is bound.
     pub fn route(&self, input: &[u8]) -> Option<&Destination> {
-        let total = *self.ends.last()?;
-        let bucket = jump(hash(input), total);
-        let i = self.ends.partition_point(|end| *end <= bucket);
-        self.points.get(i).map(|(d, _, _)| d)
+        let h = hash(input);
+        let mut best: Option<(f64, &Destination)> = None;
+        for e in &self.entries {
+            let s = score(h, e.salt, e.weight);
+            if best.is_none_or(|(b, _)| s > b) {
+                best = Some((s, &e.destination));
+            }
+        }
+        best.map(|(_, d)| d)
     }
 }
 
@@ -238,23 +287,53 @@ mod tests {
         }
     }
 
+    fn routes(r: &Ring, n: usize) -> Vec<Destination> {
+        (0..n)
+            .map(|i| r.route(format!("key-{i}").as_bytes()).unwrap().clone())
+            .collect()
+    }
+
     #[test]
-    fn jump_hash_is_in_range_and_moves_few_keys() {
-        for n in [1u64, 2, 7, 1000] {
-            for k in 0..1000u64 {
-                assert!(jump(hash(&k.to_le_bytes()), n) < n);
-            }
+    fn a_binding_in_the_middle_moves_only_its_share() {
+        // q10 sorts between q1 and q2: with buckets numbered in sorted order this moved
+        // ~8/9 of the keys; rendezvous hashing moves only those q10 takes (~1/10)
+        let mut r = Ring::default();
+        for i in 1..=9 {
+            r.insert(q(&format!("q{i}")), "1");
         }
-        // growing 10 -> 11 buckets moves about 1/11 of the keys, only to the new one
-        let moved = (0..10_000u64)
-            .filter(|k| {
-                let h = hash(&k.to_le_bytes());
-                let (a, b) = (jump(h, 10), jump(h, 11));
-                assert!(a == b || b == 10);
-                a != b
-            })
-            .count();
-        assert!((600..1200).contains(&moved), "{moved}");
+        let before = routes(&r, 20_000);
+        r.insert(q("q10"), "1");
+        let after = routes(&r, 20_000);
+        let moved = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+        assert!((1_500..2_500).contains(&moved), "{moved}");
+        for (a, b) in before.iter().zip(&after) {
+            assert!(a == b || *b == q("q10"), "{a:?} -> {b:?}");
+        }
+        // and removing it again puts every key back
+        r.remove(&q("q10"), "1");
+        assert_eq!(routes(&r, 20_000), before);
+        // removing one in the middle moves only its keys
+        r.remove_destination(&q("q3"));
+        let without = routes(&r, 20_000);
+        for (a, b) in before.iter().zip(&without) {
+            assert!(a == b || *a == q("q3"), "{a:?} -> {b:?}");
+        }
+    }
+
+    #[test]
+    fn two_bindings_with_the_same_key_are_two_weights() {
+        // (q, "10", {}) and (q, "10", {a: 1}): unbinding one keeps the other's share
+        let mut r = Ring::default();
+        r.insert(q("a"), "10");
+        r.insert(q("a"), "10");
+        r.insert(q("b"), "20");
+        let s = spread(&r, 40_000);
+        assert!((18_000..22_000).contains(&s["a"]), "{s:?}");
+        r.remove(&q("a"), "10");
+        let s = spread(&r, 30_000);
+        assert!((8_000..12_000).contains(&s["a"]), "{s:?}");
+        r.remove(&q("a"), "10");
+        assert_eq!(spread(&r, 1_000).get("a"), None);
     }
 
     #[test]
@@ -313,8 +392,8 @@ mod tests {
         args.insert(HASH_HEADER, "user");
         let on = HashOn::from_args("x", &args).unwrap();
         let h: FieldTable = [("user", 42i32)].into_iter().collect();
-        assert_eq!(on.input("rk", Some(&h), None), b"42");
-        assert_eq!(on.input("rk", None, None), b"");
+        assert_eq!(&*on.input("rk", Some(&h), None), b"42");
+        assert_eq!(&*on.input("rk", None, None), b"");
         args.insert(HASH_PROPERTY, "message_id");
         assert!(HashOn::from_args("x", &args)
             .unwrap_err()
@@ -327,7 +406,7 @@ mod tests {
             message_id: Some("m1".into()),
             ..Default::default()
         };
-        assert_eq!(on.input("rk", None, Some(&props)), b"m1");
+        assert_eq!(&*on.input("rk", None, Some(&props)), b"m1");
         p.insert(HASH_PROPERTY, "app_id");
         assert!(HashOn::from_args("x", &p)
             .unwrap_err()

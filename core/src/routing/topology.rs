@@ -51,6 +51,9 @@ impl QueueLookup for HashSet<String> {
 struct Exchange {
     def: ExchangeDef,
     bindings: BindingTable,
+    /// What a consistent-hash exchange hashes, read from its arguments once at declare
+    /// (not per publish); [`HashOn::RoutingKey`] for the other kinds.
+    hash_on: HashOn,
 }
 
 /// What declaring an exchange did.
@@ -86,6 +89,7 @@ impl Topology {
                 Exchange {
                     def: ExchangeDef::new(name, kind),
                     bindings: BindingTable::new(kind),
+                    hash_on: HashOn::RoutingKey,
                 },
             );
         }
@@ -134,9 +138,11 @@ impl Topology {
                 )));
             }
         }
-        if def.kind == ExchangeKind::ConsistentHash {
-            HashOn::from_args(&def.name, &def.arguments)?;
-        }
+        let hash_on = if def.kind == ExchangeKind::ConsistentHash {
+            HashOn::from_args(&def.name, &def.arguments)?
+        } else {
+            HashOn::RoutingKey
+        };
         if let Some(existing) = self.exchanges.get(&def.name) {
             assert_equivalent(&existing.def, &def)?;
             return Ok(Declared::Existing);
@@ -153,6 +159,7 @@ impl Topology {
             Exchange {
                 def,
                 bindings: BindingTable::new(kind),
+                hash_on,
             },
         );
         Ok(Declared::Created)
@@ -445,10 +452,7 @@ impl Topology {
             targets.clear();
             match x.def.kind {
                 ExchangeKind::ConsistentHash => {
-                    // validated at declare; a stored one from elsewhere falls back
-                    let on = HashOn::from_args(&x.def.name, &x.def.arguments)
-                        .unwrap_or(HashOn::RoutingKey);
-                    let input = on.input(routing_key, headers, props);
+                    let input = x.hash_on.input(routing_key, headers, props);
                     targets.extend(x.bindings.route_hashed(&input));
                 }
                 _ => x
