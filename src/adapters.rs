@@ -156,6 +156,8 @@ pub fn mqtt<S: Stream>(
                 .unwrap_or(usize::MAX),
             max_subscriptions: usize::try_from(ctx.config.mqtt.max_subscriptions)
                 .unwrap_or(usize::MAX),
+            stream_max_age: ctx.config.mqtt.stream_max_age.get(),
+            stream_max_bytes: ctx.config.mqtt.stream_max_bytes.0,
             ..triad_mqtt::MqttLimits::default()
         },
         shutdown: ctx.shutdown.clone(),

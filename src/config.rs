@@ -88,6 +88,12 @@ pub struct MqttSection {
     /// Take an MQTT user name as it is, colons included, instead of reading
     /// `vhost:user` from it (RabbitMQ's `mqtt.ignore_colons_in_username`).
     pub ignore_colons_in_username: bool,
+    /// Retention (`x-max-age`) of the stream queue `mqtt-stream/<filter>` that a
+    /// `$stream/<start>/<filter>` subscription declares when it does not exist (an
+    /// operator-declared one keeps its own arguments). At least 1s.
+    pub stream_max_age: HumanDuration,
+    /// Retention (`x-max-length-bytes`) of such a stream queue. At least 1.
+    pub stream_max_bytes: ByteSize,
 }
 
 impl Default for MqttSection {
@@ -97,6 +103,8 @@ impl Default for MqttSection {
             max_subscriptions: 10_000,
             port_to_vhost: BTreeMap::new(),
             ignore_colons_in_username: false,
+            stream_max_age: HumanDuration::secs(7 * 24 * 3600),
+            stream_max_bytes: ByteSize::gib(1),
         }
     }
 }
@@ -752,6 +760,21 @@ impl Config {
                     "must be at least 100ms (leave the key out to keep sessions forever)",
                 ));
             }
+        }
+
+        if self.mqtt.stream_max_age.get() < std::time::Duration::from_secs(1) {
+            return Err(invalid(
+                "mqtt.stream_max_age",
+                self.mqtt.stream_max_age,
+                "must be at least 1s",
+            ));
+        }
+        if self.mqtt.stream_max_bytes.0 == 0 {
+            return Err(invalid(
+                "mqtt.stream_max_bytes",
+                self.mqtt.stream_max_bytes,
+                "must be at least 1",
+            ));
         }
 
         let a = &self.auth;
@@ -1579,6 +1602,8 @@ mod tests {
         };
         check("[listeners]\namqp = \"5672\"\n", "listeners.amqp");
         check("[mqtt]\nsession_expiry = \"0s\"\n", "mqtt.session_expiry");
+        check("[mqtt]\nstream_max_age = \"0s\"\n", "mqtt.stream_max_age");
+        check("[mqtt]\nstream_max_bytes = 0\n", "mqtt.stream_max_bytes");
         check(
             "[mqtt]\nport_to_vhost = { x = \"v\" }\n",
             "mqtt.port_to_vhost",

@@ -499,8 +499,9 @@ pub struct AmqpArgs {
     pub vhost: String,
     /// Stream replay: declare the queues as stream queues (x-queue-type=stream), publish
     /// --count messages first (with confirms), then start the consumers at
-    /// x-stream-offset=first and measure only their read of the whole stream. Implies
-    /// --persistent --confirm --manual-ack; --prefetch defaults to 1000.
+    /// x-stream-offset=first and measure only their read of the whole stream (one
+    /// consumer per queue: --consumers must equal --queues). Implies --persistent
+    /// --confirm --manual-ack; --prefetch defaults to 1000.
     #[arg(long)]
     pub stream: bool,
 }
@@ -527,6 +528,14 @@ impl AmqpArgs {
             }
             if o.fanout.is_some() {
                 return Err("--stream takes --queues, not --fanout".into());
+            }
+            // every consumer of a stream reads all of it: a second one on a queue would
+            // count its messages twice
+            if o.load.consumers != o.queues {
+                return Err(format!(
+                    "--stream needs --consumers = --queues (one reader per stream), not {} and {}",
+                    o.load.consumers, o.queues
+                ));
             }
             o.persistent = true;
             o.confirm = true;
@@ -1371,6 +1380,8 @@ mod tests {
         assert_eq!((a.load.broker_pid, a.load.rate), (Some(42), Some(500.0)));
         assert_eq!(a.load.time_cap(), None);
         assert_eq!(a.load.slow_ms, Some(20));
+        let st = parse_amqp("--stream --count 10 --queues 2 --producers 2 --consumers 2").unwrap();
+        assert!(st.stream && st.manual_ack && st.prefetch == 1000);
         let d = parse_amqp("--fanout 10").unwrap();
         assert_eq!(d.load.slow_ms, None);
         assert_eq!(
@@ -1384,6 +1395,8 @@ mod tests {
             "--size 15",
             "--fanout 4 --consumers 2",
             "--queues 2",
+            "--stream --count 10 --consumers 2",
+            "--stream --count 10 --queues 2 --producers 2 --consumers 3",
             "--prefetch 10",
             "--count 1 --producers 2",
             "--rate 0",

@@ -14,11 +14,13 @@
 //! `expires`, `message-ttl`, `max-length` and `max-length-bytes`; the queue argument
 //! wins for `overflow`, `dead-letter-exchange` and `dead-letter-routing-key`.
 //!
-//! **`apply-to`**: `all`, `queues` and `classic_queues` match queues (every Triad queue
-//! is a classic one); `exchanges` matches exchanges, for which Triad has no policy
+//! **`apply-to`**: `all`, `queues` and `classic_queues` match classic queues (every Triad
+//! queue but a stream); `exchanges` matches exchanges, for which Triad has no policy
 //! key, so such a policy changes nothing (as a queue key on an exchange in RabbitMQ).
-//! `quorum_queues` and `streams` are refused: Triad has no quorum queues, and a stream's
-//! retention is set by its arguments.
+//! No policy applies to a stream queue (`x-queue-type=stream`): it is not a classic
+//! queue, and none of the keys above means anything to a stream, so a stream never
+//! shows an effective policy. `quorum_queues` and `streams` are refused: Triad has no
+//! quorum queues, and a stream's retention is set by its arguments.
 //!
 //! **Cost**: a vhost's policies are a short list sorted by priority; a queue declare
 //! walks that list (not the vhost's queues). Setting or deleting a policy walks the
@@ -64,7 +66,7 @@ pub enum ApplyTo {
     All,
     /// Queues.
     Queues,
-    /// Classic queues (every Triad queue).
+    /// Classic queues (every Triad queue but a stream).
     ClassicQueues,
     /// Exchanges.
     Exchanges,
@@ -376,7 +378,8 @@ impl Policies {
         self.list.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The policy that applies to queue `name`, if any.
+    /// The policy that applies to queue `name`, if any (a stream takes none: see
+    /// [`crate::queue::Queue::policy`]).
     pub fn for_queue(&self, name: &str) -> Option<Arc<Policy>> {
         self.list
             .read()

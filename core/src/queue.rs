@@ -763,6 +763,12 @@ impl Queue {
     /// Applies `policy` (or none): the settings become the arguments combined with it,
     /// and a lowered length limit or TTL takes effect now, as in RabbitMQ.
     pub(crate) fn apply_policy(&self, policy: Option<Arc<Policy>>) {
+        // no policy applies to a stream: `queues` and `classic_queues` policies do not
+        // match it (RabbitMQ's classic_queues does not), and none of the keys Triad
+        // implements means anything to a stream (its retention is its arguments)
+        if self.stream.is_some() {
+            return;
+        }
         let args = match &policy {
             Some(p) => p.definition.effective(&self.declared, &self.arguments),
             None => self.declared.clone(),

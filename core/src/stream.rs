@@ -14,11 +14,17 @@
 //!
 //! Stored offsets: a consumer with a name (`x-stream-consumer-name`) commits the offset
 //! after its highest ack; a later consumer with the same name and no explicit start
-//! resumes there. Commits are coalesced: at most one metadata-journal record per
-//! stream per broker tick (1 s) holds every name that moved, and one more when a named
-//! consumer is cancelled, so a consumer acking 100,000 messages a second costs one
-//! record a second, not 100,000. A crash loses at most the last second's commits: the
-//! consumer then re-reads those entries (at least once). Names live under journal keys
+//! resumes there. This is Kafka's committed offset (what the consumer commits), not the
+//! lowest unacked entry: an entry below the highest ack that was never acked (out of
+//! order acks, then a cancel) is not read again by a resuming consumer, so a consumer
+//! that needs every entry at least once acks in order. Commits are coalesced: at most
+//! one metadata-journal record per stream per broker tick (1 s) holds every name that
+//! moved, and one more when a named consumer is cancelled, so a consumer acking 100,000
+//! messages a second costs one record a second, not 100,000. The record is appended
+//! under the stream's lock (so a reset through the management API, also appended
+//! under it, is never overtaken by an older commit) and never after the stream is
+//! deleted. A crash loses at most the last second's commits: the consumer then
+//! re-reads those entries (at least once for what it had acked). Names live under journal keys
 //! `o / vhost / queue / name` (value: the next offset, u64 big-endian), loaded when the
 //! broker starts and deleted with the queue.
 //!
@@ -114,6 +120,8 @@ pub(crate) fn refuse_on_stream(q: &Queue, what: &str) -> Result<(), CoreError> {
 struct StreamConsumer {
     id: ConsumerId,
     tag: Arc<str>,
+    conn: crate::ConnectionId,
+    priority: i32,
     name: Option<Arc<str>>,
     /// Next offset to deliver.
     cursor: u64,
@@ -129,7 +137,8 @@ struct State {
     first: u64,
     /// One past the last entry.
     next: u64,
-    /// Body bytes of the retained entries.
+    /// Body bytes of the retained entries, kept only with `x-max-length-bytes` (0
+    /// otherwise: counting costs an index read per entry).
     bytes: u64,
     consumers: Vec<StreamConsumer>,
     next_id: u64,
@@ -165,13 +174,34 @@ fn split(handle: u64) -> (ConsumerId, u64) {
     (handle >> OFFSET_BITS, handle & OFFSET_MASK)
 }
 
+/// The next consumer id (1..=[`ID_MASK`], an ack handle holds 24 bits) not `in_use`:
+/// ids wrap, and one still held by a consumer is skipped (a stream has far fewer than
+/// 2^24 consumers, so this ends).
+fn next_free_id(next_id: &mut u64, in_use: impl Fn(u64) -> bool) -> ConsumerId {
+    loop {
+        let id = *next_id;
+        *next_id = if id >= ID_MASK { 1 } else { id + 1 };
+        if !in_use(id) {
+            return id;
+        }
+    }
+}
+
+/// An entry as delivered (shared by the consumers reading it in one dispatch).
+struct Entry {
+    offset: u64,
+    exchange: Arc<str>,
+    routing_key: Arc<str>,
+    properties: Arc<Properties>,
+    body: Bytes,
+}
+
 /// Work to do once the lock is released.
 #[derive(Default)]
 struct After {
     /// Retention: ack `start..end` in the store.
     drop: Option<(u64, u64)>,
     gates: Vec<Arc<CreditGate>>,
-    journal: Vec<MetaOp>,
 }
 
 impl Stream {
@@ -187,9 +217,11 @@ impl Stream {
         let first = store.queue_info(id)?.ack_head;
         let next = store.queue_next_offset(id)?;
         let mut bytes = 0;
-        for off in first..next {
-            if let Some(e) = store.entry(id, off) {
-                bytes += body_len(e.tag_hash);
+        if args.max_bytes.is_some() {
+            for off in first..next {
+                if let Some(e) = store.entry(id, off) {
+                    bytes += body_len(e.tag_hash);
+                }
             }
         }
         Ok(Stream {
@@ -260,6 +292,23 @@ impl Stream {
         self.lock().consumers.iter().map(|c| c.unacked).sum()
     }
 
+    /// The consumers (management API).
+    pub fn consumers(&self) -> Vec<crate::queue::ConsumerInfo> {
+        self.lock()
+            .consumers
+            .iter()
+            .map(|c| crate::queue::ConsumerInfo {
+                tag: c.tag.clone(),
+                conn: c.conn,
+                no_ack: false,
+                exclusive: c.exclusive,
+                prefetch: c.prefetch,
+                unacked: c.unacked,
+                priority: c.priority,
+            })
+            .collect()
+    }
+
     /// `(delivered, acked)` since the broker started.
     pub fn counts(&self) -> (u64, u64) {
         let st = self.lock();
@@ -279,11 +328,11 @@ impl Stream {
 
     /// The store time of entry `off`, ms.
     fn store_ts(&self, off: u64) -> Option<u64> {
-        let e = self.store.entry(self.id, off)?;
         self.store
-            .read_entry(self.id, off, e.commit_offset)
+            .read_queue(self.id, off)
             .ok()
-            .map(|r| r.store_ts_ms)
+            .flatten()
+            .map(|(_, r)| r.store_ts_ms)
     }
 
     /// The first offset in `first..next` stored at or after `ts_ms` (`next` if none):
@@ -300,6 +349,24 @@ impl Stream {
             }
         }
         lo
+    }
+
+    /// As [`Stream::seek_time`], for a time expected near `first` (age retention, each
+    /// tick): probes `first`, `first + 1`, `first + 3`, ... (doubling) until an entry is
+    /// at or after `ts_ms`, then binary-searches that last step. O(log k) record reads
+    /// for an answer k entries in: one read when nothing is old enough to drop.
+    fn seek_time_from_front(&self, first: u64, next: u64, ts_ms: u64) -> u64 {
+        let (mut lo, mut hi, mut step) = (first, first, 1u64);
+        // everything below `lo` is older than `ts_ms`
+        while hi < next {
+            if self.store_ts(hi).is_some_and(|t| t >= ts_ms) {
+                break;
+            }
+            lo = hi + 1;
+            hi = hi.saturating_add(step).min(next);
+            step = step.saturating_mul(2);
+        }
+        self.seek_time(lo, hi.max(lo), ts_ms)
     }
 
     fn resolve(&self, st: &State, o: StreamOffset) -> u64 {
@@ -369,16 +436,16 @@ impl Stream {
                 },
                 (None, None) => st.next,
             };
-            let id = st.next_id;
-            st.next_id = if st.next_id >= ID_MASK {
-                1
-            } else {
-                st.next_id + 1
-            };
+            let State {
+                next_id, consumers, ..
+            } = &mut *st;
+            let id = next_free_id(next_id, |id| consumers.iter().any(|c| c.id == id));
             let tag: Arc<str> = Arc::from(req.tag.as_str());
             st.consumers.push(StreamConsumer {
                 id,
                 tag: tag.clone(),
+                conn: req.conn,
+                priority: req.priority,
                 name,
                 cursor: start,
                 prefetch: req.prefetch,
@@ -407,7 +474,7 @@ impl Stream {
             }
             // a named consumer's offset is written when it goes, not a tick later
             if c.name.is_some() {
-                self.take_dirty(&mut st, &mut after);
+                self.commit_dirty(&mut st);
             }
         }
         self.finish(after);
@@ -462,14 +529,16 @@ impl Stream {
                 return;
             }
             if offset >= st.next {
-                // enqueues of concurrent publishes may arrive out of order; every entry
-                // below `offset` is in the consume queue already
-                for o in st.next..offset {
-                    if let Some(e) = self.store.entry(self.id, o) {
-                        st.bytes += body_len(e.tag_hash);
+                if self.args.max_bytes.is_some() {
+                    // enqueues of concurrent publishes may arrive out of order; every
+                    // entry below `offset` is in the consume queue already
+                    for o in st.next..offset {
+                        if let Some(e) = self.store.entry(self.id, o) {
+                            st.bytes += body_len(e.tag_hash);
+                        }
                     }
+                    st.bytes += body_len(tag);
                 }
-                st.bytes += body_len(tag);
                 st.next = offset + 1;
             }
             self.retain_bytes(&mut st, &mut after);
@@ -495,21 +564,35 @@ impl Stream {
                 return;
             }
             if let Some(age) = self.args.max_age_ms {
-                let cut = self.seek_time(st.first, st.next, now_ms.saturating_sub(age));
+                let cut = self.seek_time_from_front(st.first, st.next, now_ms.saturating_sub(age));
                 self.drop_to(&mut st, cut, &mut after);
             }
-            self.take_dirty(&mut st, &mut after);
+            self.commit_dirty(&mut st);
         }
         self.finish(after);
     }
 
-    fn take_dirty(&self, st: &mut State, after: &mut After) {
-        for n in std::mem::take(&mut st.dirty) {
-            if let Some(o) = st.stored.get(&n) {
-                after
-                    .journal
-                    .push(MetaOp::put(self.key(&n), o.to_be_bytes().to_vec()));
-            }
+    /// Journals the stored offsets that moved. Called under the lock, so that the journal
+    /// holds the commits and resets of a name in the order they were made; nothing after
+    /// the stream is deleted (its stored offsets are deleted with it). Not waited for: a
+    /// commit is at least once (a lost one re-reads entries).
+    fn commit_dirty(&self, st: &mut State) {
+        let dirty = std::mem::take(&mut st.dirty);
+        if st.deleted {
+            return;
+        }
+        let ops: Vec<MetaOp> = dirty
+            .iter()
+            .filter_map(|n| {
+                let o = st.stored.get(n)?;
+                Some(MetaOp::put(self.key(n), o.to_be_bytes().to_vec()))
+            })
+            .collect();
+        if ops.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.journal().append(ops) {
+            tracing::warn!(queue = %self.queue, error = %e, "storing stream consumer offsets failed");
         }
     }
 
@@ -534,15 +617,12 @@ impl Stream {
         if cut <= st.first {
             return;
         }
-        if self.args.max_bytes.is_some() || cut - st.first < 1 << 20 {
+        if self.args.max_bytes.is_some() {
             for off in st.first..cut {
                 if let Some(e) = self.store.entry(self.id, off) {
                     st.bytes = st.bytes.saturating_sub(body_len(e.tag_hash));
                 }
             }
-        } else {
-            // a large age cut without a byte limit: the count is not needed
-            st.bytes = 0;
         }
         let start = after.drop.map_or(st.first, |(s, _)| s);
         after.drop = Some((start, cut));
@@ -553,6 +633,9 @@ impl Stream {
     fn dispatch(&self, me: &Arc<Queue>, st: &mut State, hot: Option<(u64, &Hot)>) {
         let (first, next) = (st.first, st.next);
         let mut delivered = 0;
+        // the last entry read: consumers at the same offset (those following the tail)
+        // share its properties (with `x-stream-offset`) instead of each building them
+        let mut cached: Option<Entry> = None;
         for c in st.consumers.iter_mut() {
             if c.cursor < first {
                 c.cursor = first;
@@ -569,7 +652,7 @@ impl Stream {
                     break;
                 }
                 let off = c.cursor;
-                let Some(d) = self.delivery(me, c, off, hot) else {
+                let Some(d) = self.delivery(me, c, off, hot, &mut cached) else {
                     // unreadable (retention raced, or a damaged record): skip it
                     c.cursor += 1;
                     continue;
@@ -589,13 +672,18 @@ impl Stream {
         st.delivered += delivered;
     }
 
-    fn delivery(
+    /// Entry `off` as delivered (its properties with `x-stream-offset`): from `cached`
+    /// when that is `off`, else built (from `hot` when that is `off`, else read from the
+    /// store) and left in `cached`.
+    fn entry<'a>(
         &self,
-        me: &Arc<Queue>,
-        c: &StreamConsumer,
         off: u64,
         hot: Option<(u64, &Hot)>,
-    ) -> Option<Delivery> {
+        cached: &'a mut Option<Entry>,
+    ) -> Option<&'a Entry> {
+        if cached.as_ref().is_some_and(|e| e.offset == off) {
+            return cached.as_ref();
+        }
         let (exchange, routing_key, mut props, body): (Arc<str>, Arc<str>, Properties, Bytes) =
             match hot.filter(|(o, _)| *o == off) {
                 Some((_, h)) => (
@@ -605,8 +693,7 @@ impl Stream {
                     h.body.clone(),
                 ),
                 None => {
-                    let e = self.store.entry(self.id, off)?;
-                    let rec = self.store.read_entry(self.id, off, e.commit_offset).ok()?;
+                    let (_, rec) = self.store.read_queue(self.id, off).ok()??;
                     let (x, rk, p) = envelope::decode_shared(&rec.properties).ok()?;
                     (x, rk, p, rec.body)
                 }
@@ -615,26 +702,41 @@ impl Stream {
             .headers
             .get_or_insert_with(Default::default)
             .insert("x-stream-offset", FieldValue::I64(off as i64));
+        *cached = Some(Entry {
+            offset: off,
+            exchange,
+            routing_key,
+            properties: Arc::new(props),
+            body,
+        });
+        cached.as_ref()
+    }
+
+    fn delivery(
+        &self,
+        me: &Arc<Queue>,
+        c: &StreamConsumer,
+        off: u64,
+        hot: Option<(u64, &Hot)>,
+        cached: &mut Option<Entry>,
+    ) -> Option<Delivery> {
+        let e = self.entry(off, hot, cached)?;
         Some(Delivery {
             tag: c.tag.clone(),
             queue: me.clone(),
             offset: handle(c.id, off),
             redelivered: false,
-            exchange,
-            routing_key,
-            properties: Arc::new(props),
-            body,
+            exchange: e.exchange.clone(),
+            routing_key: e.routing_key.clone(),
+            properties: e.properties.clone(),
+            body: e.body.clone(),
             message_count: 0,
             needs_ack: true,
         })
     }
 
     fn finish(&self, after: After) {
-        let After {
-            drop,
-            gates,
-            journal,
-        } = after;
+        let After { drop, gates } = after;
         if let Some((a, b)) = drop {
             if let Err(e) = self.store.ack_range(self.id, a, b) {
                 tracing::warn!(queue = %self.queue, error = %e, "stream retention: store ack failed");
@@ -643,23 +745,38 @@ impl Stream {
         for g in gates {
             g.wake();
         }
-        if !journal.is_empty() {
-            // not waited for: a commit is at least once (a lost one re-reads entries)
-            if let Err(e) = self.store.journal().append(journal) {
-                tracing::warn!(queue = %self.queue, error = %e, "storing stream consumer offsets failed");
-            }
-        }
     }
 
-    /// Marks the stream deleted and tells its consumers.
-    pub(crate) fn mark_deleted(&self) -> u32 {
+    /// Stops stored-offset commits (the first step of a deletion: called before the
+    /// deletion of the stored offsets is journaled, so that no commit lands after it).
+    pub(crate) fn stop_commits(&self) {
         let mut st = self.lock();
         st.deleted = true;
-        for c in st.consumers.drain(..) {
-            c.outbox
-                .push_control(OutEvent::Cancelled { tag: c.tag.clone() });
-        }
-        u32::try_from(st.next - st.first).unwrap_or(u32::MAX)
+        st.dirty.clear();
+    }
+
+    /// Marks the stream deleted and tells its consumers; their unacked deliveries go
+    /// back to their credit gates (as a cancel does).
+    pub(crate) fn mark_deleted(&self) -> u32 {
+        let mut after = After::default();
+        let n = {
+            let mut st = self.lock();
+            st.deleted = true;
+            st.dirty.clear();
+            for c in st.consumers.drain(..) {
+                if let Some(g) = &c.gate {
+                    g.release(c.unacked);
+                    if !after.gates.iter().any(|x| Arc::ptr_eq(x, g)) {
+                        after.gates.push(g.clone());
+                    }
+                }
+                c.outbox
+                    .push_control(OutEvent::Cancelled { tag: c.tag.clone() });
+            }
+            u32::try_from(st.next - st.first).unwrap_or(u32::MAX)
+        };
+        self.finish(after);
+        n
     }
 
     /// Sets the stored offset of consumer `name` (management API); durable on return
@@ -725,5 +842,15 @@ mod tests {
         assert_eq!(split(h), (ID_MASK, OFFSET_MASK));
         // ids wrap into 24 bits
         assert_eq!(split(handle(ID_MASK + 2, 5)).0, 1);
+    }
+
+    #[test]
+    fn consumer_ids_wrap_past_ids_in_use() {
+        let mut next = ID_MASK - 1;
+        let in_use = |id: u64| id == ID_MASK || id == 1 || id == 2;
+        assert_eq!(next_free_id(&mut next, in_use), ID_MASK - 1);
+        // ID_MASK, 1 and 2 are held by live consumers: skipped
+        assert_eq!(next_free_id(&mut next, in_use), 3);
+        assert_eq!(next, 4);
     }
 }

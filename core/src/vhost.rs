@@ -1011,7 +1011,9 @@ impl Vhost {
                     bindings_to_prefix(&self.name, &dest).build(),
                 ));
             }
-            if q.is_stream() {
+            if let Some(s) = q.stream() {
+                // no stored-offset commit may journal after their deletion
+                s.stop_commits();
                 ops.push(crate::stream::delete_offsets_op(&self.name, q.name()));
             }
             deleted_exchange_ops(&self.name, &deleted, &mut ops);

@@ -183,3 +183,24 @@ fn a_policy_ttl_and_expiry_are_enforced_by_the_tick() {
         },
     );
 }
+
+#[test]
+fn a_queues_policy_does_not_attach_to_a_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    let mut st = FieldTable::new();
+    st.insert(
+        "x-queue-type",
+        FieldValue::LongString(Bytes::from_static(b"stream")),
+    );
+    declare(&b, "pol.stream", st);
+    v.set_policy(policy("lim", r"^pol\.", 0, json!({"max-length": 1})))
+        .unwrap();
+    declare(&b, "pol.classic", FieldTable::new());
+    assert!(v.queue("pol.classic").unwrap().policy().is_some());
+    let q = v.queue("pol.stream").unwrap();
+    assert!(q.policy().is_none(), "no effective policy on a stream");
+    publish(&b, "pol.stream", 3);
+    assert_eq!(q.message_count(), 3);
+}

@@ -437,3 +437,81 @@ fn retention_by_age_drops_old_entries_on_the_tick() {
     publish(&v, "s", "fresh");
     assert_eq!(offsets(&drain(&o)), [5]);
 }
+
+#[test]
+fn deleting_a_stream_returns_its_consumers_credit_to_the_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[])).unwrap();
+    for i in 0..5 {
+        publish(&v, "s", &format!("m{i}"));
+    }
+    // a channel-wide prefetch (basic.qos global) of 10
+    let gate = triad_core::CreditGate::new(10);
+    let o = Outbox::new(1000);
+    let mut r = req("c", 3, &o);
+    r.gate = Some(gate.clone());
+    let _c = v
+        .consume_stream(
+            "s",
+            r,
+            StreamConsume {
+                offset: Some(StreamOffset::First),
+                name: Some("app".into()),
+            },
+        )
+        .unwrap();
+    assert_eq!(offsets(&drain(&o)), [0, 1, 2]);
+    assert_eq!(gate.used(), 3);
+    v.delete_queue("s", false, false, 1).unwrap();
+    assert_eq!(
+        gate.used(),
+        0,
+        "the deleted stream's unacked deliveries hold no credit"
+    );
+}
+
+#[test]
+fn a_streams_stats_count_its_deliveries_acks_and_consumers() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[])).unwrap();
+    for i in 0..5 {
+        publish(&v, "s", &format!("m{i}"));
+    }
+    let (_c, o) = consume(&v, "s", 3, Some(StreamOffset::First), None);
+    let d = drain(&o);
+    ack_all(&d[..2]);
+    let q = v.queue("s").unwrap();
+    let st = q.stats();
+    assert_eq!(st.counts.deliver, 5, "3, then 2 more on the acks' credit");
+    assert_eq!(st.counts.ack, 2);
+    assert_eq!(st.consumers, 1);
+    let cs = q.consumers();
+    assert_eq!(cs.len(), 1);
+    assert_eq!(&*cs[0].tag, "c");
+    assert_eq!(cs[0].prefetch, 3);
+    assert_eq!(cs[0].unacked, 3);
+}
+
+#[test]
+fn age_retention_keeps_the_young_entries_after_old_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    declare(&v, "s", stream_args(&[("x-max-age", s("1s"))])).unwrap();
+    for i in 0..7 {
+        publish(&v, "s", &format!("old{i}"));
+    }
+    std::thread::sleep(Duration::from_millis(1300));
+    for i in 0..2 {
+        publish(&v, "s", &format!("young{i}"));
+    }
+    let q = v.queue("s").unwrap();
+    b.tick();
+    assert_eq!(q.stream().unwrap().range(), (7, 9));
+    b.tick();
+    assert_eq!(q.stream().unwrap().range(), (7, 9));
+}

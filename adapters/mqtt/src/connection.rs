@@ -470,6 +470,8 @@ where
             max_filters: ctx.limits.max_filters,
         },
         max_subscriptions: ctx.limits.max_subscriptions,
+        stream_max_age: ctx.limits.stream_max_age,
+        stream_max_bytes: ctx.limits.stream_max_bytes,
         shared: Vec::new(),
         streams: Vec::new(),
     };
@@ -681,12 +683,31 @@ struct Conn {
     limits: Limits,
     /// Subscriptions the session may hold ([`crate::MqttLimits::max_subscriptions`]).
     max_subscriptions: usize,
+    /// Retention of an auto-declared `$stream` queue ([`crate::MqttLimits`]).
+    stream_max_age: Duration,
+    stream_max_bytes: u64,
     /// Shared subscriptions consumed: the `$share/...` filter (the consumer's tag) and
     /// the consumer of its group's queue. Empty (no allocation) for most clients.
     shared: Vec<(Arc<str>, ConsumerHandle)>,
     /// Stream subscriptions (`$stream/...`, see [`crate::stream`]) and the QoS granted
     /// to each; their consumers are in `shared`, under the same filter.
-    streams: Vec<(Arc<str>, u8)>,
+    streams: Vec<StreamSub>,
+}
+
+/// A stream subscription (`$stream/<start>/<filter>`).
+struct StreamSub {
+    /// The whole filter (the consumer's tag).
+    tag: Arc<str>,
+    /// The QoS granted.
+    qos: u8,
+    /// Where `<filter>` starts in `tag` (parsed once, not per delivery).
+    filter_at: usize,
+}
+
+impl StreamSub {
+    fn filter(&self) -> &str {
+        self.tag.get(self.filter_at..).unwrap_or("")
+    }
 }
 
 /// The connection's write buffer, taken (4 KiB) if it was let go while idle.
@@ -1191,15 +1212,16 @@ impl Conn {
         full: &str,
         parsed: Result<crate::stream::StreamFilter<'_>, ()>,
         requested: u8,
+        bound: &mut Option<Durability>,
     ) -> u8 {
         let Ok(sf) = parsed else {
             tracing::debug!(filter = full, "invalid stream subscription refused");
             return 0x80;
         };
         let qos = requested.min(2);
-        if let Some(e) = self.streams.iter_mut().find(|(t, _)| **t == *full) {
+        if let Some(e) = self.streams.iter_mut().find(|s| *s.tag == *full) {
             // subscribed already: the new QoS applies, the position stays
-            e.1 = qos;
+            e.qos = qos;
             return qos;
         }
         if self.session.subs.len() + self.streams.len() >= self.max_subscriptions {
@@ -1212,8 +1234,14 @@ impl Conn {
             return 0x80;
         }
         match self.join_stream(full, &sf) {
-            Ok(()) => {
-                self.streams.push((Arc::from(full), qos));
+            Ok(d) => {
+                *bound = Some(d);
+                self.streams.push(StreamSub {
+                    tag: Arc::from(full),
+                    qos,
+                    // `<filter>` ends the subscription's filter
+                    filter_at: full.len() - sf.filter.len(),
+                });
                 qos
             }
             Err(e) => {
@@ -1223,13 +1251,15 @@ impl Conn {
         }
     }
 
-    /// Declares and binds the filter's stream queue when missing, then consumes it from
-    /// the subscription's start.
+    /// Declares the filter's stream queue when missing (with the retention of
+    /// [`crate::MqttLimits::stream_max_age`] and `stream_max_bytes`) and binds it, then
+    /// consumes it from the subscription's start. Returns the binding's durability (not
+    /// waited for here: the SUBACK waits for it).
     fn join_stream(
         &mut self,
         full: &str,
         sf: &crate::stream::StreamFilter<'_>,
-    ) -> Result<(), CoreError> {
+    ) -> Result<Durability, CoreError> {
         let qname = crate::stream::stream_queue_name(sf.filter);
         if qname.len() > MAX_TOPIC_LEN {
             return Err(CoreError::PreconditionFailed(format!(
@@ -1247,26 +1277,28 @@ impl Conn {
             }
             Some(_) => {}
             None => {
-                let mut arguments = FieldTable::default();
-                arguments.insert("x-queue-type", FieldValue::from("stream"));
-                vhost.declare_queue(QueueDeclare {
+                // the binding's journal record, after this one, covers both
+                drop(vhost.declare_queue_deferred(QueueDeclare {
                     name: qname.clone(),
                     durable: true,
-                    arguments,
+                    arguments: crate::stream::auto_declare_arguments(
+                        self.stream_max_age,
+                        self.stream_max_bytes,
+                    ),
                     conn: self.link.id(),
                     ..Default::default()
-                })?;
+                })?);
             }
         }
-        if !vhost.has_queue_binding("amq.topic", &qname, &key) {
-            vhost.bind_queue(
-                &qname,
-                "amq.topic",
-                &key,
-                &FieldTable::default(),
-                self.link.id(),
-            )?;
-        }
+        // bound already: the result covers what was journaled before (the records of
+        // the queue and the binding among it)
+        let bound = vhost.bind_queue_deferred(
+            &qname,
+            "amq.topic",
+            &key,
+            &FieldTable::default(),
+            self.link.id(),
+        )?;
         let consumer = vhost.consume_stream(
             &qname,
             ConsumeRequest {
@@ -1283,12 +1315,12 @@ impl Conn {
             crate::stream::consume_options(sf),
         )?;
         self.shared.push((Arc::from(full), consumer));
-        Ok(())
+        Ok(bound)
     }
 
     /// Ends the stream subscription `f`, if there is one.
     fn unsubscribe_stream(&mut self, f: &str) {
-        self.streams.retain(|(t, _)| **t != *f);
+        self.streams.retain(|s| *s.tag != *f);
         if let Some(i) = self.shared.iter().position(|(t, _)| **t == *f) {
             let (_, consumer) = self.shared.swap_remove(i);
             consumer.cancel();
@@ -1298,14 +1330,11 @@ impl Conn {
     /// The QoS a delivery of stream subscription `tag` on `topic` goes out with (`None`:
     /// the MQTT rules do not match it, or the subscription has ended).
     fn stream_granted(&self, tag: &str, topic: &str) -> Option<u8> {
-        let matches = crate::stream::parse_stream(tag, 0)
-            .and_then(Result::ok)
-            .is_some_and(|s| filter_matches(s.filter, topic));
         self.streams
             .iter()
-            .find(|(t, _)| **t == *tag)
-            .map(|(_, q)| *q)
-            .filter(|_| matches)
+            .find(|s| *s.tag == *tag)
+            .filter(|s| filter_matches(s.filter(), topic))
+            .map(|s| s.qos)
     }
 
     /// One `$share/...` filter of a SUBSCRIBE: the return code (0x80 for an invalid
@@ -1367,7 +1396,14 @@ impl Conn {
                 match earlier {
                     Some(i) => {
                         let qos = requested.min(2);
-                        self.session.subs.insert(filter, qos);
+                        if crate::stream::is_stream(&filter) {
+                            // a stream subscription is not in the session: its QoS is
+                            if let Some(e) = self.streams.iter_mut().find(|s| *s.tag == *filter) {
+                                e.qos = qos;
+                            }
+                        } else {
+                            self.session.subs.insert(filter, qos);
+                        }
                         if let Some(g) = granted.get_mut(*i) {
                             g.1 = qos;
                         }
@@ -1379,7 +1415,7 @@ impl Conn {
             }
             if let Some(parsed) = crate::stream::parse_stream(&filter, triad_core::stream::now_ms())
             {
-                let code = self.subscribe_stream(&filter, parsed, requested);
+                let code = self.subscribe_stream(&filter, parsed, requested, &mut bound);
                 // a stream subscription replays the stream itself: no retained messages
                 seen.insert(filter, (code != 0x80).then_some(usize::MAX));
                 codes.push(code);
@@ -1527,7 +1563,7 @@ impl Conn {
                         // that subscription ends, the connection goes on
                         tracing::info!(filter = %tag, "shared subscription queue deleted");
                         self.shared.swap_remove(i);
-                        self.streams.retain(|(t, _)| *t != tag);
+                        self.streams.retain(|s| s.tag != tag);
                         self.session.subs.remove(&*tag);
                         self.leave_shared(&tag);
                         continue;

@@ -86,6 +86,11 @@ pub struct MqttLimits {
     /// Subscriptions one session may hold (each is a binding in memory and a journal
     /// record); a SUBSCRIBE past it gets return code 0x80 for each new filter.
     pub max_subscriptions: usize,
+    /// `x-max-age` of a stream queue a `$stream/...` subscription declares (when the
+    /// filter's `mqtt-stream/<filter>` queue does not exist yet).
+    pub stream_max_age: Duration,
+    /// `x-max-length-bytes` of such a stream queue.
+    pub stream_max_bytes: u64,
 }
 
 impl Default for MqttLimits {
@@ -100,6 +105,8 @@ impl Default for MqttLimits {
             connect_timeout: Duration::from_secs(10),
             max_client_id_len: 200,
             max_subscriptions: 10_000,
+            stream_max_age: Duration::from_secs(7 * 24 * 3600),
+            stream_max_bytes: 1 << 30,
         }
     }
 }

@@ -7,10 +7,13 @@
 //!   `time:<ms since the epoch>`.
 //! - The stream is the durable stream queue `mqtt-stream/<filter>`, bound to
 //!   `amq.topic` with the filter's routing key. The first such subscription declares and
-//!   binds it (with no retention limit), so it holds what is published from then on; an
-//!   operator who wants history from earlier, or retention (`x-max-age`,
-//!   `x-max-length-bytes`), declares and binds that queue beforehand (AMQP, STOMP or the
-//!   management API). Later subscriptions, with any start, read the same stream.
+//!   binds it, with the retention of `[mqtt] stream_max_age` and `stream_max_bytes`
+//!   (default 7 days and 1 GiB: a subscription never keeps every publish forever), so it
+//!   holds what is published from then on; an operator who wants history from earlier,
+//!   or other retention (`x-max-age`, `x-max-length-bytes`), declares and binds that
+//!   queue beforehand (AMQP, STOMP or the management API). Later subscriptions, with any
+//!   start, read the same stream. The queue stays when its subscribers go (its
+//!   retention bounds it); deleting it is the operator's.
 //! - Permissions are a plain subscription's, on that queue: configure and read on it,
 //!   write on it and read on `amq.topic` (with the topic permission) for the binding.
 //! - The subscription lives as long as the connection (it is not stored with a
@@ -18,7 +21,10 @@
 //!   wants). Deliveries carry the QoS granted (at most the message's), each stream
 //!   subscription reads at most the session's in-flight window ahead of its acks.
 
+use std::time::Duration;
+
 use triad_core::stream::{StreamConsume, StreamOffset};
+use triad_core::{FieldTable, FieldValue};
 
 use crate::topic::valid_filter;
 
@@ -62,6 +68,22 @@ pub fn parse_stream(f: &str, now_ms: u64) -> Option<Result<StreamFilter<'_>, ()>
 /// The stream queue a filter reads.
 pub fn stream_queue_name(filter: &str) -> String {
     format!("mqtt-stream/{filter}")
+}
+
+/// The arguments of a stream queue a `$stream` subscription declares: a stream with
+/// retention `max_age` (whole seconds, at least 1) and `max_bytes`.
+pub fn auto_declare_arguments(max_age: Duration, max_bytes: u64) -> FieldTable {
+    let mut t = FieldTable::default();
+    t.insert("x-queue-type", FieldValue::from("stream"));
+    t.insert(
+        "x-max-age",
+        FieldValue::from(format!("{}s", max_age.as_secs().max(1)).as_str()),
+    );
+    t.insert(
+        "x-max-length-bytes",
+        FieldValue::I64(i64::try_from(max_bytes).unwrap_or(i64::MAX)),
+    );
+    t
 }
 
 /// The core's consume options for a parsed filter.
@@ -117,5 +139,13 @@ mod tests {
             assert_eq!(parse_stream(bad, now), Some(Err(())), "{bad}");
         }
         assert_eq!(stream_queue_name("a/+"), "mqtt-stream/a/+");
+    }
+
+    #[test]
+    fn auto_declared_streams_have_retention() {
+        let t = auto_declare_arguments(Duration::from_secs(3600), 1 << 20);
+        let a = triad_core::stream::StreamArgs::parse(&t).unwrap();
+        assert_eq!(a.max_age_ms, Some(3_600_000));
+        assert_eq!(a.max_bytes, Some(1 << 20));
     }
 }

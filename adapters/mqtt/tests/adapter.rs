@@ -1043,6 +1043,64 @@ async fn invalid_shared_filters_get_0x80() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_subscriptions_declare_bounded_streams_and_count_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ctx = context(open_broker(dir.path()));
+    ctx.limits.max_subscriptions = 2;
+    ctx.limits.stream_max_age = Duration::from_secs(3600);
+    ctx.limits.stream_max_bytes = 1 << 20;
+    let s = start_ctx(ctx).await;
+    let mut raw = Raw::connect(s.addr, "st-dup", false).await;
+    assert_eq!(raw.connack().await, (false, 0));
+    // the same stream filter twice in one SUBSCRIBE: one subscription, the last QoS
+    raw.send(&Packet::Subscribe(Subscribe {
+        pkid: 1,
+        filters: vec![
+            ("$stream/first/st/#".into(), 1),
+            ("$stream/first/st/#".into(), 0),
+        ],
+    }))
+    .await;
+    match raw.recv().await {
+        Some(Packet::SubAck(a)) => assert_eq!(a.codes, [1, 0]),
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+    // the auto-declared stream has the configured retention
+    let vhost = s.ctx.broker.vhost("/").unwrap();
+    let q = vhost.queue("mqtt-stream/st/#").unwrap();
+    assert!(q.is_stream() && q.durable());
+    assert_eq!(q.arguments().get_str("x-max-age"), Some("3600s"));
+    assert_eq!(q.arguments().get_i64("x-max-length-bytes"), Some(1 << 20));
+    drop(q);
+    drop(vhost);
+    // it counts once against max_subscriptions (2): a second stream filter fits
+    raw.send(&Packet::Subscribe(Subscribe {
+        pkid: 2,
+        filters: vec![("$stream/first/other".into(), 1)],
+    }))
+    .await;
+    match raw.recv().await {
+        Some(Packet::SubAck(a)) => assert_eq!(a.codes, [1]),
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+    // deliveries go out with the QoS granted last
+    let p = connect(s.addr, "st-p", true).await;
+    p.c.publish("st/a", QoS::AtLeastOnce, false, "one")
+        .await
+        .unwrap();
+    match raw.recv().await {
+        Some(Packet::Publish(m)) => {
+            assert_eq!((m.topic.as_str(), m.qos), ("st/a", 0));
+            assert_eq!(&m.payload[..], b"one");
+        }
+        other => panic!("expected PUBLISH, got {other:?}"),
+    }
+    raw.send(&Packet::Disconnect).await;
+    p.disconnect().await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaving_members_unacked_messages_go_to_another() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(dir.path()).await;

@@ -783,6 +783,8 @@ impl Session {
                 CoreError::PreconditionFailed(m) => Fail::new("invalid x-tag-filter header", m),
                 other => other.into(),
             })?;
+        // the same for the stream headers (x-stream-offset)
+        let stream = stream_consume(f)?;
         let mode = match f.header("ack").unwrap_or("auto") {
             "auto" => AckMode::Auto,
             "client" => AckMode::Client,
@@ -857,9 +859,7 @@ impl Session {
         };
         let mut req = self.consume_request(&id, mode, prefetch, exclusive, priority);
         req.filter = filter;
-        let consumer = self
-            .linked()?
-            .consume_stream(&queue, req, stream_consume(f)?)?;
+        let consumer = self.linked()?.consume_stream(&queue, req, stream)?;
         self.subs.insert(
             id.clone(),
             Subscription {

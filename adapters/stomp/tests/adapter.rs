@@ -817,6 +817,25 @@ async fn oversized_frames_are_refused() {
 }
 
 #[tokio::test]
+async fn a_bad_stream_offset_declares_nothing() {
+    let s = start().await;
+    let mut c = Client::connect(s.addr).await;
+    c.send(
+        Frame::new(Command::Subscribe)
+            .with("id", "0")
+            .with("destination", "/queue/so")
+            .with("prefetch-count", "10")
+            .with("ack", "client")
+            .with("x-stream-offset", "soon"),
+    )
+    .await;
+    let e = c.expect_error().await;
+    assert_eq!(e.header("message"), Some("invalid x-stream-offset"));
+    // refused before the queue was declared
+    assert!(s.broker.vhost("/").unwrap().queue("so").is_none());
+}
+
+#[tokio::test]
 async fn a_malformed_selector_is_an_error_naming_the_problem() {
     let s = start().await;
     let mut c = Client::connect(s.addr).await;

@@ -79,10 +79,18 @@ impl Queue {
     /// The queue's counters (`ready` after expiring what is past its TTL at the head).
     pub fn stats(&self) -> QueueStats {
         let ready = u64::from(self.message_count());
-        // a stream: its retained entries, and its own consumers
-        let (unacked, consumers) = match self.stream() {
-            Some(s) => (u64::from(s.unacked_count()), s.consumer_count()),
-            None => (0, 0),
+        // a stream: its retained entries, its own consumers and counters
+        let (unacked, consumers, stream_counts) = match self.stream() {
+            Some(s) => {
+                let (deliver, ack) = s.counts();
+                let c = Counts {
+                    deliver,
+                    ack,
+                    ..Counts::default()
+                };
+                (u64::from(s.unacked_count()), s.consumer_count(), Some(c))
+            }
+            None => (0, 0, None),
         };
         let st = lock(&self.state);
         QueueStats {
@@ -92,7 +100,7 @@ impl Queue {
             consumers: consumers + st.consumers.len() as u32,
             flow: st.throttled,
             enqueued: st.cq_next,
-            counts: st.counts,
+            counts: stream_counts.unwrap_or(st.counts),
         }
     }
 
@@ -114,6 +122,9 @@ impl Queue {
 
     /// The queue's consumers.
     pub fn consumers(&self) -> Vec<ConsumerInfo> {
+        if let Some(s) = self.stream() {
+            return s.consumers();
+        }
         lock(&self.state)
             .consumers
             .iter()
