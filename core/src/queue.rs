@@ -134,6 +134,10 @@ pub struct QueueArgs {
     pub retry_backoff: Option<Arc<[u64]>>,
 }
 
+/// The highest `x-delivery-limit`: delivery counts stop at 65,535, so a higher limit
+/// could never be passed.
+pub const MAX_DELIVERY_LIMIT: u64 = u16::MAX as u64 - 1;
+
 /// `x-delivery-limit` when `x-retry-backoff` is set and the limit is not.
 pub const DEFAULT_BACKOFF_LIMIT: u64 = 16;
 /// Most steps in an `x-retry-backoff`.
@@ -260,7 +264,12 @@ impl QueueArgs {
             None => None,
             Some(v) => match v.as_i64() {
                 Some(-1) => None,
-                Some(n) if n >= 0 => Some(n as u64),
+                Some(n) if n >= 0 && n as u64 <= MAX_DELIVERY_LIMIT => Some(n as u64),
+                Some(n) if n >= 0 => {
+                    return Err(CoreError::PreconditionFailed(format!(
+                        "invalid arg 'x-delivery-limit' for queue: {n} is above {MAX_DELIVERY_LIMIT} (delivery counts stop at 65535)"
+                    )))
+                }
                 _ => {
                     return Err(CoreError::PreconditionFailed(format!(
                         "invalid arg 'x-delivery-limit' for queue: {v:?} is not a non-negative integer (or -1 for no limit)"
@@ -309,8 +318,12 @@ struct Entry {
     commit_offset: u64,
     tag: u64,
     redelivered: bool,
-    /// Times returned to the queue (the delivery count; fits the struct's padding).
-    returns: u32,
+    /// Times returned to the queue (the delivery count), stopping at 65,535 (hence
+    /// [`MAX_DELIVERY_LIMIT`]); a u16 keeps the entry at 24 bytes.
+    returns: u16,
+    /// Whether the store holds a delivery count for this entry (to be forgotten when it
+    /// leaves the queue).
+    count_stored: bool,
     /// The filter epoch (see [`State::filter_epoch`]) in which no consumer's filter
     /// accepted this entry; 0: not judged.
     unmatched: u32,
@@ -363,7 +376,7 @@ pub(crate) struct Hot {
 
 /// `props` with the `x-delivery-count` header (RabbitMQ's quorum queues: absent on the
 /// first delivery, the number of returns on each redelivery), replacing any a client set.
-fn with_delivery_count(props: &Properties, returns: u32) -> Arc<Properties> {
+fn with_delivery_count(props: &Properties, returns: u16) -> Arc<Properties> {
     let mut p = props.clone();
     let mut h = p.headers.take().unwrap_or_default();
     h.remove("x-delivery-count");
@@ -447,7 +460,7 @@ struct State {
     /// [`triad_store::returns`]); `None` once none are left, which is the normal case.
     /// Boxed: 8 bytes in every queue's state instead of an empty map's 48.
     #[allow(clippy::box_collection)]
-    restored: Option<Box<HashMap<u64, u32>>>,
+    restored: Option<Box<HashMap<u64, u16>>>,
     /// Returned messages waiting out their `x-retry-backoff` step: (ready at ms, queue
     /// offset) → entry. In memory only: after a restart they are ready at once (their
     /// delivery counts are kept). `None` while empty; boxed: 8 bytes per queue, not 24.
@@ -656,7 +669,7 @@ impl Queue {
         let mut stale = Vec::new();
         for (off, n) in store.take_delivery_counts(spec.id) {
             if off < next && !store.is_acked(spec.id, off).unwrap_or(true) {
-                restored.insert(off, n);
+                restored.insert(off, u16::try_from(n).unwrap_or(u16::MAX));
             } else {
                 stale.push(off);
             }
@@ -904,22 +917,30 @@ impl Queue {
                     tag: e.tag_hash,
                     redelivered: redelivered || returns > 0,
                     returns,
+                    // restored counts come from the store
+                    count_stored: returns > 0,
                     unmatched: 0,
                 },
             );
         }
     }
 
-    /// Whether `e`'s delivery count is (to be) in the store: a returned persistent
-    /// message of a durable queue (transient ones do not outlive the broker anyway).
-    fn count_stored(&self, e: &Entry) -> bool {
-        e.returns > 0 && self.durable && e.tag & TAG_PERSISTENT != 0
+    /// Whether `e`'s delivery count is to be written to the store: a returned persistent
+    /// message of a durable queue (transient ones do not outlive the broker anyway)
+    /// whose count matters, that is, with a delivery limit or a retry back-off. Without
+    /// them the count only feeds the informational `x-delivery-count` header and stays
+    /// in memory (it does not survive a restart).
+    fn store_count(&self, args: &QueueArgs, e: &Entry) -> bool {
+        e.returns > 0
+            && self.durable
+            && e.tag & TAG_PERSISTENT != 0
+            && (args.delivery_limit.is_some() || args.retry_backoff.is_some())
     }
 
     /// Entry `off` leaves the queue for good (acked): its count goes with it.
     fn gone(&self, off: u64, e: &Entry, after: &mut After) {
         after.acks.push(off);
-        if self.count_stored(e) {
+        if e.count_stored {
             after.forget.push(off);
         }
     }
@@ -973,6 +994,7 @@ impl Queue {
                         tag,
                         redelivered: false,
                         returns: 0,
+                        count_stored: false,
                         unmatched: 0,
                     },
                 );
@@ -1076,7 +1098,7 @@ impl Queue {
 
     /// A ready entry leaves the queue without a consumer: dead-letter it if configured.
     fn drop_entry(&self, off: u64, e: Entry, reason: &'static str, after: &mut After) {
-        if self.count_stored(&e) {
+        if e.count_stored {
             after.forget.push(off);
         }
         if self.args().dead_letter_exchange.is_some() {
@@ -1691,14 +1713,16 @@ impl Queue {
                         if st
                             .args
                             .delivery_limit
-                            .is_some_and(|l| u64::from(e.returns) > l)
+                            // (a policy's limit is not capped where it is read)
+                            .is_some_and(|l| u64::from(e.returns) > l.min(MAX_DELIVERY_LIMIT))
                         {
                             // `u.entry`: its count as stored (if it was)
                             self.drop_entry(*off, u.entry, "delivery_limit", &mut after);
                             continue;
                         }
-                        if self.count_stored(&e) {
-                            after.counted.push((*off, e.returns));
+                        if self.store_count(&st.args, &e) {
+                            e.count_stored = true;
+                            after.counted.push((*off, u32::from(e.returns)));
                         }
                         if let Some(steps) = st.args.retry_backoff.clone() {
                             let i = (e.returns as usize).saturating_sub(1);
@@ -1830,7 +1854,9 @@ impl Queue {
         u32::try_from(st.ready_count).unwrap_or(u32::MAX)
     }
 
-    /// Whether the queue has consumers, ready messages (for delete if-unused / if-empty).
+    /// Whether the queue has consumers, messages (for delete if-unused / if-empty): the
+    /// ready ones and those waiting out their back-off (parked: neither ready nor
+    /// unacked, so not in [`Queue::message_count`], but the queue is not empty).
     pub(crate) fn usage(&self) -> (u32, u32) {
         if let Some(s) = &self.stream {
             return (s.consumer_count(), s.message_count());
@@ -1838,8 +1864,9 @@ impl Queue {
         let st = lock(&self.state);
         (
             st.consumers.len() as u32,
-            u32::try_from(st.ready_count).unwrap_or(u32::MAX),
+            u32::try_from(st.ready_count + parked).unwrap_or(u32::MAX),
         )
+        let parked = st.parked.as_ref().map_or(0, |p| p.len() as u64);
     }
 
     /// Periodic work: expire messages at the head (TTL) and report whether the queue has
@@ -2117,6 +2144,11 @@ mod tests {
     fn delivery_limit_is_parsed() {
         let limit = |v: FieldValue| {
             let mut t = FieldTable::default();
+    #[test]
+    fn an_entry_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+    }
+
             t.insert("x-delivery-limit", v);
             QueueArgs::parse(&t).map(|a| a.delivery_limit)
         };
@@ -2127,8 +2159,15 @@ mod tests {
             FieldValue::I32(-2),
             FieldValue::LongString(Bytes::from_static(b"3")),
         ] {
+        assert_eq!(
+            limit(FieldValue::I32(65_534)).unwrap(),
+            Some(MAX_DELIVERY_LIMIT)
+        );
             match limit(bad) {
                 Err(CoreError::PreconditionFailed(m)) => {
+            // counts stop at 65535: a higher limit could never be reached
+            FieldValue::I32(65_535),
+            FieldValue::I64(1 << 40),
                     assert!(m.contains("x-delivery-limit"), "{m}")
                 }
                 other => panic!("{other:?}"),

@@ -3,7 +3,9 @@
 //!
 //! A message that is never returned costs nothing here: neither its commitlog record
 //! nor its consume-queue entry carries a count. Each return of a message in a durable
-//! queue writes one small metadata-journal record, key `R` + big-endian queue id +
+//! queue whose count matters (the core writes it for queues with a delivery limit or a
+//! retry back-off; elsewhere the count stays in memory) writes one small
+//! metadata-journal record, key `R` + big-endian queue id +
 //! big-endian queue offset, value the count (u32 little-endian); the message's ack (or
 //! its dead-lettering, expiry, purge) deletes the key, and deleting the queue deletes
 //! every key under its id. So the disk cost is about 30 bytes per message currently
