@@ -1133,11 +1133,16 @@ impl Queue {
     }
 
     fn pick_consumer(&self, st: &State) -> Option<usize> {
-        self.pick_consumer_where(st, |_| true)
+        self.pick_consumer_where(st, |_, _| true)
     }
 
-    /// [`Queue::pick_consumer`] among the consumers `accept` takes.
-    fn pick_consumer_where(&self, st: &State, accept: impl Fn(&Consumer) -> bool) -> Option<usize> {
+    /// [`Queue::pick_consumer`] among the consumers `accept` takes (given their index in
+    /// `st.consumers`).
+    fn pick_consumer_where(
+        &self,
+        st: &State,
+        accept: impl Fn(usize, &Consumer) -> bool,
+    ) -> Option<usize> {
         // single active consumer: the earliest registered one only (consumers are kept
         // in registration order), whatever the others' priorities
         let n = if self.declared.single_active_consumer {
@@ -1155,7 +1160,7 @@ impl Queue {
             if c.prefetch != 0 && c.unacked >= c.prefetch {
                 continue;
             }
-            if best.is_some_and(|(p, _)| p >= c.priority) || !accept(c) {
+            if best.is_some_and(|(p, _)| p >= c.priority) || !accept(i, c) {
                 continue;
             }
             if let Some(g) = &c.gate {
@@ -1271,8 +1276,10 @@ impl Queue {
     }
 
     /// [`Queue::dispatch_hot`] while some consumer has a filter: walks the window in
-    /// order (passing over at most a window of entries) and hands each entry to the best consumer with
-    /// credit that accepts it; entries nobody accepts stay (see the module's notes).
+    /// order (passing over at most a window of entries) and hands each entry to the best
+    /// consumer with credit that accepts it; entries nobody accepts stay (see the
+    /// module's notes). An entry's record is read only when a consumer with credit may
+    /// take it by its tag.
     fn dispatch_filtered(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
         use std::ops::Bound::{Excluded, Unbounded};
         let Some(me) = self.me() else {
@@ -1286,12 +1293,13 @@ impl Queue {
         } else {
             usize::MAX
         };
+        // credit changes only with a delivery (checked again after each)
+        if st.consumers.is_empty() || self.pick_consumer(st).is_none() {
+            return;
+        }
         let mut cursor: Option<(u8, u64)> = None;
         let mut walked = 0usize;
         while walked < self.window {
-            if st.consumers.is_empty() || self.pick_consumer(st).is_none() {
-                return;
-            }
             let next = match cursor {
                 None => st.ready.iter().next(),
                 Some(k) => st.ready.range((Excluded(k), Unbounded)).next(),
@@ -1313,58 +1321,37 @@ impl Queue {
                 }
                 continue;
             }
-            let m = match hot.filter(|(o, _)| *o == off) {
-                Some((_, h)) if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() => {
-                    Ready {
-                        offset: off,
-                        entry: e,
-                        body: h.body.clone(),
-                        exchange: h.exchange.clone(),
-                        routing_key: h.routing_key.clone(),
-                        properties: h.properties.clone(),
-                    }
-                }
-                _ => {
-                    let loaded = self.load(off, &e, after);
-                    let expired = loaded.as_ref().is_some_and(|(rec, _, _, p)| {
-                        self.expiry(st.args.message_ttl, e.tag, rec, p)
-                            .is_some_and(|t| t <= now_ms())
-                    });
-                    let Some((rec, exchange, routing_key, properties)) =
-                        loaded.filter(|_| !expired)
-                    else {
-                        // unreadable (acked by `load`) or expired: it leaves the queue
-                        st.ready.remove(&key);
-                        st.ready_count = st.ready_count.saturating_sub(1);
-                        st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
-                        if expired {
-                            self.drop_entry(off, e, "expired", after);
-                        }
-                        continue;
-                    };
-                    Ready {
-                        offset: off,
-                        entry: e,
-                        body: rec.body,
-                        exchange,
-                        routing_key,
-                        properties: Arc::new(properties),
-                    }
-                }
+            if self.pick_consumer_where(st, |_, c| may(c)).is_none() {
+                // those that may take it have no credit now: it waits, unread
+                continue;
+            }
+            let Some(m) = self.ready_message(st, off, e, hot, after) else {
+                // unreadable (acked by `load`) or expired (dropped): it leaves the queue
+                st.ready.remove(&key);
+                st.ready_count = st.ready_count.saturating_sub(1);
+                st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+                continue;
             };
-            let props = m.properties.clone();
-            let accepts = |c: &Consumer| {
-                c.filter
-                    .as_ref()
-                    .is_none_or(|f| f.may_match(e.tag) && f.matches(&props))
-            };
-            if !st.consumers.iter().take(judged).any(accepts) {
+            // each consumer's filter judged once
+            let accepted: Vec<bool> = st
+                .consumers
+                .iter()
+                .take(judged)
+                .map(|c| {
+                    c.filter
+                        .as_ref()
+                        .is_none_or(|f| f.may_match(e.tag) && f.matches(&m.properties))
+                })
+                .collect();
+            if !accepted.contains(&true) {
                 if let Some(x) = st.ready.get_mut(&key) {
                     x.unmatched = epoch;
                 }
                 continue;
             }
-            let Some(ci) = self.pick_consumer_where(st, accepts) else {
+            let Some(ci) =
+                self.pick_consumer_where(st, |i, _| accepted.get(i).copied().unwrap_or(false))
+            else {
                 // those that take it have no credit now: it waits for them
                 continue;
             };
@@ -1372,6 +1359,9 @@ impl Queue {
             st.ready_count = st.ready_count.saturating_sub(1);
             st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
             if !self.hand_over(st, after, ci, m, &me) {
+                return;
+            }
+            if st.consumers.is_empty() || self.pick_consumer(st).is_none() {
                 return;
             }
             // the bound is on entries passed over; a delivery is progress
@@ -1391,41 +1381,55 @@ impl Queue {
         loop {
             self.fill(st);
             let (key, e) = st.ready.pop_first()?;
-            let off = key.1;
             st.ready_count = st.ready_count.saturating_sub(1);
             st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
-            // just published: no need to read it back (TTL checks need the record)
-            if let Some((_, h)) = hot.filter(|(o, _)| *o == off) {
-                if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() {
-                    return Some(Ready {
-                        offset: off,
-                        entry: e,
-                        body: h.body.clone(),
-                        exchange: h.exchange.clone(),
-                        routing_key: h.routing_key.clone(),
-                        properties: h.properties.clone(),
-                    });
-                }
+            if let Some(m) = self.ready_message(st, key.1, e, hot, after) {
+                return Some(m);
             }
-            let Some((rec, exchange, routing_key, properties)) = self.load(off, &e, after) else {
-                continue;
-            };
-            if self
-                .expiry(st.args.message_ttl, e.tag, &rec, &properties)
-                .is_some_and(|t| t <= now_ms())
-            {
-                self.drop_entry(off, e, "expired", after);
-                continue;
-            }
-            return Some(Ready {
-                offset: off,
-                entry: e,
-                body: rec.body,
-                exchange,
-                routing_key,
-                properties: Arc::new(properties),
-            });
         }
+    }
+
+    /// Ready entry `e` (queue offset `off`) as a message to deliver: from `hot` when it
+    /// was just published (no need to read it back; TTL checks need the record), else
+    /// read from the store. `None`: it leaves the queue, unreadable (acked by
+    /// [`Queue::load`]) or expired (dropped or dead-lettered here); the caller takes it
+    /// out of the window.
+    fn ready_message(
+        &self,
+        st: &State,
+        off: u64,
+        e: Entry,
+        hot: Option<(u64, &Hot)>,
+        after: &mut After,
+    ) -> Option<Ready> {
+        if let Some((_, h)) = hot.filter(|(o, _)| *o == off) {
+            if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() {
+                return Some(Ready {
+                    offset: off,
+                    entry: e,
+                    body: h.body.clone(),
+                    exchange: h.exchange.clone(),
+                    routing_key: h.routing_key.clone(),
+                    properties: h.properties.clone(),
+                });
+            }
+        }
+        let (rec, exchange, routing_key, properties) = self.load(off, &e, after)?;
+        if self
+            .expiry(st.args.message_ttl, e.tag, &rec, &properties)
+            .is_some_and(|t| t <= now_ms())
+        {
+            self.drop_entry(off, e, "expired", after);
+            return None;
+        }
+        Some(Ready {
+            offset: off,
+            entry: e,
+            body: rec.body,
+            exchange,
+            routing_key,
+            properties: Arc::new(properties),
+        })
     }
 
     /// Reads and decodes an entry's record; an unreadable one is dropped (acked) with a
@@ -1862,11 +1866,11 @@ impl Queue {
             return (s.consumer_count(), s.message_count());
         }
         let st = lock(&self.state);
+        let parked = st.parked.as_ref().map_or(0, |p| p.len() as u64);
         (
             st.consumers.len() as u32,
             u32::try_from(st.ready_count + parked).unwrap_or(u32::MAX),
         )
-        let parked = st.parked.as_ref().map_or(0, |p| p.len() as u64);
     }
 
     /// Periodic work: expire messages at the head (TTL) and report whether the queue has
@@ -2141,33 +2145,33 @@ mod tests {
     }
 
     #[test]
-    fn delivery_limit_is_parsed() {
-        let limit = |v: FieldValue| {
-            let mut t = FieldTable::default();
-    #[test]
     fn an_entry_is_24_bytes() {
         assert_eq!(std::mem::size_of::<Entry>(), 24);
     }
 
+    #[test]
+    fn delivery_limit_is_parsed() {
+        let limit = |v: FieldValue| {
+            let mut t = FieldTable::default();
             t.insert("x-delivery-limit", v);
             QueueArgs::parse(&t).map(|a| a.delivery_limit)
         };
         assert_eq!(limit(FieldValue::I32(3)).unwrap(), Some(3));
         assert_eq!(limit(FieldValue::I64(0)).unwrap(), Some(0));
         assert_eq!(limit(FieldValue::I32(-1)).unwrap(), None);
-        for bad in [
-            FieldValue::I32(-2),
-            FieldValue::LongString(Bytes::from_static(b"3")),
-        ] {
         assert_eq!(
             limit(FieldValue::I32(65_534)).unwrap(),
             Some(MAX_DELIVERY_LIMIT)
         );
-            match limit(bad) {
-                Err(CoreError::PreconditionFailed(m)) => {
+        for bad in [
+            FieldValue::I32(-2),
             // counts stop at 65535: a higher limit could never be reached
             FieldValue::I32(65_535),
             FieldValue::I64(1 << 40),
+            FieldValue::LongString(Bytes::from_static(b"3")),
+        ] {
+            match limit(bad) {
+                Err(CoreError::PreconditionFailed(m)) => {
                     assert!(m.contains("x-delivery-limit"), "{m}")
                 }
                 other => panic!("{other:?}"),
