@@ -1083,11 +1083,13 @@ impl Inner {
             }
             FlushMode::Async { dirty_bytes, .. } => {
                 let flushed = self.flush.appended(end, dirty_bytes);
-                // Appends complete at once, unless they outrun the disk: past
-                // ASYNC_BACKLOG_FLUSHES flushes' worth of unflushed bytes, an append waits
-                // until the flusher has brought the backlog back to that. Without this the
-                // backlog (and the log the checkpoint cannot pass) grows with the
-                // difference between the write rate and the disk's.
+                // Appends are durable at once, unless they outrun the disk: past
+                // ASYNC_BACKLOG_FLUSHES flushes' worth of unflushed bytes, an append's
+                // Durable waits until the flusher has brought the backlog back to that.
+                // The append itself returns now: this slows the publishers that wait for
+                // their confirms (receipts, PUBACKs), not those that wait for none. It
+                // bounds the backlog (and the log the checkpoint cannot pass) for the
+                // former only.
                 match async_wait(end, flushed, dirty_bytes) {
                     Some(offset) => Durable::new(offset, self.flush.clone()),
                     None => Durable::ready(),
@@ -1701,8 +1703,8 @@ impl Inner {
 /// the log holds at most about twice the live data plus the segments the checkpoint has
 /// not reached yet.
 const COMPACT_LIVE_PERCENT: u64 = 50;
-/// In `async` flush mode, appends wait once the unflushed bytes exceed this many times
-/// the flusher's `dirty_bytes` (64 MiB with the defaults).
+/// In `async` flush mode, appends' [`Durable`]s (the confirms) wait once the unflushed
+/// bytes exceed this many times the flusher's `dirty_bytes` (64 MiB with the defaults).
 const ASYNC_BACKLOG_FLUSHES: u64 = 4;
 /// What an `async`-mode append that ends at `end` waits for: nothing while at most
 /// [`ASYNC_BACKLOG_FLUSHES`] × `dirty_bytes` are unflushed, else the offset that brings
