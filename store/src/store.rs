@@ -764,7 +764,9 @@ impl Store {
         self.inner.queue(queue).is_ok_and(|q| q.rec.durable)
     }
 
-    pub(crate) fn take_loaded_counts(&self, queue: QueueId) -> Vec<(u64, u32)> {
+    /// The delivery counts ([`crate::returns`]) stored for `queue` when the store
+    /// opened, as `(offset, count)`; a second call (or a queue created since) gets none.
+    pub fn take_delivery_counts(&self, queue: QueueId) -> Vec<(u64, u32)> {
         lock(&self.inner.loaded_counts)
             .remove(&queue)
             .unwrap_or_default()
