@@ -140,7 +140,13 @@ async fn confirmed_delayed_messages_and_delivery_counts_survive_kill_9() {
         let conn = connect(broker.amqp_addr()).await.unwrap();
         let ch = conn.create_channel().await.unwrap();
         declare(&ch, "delayed", FieldTable::default()).await;
-        declare(&ch, counts_q, FieldTable::default()).await;
+        // counts are stored for queues with a limit (or a back-off) only
+        let mut limit = FieldTable::default();
+        limit.insert(
+            ShortString::from("x-delivery-limit"),
+            AMQPValue::LongInt(100),
+        );
+        declare(&ch, counts_q, limit).await;
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();

@@ -104,7 +104,8 @@ def test_the_count_survives_kill_9(own_broker, uid):
     q = f"q-{uid}"
     conn = pika_connect(own_broker)
     ch = conn.channel()
-    ch.queue_declare(q, durable=True)
+    # counts are stored for queues with a limit (or a back-off) only
+    ch.queue_declare(q, durable=True, arguments={"x-delivery-limit": 100})
     ch.confirm_delivery()
     ch.basic_publish("", q, b"m", pika.BasicProperties(delivery_mode=2))
     for _ in range(2):

@@ -107,12 +107,59 @@ pub fn exchange_kind(
         })
 }
 
+/// Marks a due message's headers as the delayed-message plugin does on delivery: a
+/// positive `x-delay` becomes its negative (which [`requested_delay`] reads as "now"), so
+/// republishing the message with the same headers does not delay it again. An
+/// `x-delay-level` is left as it is.
+pub(crate) fn mark_fired(props: &mut Properties) {
+    let Some(h) = props.headers.as_mut() else {
+        return;
+    };
+    let Some(v) = h.get("x-delay") else {
+        return;
+    };
+    let Some(n) = integer(v).filter(|n| *n > 0) else {
+        return;
+    };
+    let neg = match v {
+        // STOMP headers are strings
+        FieldValue::ShortString(_) | FieldValue::LongString(_) => {
+            FieldValue::from((-n).to_string())
+        }
+        FieldValue::I64(_) => FieldValue::I64(-n),
+        _ => i32::try_from(-n).map_or(FieldValue::I64(-n), FieldValue::I32),
+    };
+    h.insert("x-delay", neg);
+}
+
+/// How long a due message whose routing failed waits before it is tried again.
+const RETRY_MS: u64 = 1_000;
+
+/// The scheduler wakes at least this often, to notice its vhost going away.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// What [`Delayed::take_due`] found.
+struct Due {
+    /// The due messages' queue offsets.
+    offsets: Vec<u64>,
+    /// When to look next (ms).
+    next: u64,
+    /// The wheel's epoch when `next` was computed.
+    epoch: u64,
+}
+
 struct Wheel {
     log: TimerLog,
     /// The messages of the slots already started, until each is due: (due, id).
     soon: BTreeSet<(u64, u64)>,
-    /// Bumped by every add, so the scheduler does not sleep past a new earlier one.
+    /// Bumped by every add due before [`Wheel::next_wake`], so the scheduler does not
+    /// sleep past a new earlier one.
     epoch: u64,
+    /// When the scheduler wakes next (ms; set by [`Delayed::take_due`]): an add due
+    /// later needs no wake-up.
+    next_wake: u64,
+    /// The delay queue was deleted with its vhost ([`Delayed::remove`]).
+    removed: bool,
 }
 
 /// A vhost's delayed messages: the delay queue and its wheel.
@@ -149,6 +196,8 @@ impl Delayed {
                 log: TimerLog::create(&path)?,
                 soon: BTreeSet::new(),
                 epoch: 0,
+                next_wake: 0,
+                removed: false,
             }),
             path,
             wake: Condvar::new(),
@@ -165,6 +214,9 @@ impl Delayed {
     /// log is mostly dead).
     fn refill(&self, store: &Store) -> Result<(), CoreError> {
         let mut w = self.lock();
+        if w.removed {
+            return Ok(());
+        }
         w.log = TimerLog::create(&self.path)?;
         w.soon.clear();
         const BATCH: usize = 1 << 16;
@@ -174,17 +226,19 @@ impl Delayed {
             let Some(&last) = pending.last() else {
                 break;
             };
-            for off in &pending {
-                if let Some(e) = store.entry(self.qid, *off) {
-                    w.log.add(e.tag_hash, *off)?;
-                }
-            }
+            // one write per batch, not one per message
+            let items: Vec<(u64, u64)> = pending
+                .iter()
+                .filter_map(|off| store.entry(self.qid, *off).map(|e| (e.tag_hash, *off)))
+                .collect();
+            w.log.add_all(&items)?;
             if pending.len() < BATCH {
                 break;
             }
             from = last + 1;
         }
         w.epoch += 1;
+        w.next_wake = 0;
         Ok(())
     }
 
@@ -224,17 +278,31 @@ impl Delayed {
             .map(|(_, o)| *o)
             .ok_or_else(|| CoreError::Internal("delayed append without an entry".into()))?;
         let mut w = self.lock();
+        if w.removed {
+            return Err(CoreError::Internal("the delay queue was deleted".into()));
+        }
         w.log.add(due, off)?;
-        w.epoch += 1;
-        drop(w);
-        self.wake.notify_all();
+        if due < w.next_wake {
+            w.next_wake = due;
+            w.epoch += 1;
+            drop(w);
+            self.wake.notify_all();
+        }
         Ok(appended)
     }
 
     /// Takes the messages due at `now` (their queue offsets) and says when to look
-    /// next.
-    fn take_due(&self, now: u64) -> Result<(Vec<u64>, Option<u64>), CoreError> {
+    /// next (at the latest `now` + [`MAX_SLEEP`]) and the wheel's epoch then, for
+    /// [`Delayed::sleep`]: read under the same lock, so an add right after is not missed.
+    fn take_due(&self, now: u64) -> Result<Due, CoreError> {
         let mut w = self.lock();
+        if w.removed {
+            return Ok(Due {
+                offsets: Vec::new(),
+                next: now.saturating_add(MAX_SLEEP.as_millis() as u64),
+                epoch: w.epoch,
+            });
+        }
         if w.log.next_slot_ms().is_some_and(|t| t <= now) {
             for rec in w.log.take_started(now)? {
                 w.soon.insert(rec);
@@ -249,32 +317,74 @@ impl Delayed {
             due.push(id);
         }
         let next = match (w.soon.first().map(|r| r.0), w.log.next_slot_ms()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        Ok((due, next))
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(u64::MAX),
+        }
+        .min(now.saturating_add(MAX_SLEEP.as_millis() as u64));
+        w.next_wake = next;
+        Ok(Due {
+            offsets: due,
+            next,
+            epoch: w.epoch,
+        })
+    }
+
+    /// Puts messages taken by [`Delayed::take_due`] but not routed back in the wheel,
+    /// due again in a second (their delay-queue entries are still unacked).
+    pub(crate) fn retry(&self, offsets: &[u64]) -> Result<(), CoreError> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let due = now_ms().saturating_add(RETRY_MS);
+        let items: Vec<(u64, u64)> = offsets.iter().map(|off| (due, *off)).collect();
+        let mut w = self.lock();
+        if w.removed {
+            return Ok(());
+        }
+        w.log.add_all(&items)?;
+        if due < w.next_wake {
+            w.next_wake = due;
+            w.epoch += 1;
+        }
+        Ok(())
     }
 
     /// Messages waiting for their time.
     pub(crate) fn pending(&self) -> u64 {
         let w = self.lock();
+        if w.removed {
+            return 0;
+        }
         w.log.pending() + w.soon.len() as u64
+    }
+
+    /// The delay queue is being deleted (with its vhost): forgets the wheel and removes
+    /// the timer log's file. The scheduler finds nothing due from now on (it ends with
+    /// the vhost).
+    pub(crate) fn remove(&self) {
+        let mut w = self.lock();
+        w.removed = true;
+        w.soon.clear();
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %self.path.display(), error = %e, "removing a timer log failed");
+            }
+        }
+        w.epoch += 1;
+        drop(w);
+        self.wake.notify_all();
     }
 
     fn wants_rebuild(&self) -> bool {
         self.lock().log.wants_rebuild()
     }
 
-    /// Sleeps until `until` (ms), at most `max`, or until a message is added.
-    fn sleep(&self, until: Option<u64>, max: Duration) {
+    /// Sleeps until `until` (ms), or until a message due earlier is added since the
+    /// wheel was at `epoch`.
+    fn sleep(&self, until: u64, epoch: u64) {
         let w = self.lock();
-        let epoch = w.epoch;
-        let now = now_ms();
-        let wait = until
-            .map(|t| Duration::from_millis(t.saturating_sub(now)))
-            .unwrap_or(max)
-            .min(max);
-        if wait.is_zero() {
+        let wait = Duration::from_millis(until.saturating_sub(now_ms())).min(MAX_SLEEP);
+        if wait.is_zero() || w.epoch != epoch {
             return;
         }
         let _ = self
@@ -293,17 +403,21 @@ pub(crate) fn spawn(vh: &Arc<Vhost>, d: Arc<Delayed>) {
         let Some(vh) = weak.upgrade() else {
             return;
         };
-        let next = match d.take_due(now_ms()) {
-            Ok((due, next)) => {
-                if !due.is_empty() {
-                    vh.fire_delayed(&d, &due);
+        let (next, epoch) = match d.take_due(now_ms()) {
+            Ok(due) => {
+                if !due.offsets.is_empty() {
+                    let left = vh.fire_delayed(&d, &due.offsets);
+                    if let Err(e) = d.retry(&left) {
+                        // they stay unacked in the delay queue: the next start routes them
+                        tracing::warn!(vhost = %name, error = %e, "re-adding delayed messages failed");
+                    }
                 }
                 if d.wants_rebuild() {
                     if let Err(e) = d.refill(vh.store()) {
                         tracing::warn!(vhost = %name, error = %e, "rebuilding the timer log failed");
                     }
                 }
-                next
+                (due.next, due.epoch)
             }
             Err(e) => {
                 // the timer log is derived data: rebuild it from the queue
@@ -311,12 +425,12 @@ pub(crate) fn spawn(vh: &Arc<Vhost>, d: Arc<Delayed>) {
                 if let Err(e) = d.refill(vh.store()) {
                     tracing::error!(vhost = %name, error = %e, "rebuilding the timer log failed");
                 }
-                None
+                (now_ms().saturating_add(RETRY_MS), d.lock().epoch)
             }
         };
         drop(vh);
-        // wakes at least every second to notice the vhost going away
-        d.sleep(next, Duration::from_secs(1));
+        // wakes at least every MAX_SLEEP to notice the vhost going away
+        d.sleep(next, epoch);
     };
     if let Err(e) = std::thread::Builder::new()
         .name("triad-delayed".into())
@@ -372,5 +486,96 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_fired_delay_is_negative_in_the_type_it_came_in() {
+        for (v, want) in [
+            (FieldValue::I32(1500), FieldValue::I32(-1500)),
+            (FieldValue::I64(1500), FieldValue::I64(-1500)),
+            (
+                FieldValue::U32(u32::MAX),
+                FieldValue::I64(-i64::from(u32::MAX)),
+            ),
+            (FieldValue::from("250"), FieldValue::from("-250")),
+            // not delayed: left alone
+            (FieldValue::I32(-7), FieldValue::I32(-7)),
+        ] {
+            let mut p = Properties {
+                headers: Some(h("x-delay", v)),
+                ..Default::default()
+            };
+            mark_fired(&mut p);
+            let got = p.headers.as_ref().and_then(|t| t.get("x-delay")).cloned();
+            assert_eq!(got, Some(want.clone()));
+            assert_eq!(requested_delay(p.headers.as_ref()).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn a_message_not_routed_is_due_again_a_second_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sc = triad_store::store::StoreConfig::new(dir.path());
+        sc.segment_size = 1 << 20;
+        let store = triad_store::store::Store::open(sc).unwrap();
+        let d = Delayed::open(&store, "/", true).unwrap().unwrap();
+        let body = Bytes::from_static(b"m");
+        d.store(&store, "", "q", &Properties::default(), &body, 0)
+            .unwrap();
+        let now = now_ms();
+        let due = d.take_due(now).unwrap().offsets;
+        assert_eq!(due.len(), 1);
+        assert_eq!(d.pending(), 0);
+        d.retry(&due).unwrap();
+        assert_eq!(d.pending(), 1);
+        assert!(d.take_due(now).unwrap().offsets.is_empty(), "not at once");
+        let again = d.take_due(now_ms() + RETRY_MS + 1).unwrap().offsets;
+        assert_eq!(again, due);
+    }
+
+    #[test]
+    fn an_add_wakes_the_scheduler_only_when_due_before_its_wake() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sc = triad_store::store::StoreConfig::new(dir.path());
+        sc.segment_size = 1 << 20;
+        let store = triad_store::store::Store::open(sc).unwrap();
+        let d = Delayed::open(&store, "/", true).unwrap().unwrap();
+        let body = Bytes::from_static(b"m");
+        let props = Properties::default();
+        d.store(&store, "", "q", &props, &body, 60_000).unwrap();
+        let now = now_ms();
+        let t = d.take_due(now).unwrap();
+        assert!(t.offsets.is_empty());
+        assert!(
+            t.next <= now + MAX_SLEEP.as_millis() as u64,
+            "wakes within a second"
+        );
+        // later than the wake: no wake-up
+        d.store(&store, "", "q", &props, &body, 30_000).unwrap();
+        assert_eq!(d.lock().epoch, t.epoch);
+        // an add between take_due and sleep that is due earlier: the sleep returns
+        d.store(&store, "", "q", &props, &body, 0).unwrap();
+        assert_ne!(d.lock().epoch, t.epoch);
+        let started = std::time::Instant::now();
+        d.sleep(t.next, t.epoch);
+        assert!(started.elapsed() < Duration::from_millis(500));
+        assert_eq!(d.take_due(now_ms()).unwrap().offsets.len(), 1);
+    }
+
+    #[test]
+    fn removing_the_delay_queue_removes_its_timer_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sc = triad_store::store::StoreConfig::new(dir.path());
+        sc.segment_size = 1 << 20;
+        let store = triad_store::store::Store::open(sc).unwrap();
+        let d = Delayed::open(&store, "/", true).unwrap().unwrap();
+        let body = Bytes::from_static(b"m");
+        d.store(&store, "", "q", &Properties::default(), &body, 0)
+            .unwrap();
+        assert!(d.path.exists());
+        d.remove();
+        assert!(!d.path.exists());
+        assert_eq!(d.pending(), 0);
+        assert!(d.take_due(now_ms() + 10_000).unwrap().offsets.is_empty());
     }
 }

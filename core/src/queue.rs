@@ -134,6 +134,10 @@ pub struct QueueArgs {
     pub retry_backoff: Option<Arc<[u64]>>,
 }
 
+/// The highest `x-delivery-limit`: delivery counts stop at 65,535, so a higher limit
+/// could never be passed.
+pub const MAX_DELIVERY_LIMIT: u64 = u16::MAX as u64 - 1;
+
 /// `x-delivery-limit` when `x-retry-backoff` is set and the limit is not.
 pub const DEFAULT_BACKOFF_LIMIT: u64 = 16;
 /// Most steps in an `x-retry-backoff`.
@@ -260,7 +264,12 @@ impl QueueArgs {
             None => None,
             Some(v) => match v.as_i64() {
                 Some(-1) => None,
-                Some(n) if n >= 0 => Some(n as u64),
+                Some(n) if n >= 0 && n as u64 <= MAX_DELIVERY_LIMIT => Some(n as u64),
+                Some(n) if n >= 0 => {
+                    return Err(CoreError::PreconditionFailed(format!(
+                        "invalid arg 'x-delivery-limit' for queue: {n} is above {MAX_DELIVERY_LIMIT} (delivery counts stop at 65535)"
+                    )))
+                }
                 _ => {
                     return Err(CoreError::PreconditionFailed(format!(
                         "invalid arg 'x-delivery-limit' for queue: {v:?} is not a non-negative integer (or -1 for no limit)"
@@ -309,8 +318,12 @@ struct Entry {
     commit_offset: u64,
     tag: u64,
     redelivered: bool,
-    /// Times returned to the queue (the delivery count; fits the struct's padding).
-    returns: u32,
+    /// Times returned to the queue (the delivery count), stopping at 65,535 (hence
+    /// [`MAX_DELIVERY_LIMIT`]); a u16 keeps the entry at 24 bytes.
+    returns: u16,
+    /// Whether the store holds a delivery count for this entry (to be forgotten when it
+    /// leaves the queue).
+    count_stored: bool,
     /// The filter epoch (see [`State::filter_epoch`]) in which no consumer's filter
     /// accepted this entry; 0: not judged.
     unmatched: u32,
@@ -363,7 +376,7 @@ pub(crate) struct Hot {
 
 /// `props` with the `x-delivery-count` header (RabbitMQ's quorum queues: absent on the
 /// first delivery, the number of returns on each redelivery), replacing any a client set.
-fn with_delivery_count(props: &Properties, returns: u32) -> Arc<Properties> {
+fn with_delivery_count(props: &Properties, returns: u16) -> Arc<Properties> {
     let mut p = props.clone();
     let mut h = p.headers.take().unwrap_or_default();
     h.remove("x-delivery-count");
@@ -447,7 +460,7 @@ struct State {
     /// [`triad_store::returns`]); `None` once none are left, which is the normal case.
     /// Boxed: 8 bytes in every queue's state instead of an empty map's 48.
     #[allow(clippy::box_collection)]
-    restored: Option<Box<HashMap<u64, u32>>>,
+    restored: Option<Box<HashMap<u64, u16>>>,
     /// Returned messages waiting out their `x-retry-backoff` step: (ready at ms, queue
     /// offset) → entry. In memory only: after a restart they are ready at once (their
     /// delivery counts are kept). `None` while empty; boxed: 8 bytes per queue, not 24.
@@ -656,7 +669,7 @@ impl Queue {
         let mut stale = Vec::new();
         for (off, n) in store.take_delivery_counts(spec.id) {
             if off < next && !store.is_acked(spec.id, off).unwrap_or(true) {
-                restored.insert(off, n);
+                restored.insert(off, u16::try_from(n).unwrap_or(u16::MAX));
             } else {
                 stale.push(off);
             }
@@ -910,22 +923,30 @@ impl Queue {
                     tag: e.tag_hash,
                     redelivered: redelivered || returns > 0,
                     returns,
+                    // restored counts come from the store
+                    count_stored: returns > 0,
                     unmatched: 0,
                 },
             );
         }
     }
 
-    /// Whether `e`'s delivery count is (to be) in the store: a returned persistent
-    /// message of a durable queue (transient ones do not outlive the broker anyway).
-    fn count_stored(&self, e: &Entry) -> bool {
-        e.returns > 0 && self.durable && e.tag & TAG_PERSISTENT != 0
+    /// Whether `e`'s delivery count is to be written to the store: a returned persistent
+    /// message of a durable queue (transient ones do not outlive the broker anyway)
+    /// whose count matters, that is, with a delivery limit or a retry back-off. Without
+    /// them the count only feeds the informational `x-delivery-count` header and stays
+    /// in memory (it does not survive a restart).
+    fn store_count(&self, args: &QueueArgs, e: &Entry) -> bool {
+        e.returns > 0
+            && self.durable
+            && e.tag & TAG_PERSISTENT != 0
+            && (args.delivery_limit.is_some() || args.retry_backoff.is_some())
     }
 
     /// Entry `off` leaves the queue for good (acked): its count goes with it.
     fn gone(&self, off: u64, e: &Entry, after: &mut After) {
         after.acks.push(off);
-        if self.count_stored(e) {
+        if e.count_stored {
             after.forget.push(off);
         }
     }
@@ -979,6 +1000,7 @@ impl Queue {
                         tag,
                         redelivered: false,
                         returns: 0,
+                        count_stored: false,
                         unmatched: 0,
                     },
                 );
@@ -1082,7 +1104,7 @@ impl Queue {
 
     /// A ready entry leaves the queue without a consumer: dead-letter it if configured.
     fn drop_entry(&self, off: u64, e: Entry, reason: &'static str, after: &mut After) {
-        if self.count_stored(&e) {
+        if e.count_stored {
             after.forget.push(off);
         }
         if self.args().dead_letter_exchange.is_some() {
@@ -1117,11 +1139,16 @@ impl Queue {
     }
 
     fn pick_consumer(&self, st: &State) -> Option<usize> {
-        self.pick_consumer_where(st, |_| true)
+        self.pick_consumer_where(st, |_, _| true)
     }
 
-    /// [`Queue::pick_consumer`] among the consumers `accept` takes.
-    fn pick_consumer_where(&self, st: &State, accept: impl Fn(&Consumer) -> bool) -> Option<usize> {
+    /// [`Queue::pick_consumer`] among the consumers `accept` takes (given their index in
+    /// `st.consumers`).
+    fn pick_consumer_where(
+        &self,
+        st: &State,
+        accept: impl Fn(usize, &Consumer) -> bool,
+    ) -> Option<usize> {
         // single active consumer: the earliest registered one only (consumers are kept
         // in registration order), whatever the others' priorities
         let n = if self.declared.single_active_consumer {
@@ -1139,7 +1166,7 @@ impl Queue {
             if c.prefetch != 0 && c.unacked >= c.prefetch {
                 continue;
             }
-            if best.is_some_and(|(p, _)| p >= c.priority) || !accept(c) {
+            if best.is_some_and(|(p, _)| p >= c.priority) || !accept(i, c) {
                 continue;
             }
             if let Some(g) = &c.gate {
@@ -1255,8 +1282,10 @@ impl Queue {
     }
 
     /// [`Queue::dispatch_hot`] while some consumer has a filter: walks the window in
-    /// order (passing over at most a window of entries) and hands each entry to the best consumer with
-    /// credit that accepts it; entries nobody accepts stay (see the module's notes).
+    /// order (passing over at most a window of entries) and hands each entry to the best
+    /// consumer with credit that accepts it; entries nobody accepts stay (see the
+    /// module's notes). An entry's record is read only when a consumer with credit may
+    /// take it by its tag.
     fn dispatch_filtered(&self, st: &mut State, after: &mut After, hot: Option<(u64, &Hot)>) {
         use std::ops::Bound::{Excluded, Unbounded};
         let Some(me) = self.me() else {
@@ -1270,12 +1299,13 @@ impl Queue {
         } else {
             usize::MAX
         };
+        // credit changes only with a delivery (checked again after each)
+        if st.consumers.is_empty() || self.pick_consumer(st).is_none() {
+            return;
+        }
         let mut cursor: Option<(u8, u64)> = None;
         let mut walked = 0usize;
         while walked < self.window {
-            if st.consumers.is_empty() || self.pick_consumer(st).is_none() {
-                return;
-            }
             let next = match cursor {
                 None => st.ready.iter().next(),
                 Some(k) => st.ready.range((Excluded(k), Unbounded)).next(),
@@ -1297,58 +1327,37 @@ impl Queue {
                 }
                 continue;
             }
-            let m = match hot.filter(|(o, _)| *o == off) {
-                Some((_, h)) if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() => {
-                    Ready {
-                        offset: off,
-                        entry: e,
-                        body: h.body.clone(),
-                        exchange: h.exchange.clone(),
-                        routing_key: h.routing_key.clone(),
-                        properties: h.properties.clone(),
-                    }
-                }
-                _ => {
-                    let loaded = self.load(off, &e, after);
-                    let expired = loaded.as_ref().is_some_and(|(rec, _, _, p)| {
-                        self.expiry(st.args.message_ttl, e.tag, rec, p)
-                            .is_some_and(|t| t <= now_ms())
-                    });
-                    let Some((rec, exchange, routing_key, properties)) =
-                        loaded.filter(|_| !expired)
-                    else {
-                        // unreadable (acked by `load`) or expired: it leaves the queue
-                        st.ready.remove(&key);
-                        st.ready_count = st.ready_count.saturating_sub(1);
-                        st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
-                        if expired {
-                            self.drop_entry(off, e, "expired", after);
-                        }
-                        continue;
-                    };
-                    Ready {
-                        offset: off,
-                        entry: e,
-                        body: rec.body,
-                        exchange,
-                        routing_key,
-                        properties: Arc::new(properties),
-                    }
-                }
+            if self.pick_consumer_where(st, |_, c| may(c)).is_none() {
+                // those that may take it have no credit now: it waits, unread
+                continue;
+            }
+            let Some(m) = self.ready_message(st, off, e, hot, after) else {
+                // unreadable (acked by `load`) or expired (dropped): it leaves the queue
+                st.ready.remove(&key);
+                st.ready_count = st.ready_count.saturating_sub(1);
+                st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
+                continue;
             };
-            let props = m.properties.clone();
-            let accepts = |c: &Consumer| {
-                c.filter
-                    .as_ref()
-                    .is_none_or(|f| f.may_match(e.tag) && f.matches(&props))
-            };
-            if !st.consumers.iter().take(judged).any(accepts) {
+            // each consumer's filter judged once
+            let accepted: Vec<bool> = st
+                .consumers
+                .iter()
+                .take(judged)
+                .map(|c| {
+                    c.filter
+                        .as_ref()
+                        .is_none_or(|f| f.may_match(e.tag) && f.matches(&m.properties))
+                })
+                .collect();
+            if !accepted.contains(&true) {
                 if let Some(x) = st.ready.get_mut(&key) {
                     x.unmatched = epoch;
                 }
                 continue;
             }
-            let Some(ci) = self.pick_consumer_where(st, accepts) else {
+            let Some(ci) =
+                self.pick_consumer_where(st, |i, _| accepted.get(i).copied().unwrap_or(false))
+            else {
                 // those that take it have no credit now: it waits for them
                 continue;
             };
@@ -1356,6 +1365,9 @@ impl Queue {
             st.ready_count = st.ready_count.saturating_sub(1);
             st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
             if !self.hand_over(st, after, ci, m, &me) {
+                return;
+            }
+            if st.consumers.is_empty() || self.pick_consumer(st).is_none() {
                 return;
             }
             // the bound is on entries passed over; a delivery is progress
@@ -1375,41 +1387,55 @@ impl Queue {
         loop {
             self.fill(st);
             let (key, e) = st.ready.pop_first()?;
-            let off = key.1;
             st.ready_count = st.ready_count.saturating_sub(1);
             st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
-            // just published: no need to read it back (TTL checks need the record)
-            if let Some((_, h)) = hot.filter(|(o, _)| *o == off) {
-                if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() {
-                    return Some(Ready {
-                        offset: off,
-                        entry: e,
-                        body: h.body.clone(),
-                        exchange: h.exchange.clone(),
-                        routing_key: h.routing_key.clone(),
-                        properties: h.properties.clone(),
-                    });
-                }
+            if let Some(m) = self.ready_message(st, key.1, e, hot, after) {
+                return Some(m);
             }
-            let Some((rec, exchange, routing_key, properties)) = self.load(off, &e, after) else {
-                continue;
-            };
-            if self
-                .expiry(st.args.message_ttl, e.tag, &rec, &properties)
-                .is_some_and(|t| t <= now_ms())
-            {
-                self.drop_entry(off, e, "expired", after);
-                continue;
-            }
-            return Some(Ready {
-                offset: off,
-                entry: e,
-                body: rec.body,
-                exchange,
-                routing_key,
-                properties: Arc::new(properties),
-            });
         }
+    }
+
+    /// Ready entry `e` (queue offset `off`) as a message to deliver: from `hot` when it
+    /// was just published (no need to read it back; TTL checks need the record), else
+    /// read from the store. `None`: it leaves the queue, unreadable (acked by
+    /// [`Queue::load`]) or expired (dropped or dead-lettered here); the caller takes it
+    /// out of the window.
+    fn ready_message(
+        &self,
+        st: &State,
+        off: u64,
+        e: Entry,
+        hot: Option<(u64, &Hot)>,
+        after: &mut After,
+    ) -> Option<Ready> {
+        if let Some((_, h)) = hot.filter(|(o, _)| *o == off) {
+            if e.tag & TAG_HAS_TTL == 0 && st.args.message_ttl.is_none() {
+                return Some(Ready {
+                    offset: off,
+                    entry: e,
+                    body: h.body.clone(),
+                    exchange: h.exchange.clone(),
+                    routing_key: h.routing_key.clone(),
+                    properties: h.properties.clone(),
+                });
+            }
+        }
+        let (rec, exchange, routing_key, properties) = self.load(off, &e, after)?;
+        if self
+            .expiry(st.args.message_ttl, e.tag, &rec, &properties)
+            .is_some_and(|t| t <= now_ms())
+        {
+            self.drop_entry(off, e, "expired", after);
+            return None;
+        }
+        Some(Ready {
+            offset: off,
+            entry: e,
+            body: rec.body,
+            exchange,
+            routing_key,
+            properties: Arc::new(properties),
+        })
     }
 
     /// Reads and decodes an entry's record; an unreadable one is dropped (acked) with a
@@ -1697,14 +1723,16 @@ impl Queue {
                         if st
                             .args
                             .delivery_limit
-                            .is_some_and(|l| u64::from(e.returns) > l)
+                            // (a policy's limit is not capped where it is read)
+                            .is_some_and(|l| u64::from(e.returns) > l.min(MAX_DELIVERY_LIMIT))
                         {
                             // `u.entry`: its count as stored (if it was)
                             self.drop_entry(*off, u.entry, "delivery_limit", &mut after);
                             continue;
                         }
-                        if self.count_stored(&e) {
-                            after.counted.push((*off, e.returns));
+                        if self.store_count(&st.args, &e) {
+                            e.count_stored = true;
+                            after.counted.push((*off, u32::from(e.returns)));
                         }
                         if let Some(steps) = st.args.retry_backoff.clone() {
                             let i = (e.returns as usize).saturating_sub(1);
@@ -1836,15 +1864,18 @@ impl Queue {
         u32::try_from(st.ready_count).unwrap_or(u32::MAX)
     }
 
-    /// Whether the queue has consumers, ready messages (for delete if-unused / if-empty).
+    /// Whether the queue has consumers, messages (for delete if-unused / if-empty): the
+    /// ready ones and those waiting out their back-off (parked: neither ready nor
+    /// unacked, so not in [`Queue::message_count`], but the queue is not empty).
     pub(crate) fn usage(&self) -> (u32, u32) {
         if let Some(s) = &self.stream {
             return (s.consumer_count(), s.message_count());
         }
         let st = lock(&self.state);
+        let parked = st.parked.as_ref().map_or(0, |p| p.len() as u64);
         (
             st.consumers.len() as u32,
-            u32::try_from(st.ready_count).unwrap_or(u32::MAX),
+            u32::try_from(st.ready_count + parked).unwrap_or(u32::MAX),
         )
     }
 
@@ -2120,6 +2151,11 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+    }
+
+    #[test]
     fn delivery_limit_is_parsed() {
         let limit = |v: FieldValue| {
             let mut t = FieldTable::default();
@@ -2129,8 +2165,15 @@ mod tests {
         assert_eq!(limit(FieldValue::I32(3)).unwrap(), Some(3));
         assert_eq!(limit(FieldValue::I64(0)).unwrap(), Some(0));
         assert_eq!(limit(FieldValue::I32(-1)).unwrap(), None);
+        assert_eq!(
+            limit(FieldValue::I32(65_534)).unwrap(),
+            Some(MAX_DELIVERY_LIMIT)
+        );
         for bad in [
             FieldValue::I32(-2),
+            // counts stop at 65535: a higher limit could never be reached
+            FieldValue::I32(65_535),
+            FieldValue::I64(1 << 40),
             FieldValue::LongString(Bytes::from_static(b"3")),
         ] {
             match limit(bad) {

@@ -1159,45 +1159,75 @@ impl Vhost {
     }
 
     /// A transaction's publishes (AMQP `tx.commit`, STOMP `COMMIT`), all or nothing as
-    /// far as the publisher can cause it: every message is checked and routed before the
-    /// first is stored, so one whose exchange is gone or that is too large stores none.
+    /// far as the publisher can cause it: every message is checked and routed (its delay
+    /// read) before the first is stored, so one whose exchange is gone, that is too large
+    /// or whose `x-delay` is bad stores none.
     pub fn publish_all(&self, batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
+        /// Where a checked message goes in phase 2.
+        enum Plan {
+            Reply,
+            Delayed(u64),
+            Now(Vec<Arc<Queue>>),
+        }
         self.published.add(batch.len() as u64);
         let mut routed = Vec::with_capacity(batch.len());
         for p in batch {
             if Self::is_reply(&p) {
                 self.check_size(&p)?;
-                routed.push((p, Vec::new()));
+                routed.push((p, Plan::Reply));
+                continue;
+            }
+            if let Some(ms) = crate::delayed::requested_delay(p.properties.headers.as_ref())? {
+                self.check_delayed(&p)?;
+                routed.push((p, Plan::Delayed(ms)));
                 continue;
             }
             let targets = self.check_and_route(&p)?;
-            routed.push((p, targets));
+            routed.push((p, Plan::Now(targets)));
         }
         routed
             .into_iter()
-            .map(|(p, targets)| {
-                if Self::is_reply(&p) {
-                    return self.publish_reply(p);
-                }
-                if let Some(ms) = crate::delayed::requested_delay(p.properties.headers.as_ref())? {
-                    return self.publish_delayed(&p, ms);
-                }
-                self.publish_to(
+            .map(|(p, plan)| match plan {
+                Plan::Reply => self.publish_reply(p),
+                Plan::Delayed(ms) => self.store_delayed(&p, ms),
+                Plan::Now(targets) => self.publish_to(
                     targets,
                     &p.exchange,
                     &p.routing_key,
                     p.properties,
                     &p.body,
                     Some(p.conn),
-                )
+                ),
             })
             .collect()
+    }
+
+    /// What a delayed publish is checked for: its size, and that its exchange exists
+    /// and is not internal (where it goes is decided when it is due).
+    fn check_delayed(&self, p: &Publish) -> Result<(), CoreError> {
+        self.check_size(p)?;
+        let topo = self.topology_read();
+        let x = topo
+            .exchange(&p.exchange)
+            .ok_or_else(|| CoreError::exchange_not_found(&p.exchange))?;
+        if x.internal {
+            return Err(CoreError::AccessRefused(format!(
+                "cannot publish to internal exchange '{}'",
+                p.exchange
+            )));
+        }
+        Ok(())
     }
 
     /// A publish with `x-delay` / `x-delay-level` ([`crate::delayed`]): stored in the
     /// delay queue now (its exchange must exist), routed when it is due.
     fn publish_delayed(&self, p: &Publish, delay_ms: u64) -> Result<Published, CoreError> {
-        self.check_and_route(p)?;
+        self.check_delayed(p)?;
+        self.store_delayed(p, delay_ms)
+    }
+
+    /// Stores a checked delayed publish ([`Vhost::check_delayed`]) in the delay queue.
+    fn store_delayed(&self, p: &Publish, delay_ms: u64) -> Result<Published, CoreError> {
         let d = {
             let mut slot = self.delayed.lock().unwrap_or_else(|e| e.into_inner());
             match &*slot {
@@ -1231,30 +1261,38 @@ impl Vhost {
     }
 
     /// Routes delayed messages that are due (queue offsets in `d`'s queue) through
-    /// their exchanges, then acks them in the delay queue.
-    pub(crate) fn fire_delayed(&self, d: &crate::delayed::Delayed, due: &[u64]) {
+    /// their exchanges, then acks them in the delay queue. A routed message's `x-delay`
+    /// is the negative of its delay, as the delayed-message plugin sets it, so a consumer
+    /// that republishes it with the same headers does not delay it again. Returns the
+    /// offsets not routed (routing one failed: it and the ones after it), for the
+    /// scheduler to try again.
+    pub(crate) fn fire_delayed(&self, d: &crate::delayed::Delayed, due: &[u64]) -> Vec<u64> {
         let qid = d.queue_id();
         let mut done = 0;
         for off in due {
-            done += 1;
             let Some(e) = self.store.entry(qid, *off) else {
+                done += 1;
                 continue;
             };
             let rec = match self.store.read_entry(qid, *off, e.commit_offset) {
                 Ok(r) => r,
                 Err(err) => {
                     tracing::warn!(vhost = %self.name, error = %err, "dropping an unreadable delayed message");
+                    done += 1;
                     continue;
                 }
             };
-            let Ok((exchange, routing_key, props)) = envelope::decode(&rec.properties) else {
+            let Ok((exchange, routing_key, mut props)) = envelope::decode(&rec.properties) else {
                 tracing::warn!(vhost = %self.name, "dropping a delayed message with undecodable properties");
+                done += 1;
                 continue;
             };
+            crate::delayed::mark_fired(&mut props);
             let targets = match self.route(&exchange, &routing_key, &props) {
                 Ok(t) => t,
                 Err(err) => {
                     tracing::debug!(vhost = %self.name, exchange, error = %err, "delayed message's exchange is gone; dropped");
+                    done += 1;
                     continue;
                 }
             };
@@ -1262,14 +1300,18 @@ impl Vhost {
             if let Err(err) =
                 self.publish_to(targets, &exchange, &routing_key, props, &rec.body, Some(0))
             {
-                tracing::warn!(vhost = %self.name, error = %err, "routing a delayed message failed; it and the ones after it stay for the next start");
-                done -= 1;
+                tracing::warn!(vhost = %self.name, error = %err, "routing a delayed message failed; it and the ones after it are tried again in a second");
                 break;
             }
+            done += 1;
         }
-        if let Err(err) = self.store.ack(qid, due.get(..done).unwrap_or(due)) {
-            tracing::warn!(vhost = %self.name, error = %err, "acking delayed messages failed");
+        let (acked, left) = due.split_at(done.min(due.len()));
+        if !acked.is_empty() {
+            if let Err(err) = self.store.ack(qid, acked) {
+                tracing::warn!(vhost = %self.name, error = %err, "acking delayed messages failed");
+            }
         }
+        left.to_vec()
     }
 
     /// Delayed messages waiting for their time.
@@ -1514,6 +1556,8 @@ impl Vhost {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(d) = delayed {
+            // the timer log too (derived data, not the store's)
+            d.remove();
             self.store.delete_queue(d.queue_id())?;
         }
         let mut ops = [TAG_EXCHANGE, TAG_QUEUE, TAG_BINDING]

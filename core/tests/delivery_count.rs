@@ -127,12 +127,43 @@ fn the_first_delivery_has_no_count_and_each_return_adds_one() {
 }
 
 #[test]
-fn counts_survive_a_restart_and_an_ack_forgets_them() {
+fn without_a_limit_counts_stay_in_memory() {
     let dir = tempfile::tempdir().unwrap();
     {
         let b = open(dir.path());
         let v = b.vhost("/").unwrap();
         declare(&v, "q", true, FieldTable::default());
+        publish(&v, "q", "m");
+        let o = Outbox::new(16);
+        let c = consume(&v, "q", &o);
+        let d = one(&o);
+        d.queue.nack(&[d.offset], true);
+        let d = one(&o);
+        assert_eq!(count(&d), Some(1));
+        c.cancel();
+        d.queue.nack(&[d.offset], true);
+        let o = Outbox::new(16);
+        let _c = consume(&v, "q", &o);
+        assert_eq!(count(&one(&o)), Some(2));
+        let left = b.store().journal().scan(b"R").unwrap();
+        assert!(left.is_empty(), "no journal record: {left:?}");
+    }
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    let o = Outbox::new(16);
+    let _c = consume(&v, "q", &o);
+    let d = one(&o);
+    assert_eq!(count(&d), None, "not kept across a restart without a limit");
+}
+
+#[test]
+fn counts_survive_a_restart_and_an_ack_forgets_them() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let b = open(dir.path());
+        let v = b.vhost("/").unwrap();
+        // counts are stored for queues with a limit (or a back-off) only
+        declare(&v, "q", true, limit_args(100, None));
         for m in ["a", "b", "c"] {
             publish(&v, "q", m);
         }
@@ -293,6 +324,34 @@ fn with_a_retry_backoff_a_returned_message_waits_its_step_and_the_limit_defaults
     assert!(returned_at.elapsed() >= std::time::Duration::from_millis(300));
     assert_eq!(count(&d), Some(1));
     assert_eq!(q.parked_count(), 0);
+}
+
+#[test]
+fn a_queue_holding_a_backing_off_message_is_not_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-retry-backoff",
+        FieldValue::LongString(Bytes::from_static(b"1m")),
+    );
+    declare(&v, "q", true, args);
+    let q = v.queue("q").unwrap();
+    publish(&v, "q", "m");
+    let o = Outbox::new(16);
+    let c = consume(&v, "q", &o);
+    let d = one(&o);
+    d.queue.nack(&[d.offset], true);
+    c.cancel();
+    assert_eq!(q.parked_count(), 1);
+    match v.delete_queue("q", false, true, 1) {
+        Err(triad_core::CoreError::PreconditionFailed(m)) => {
+            assert!(m.contains("not empty"), "{m}")
+        }
+        other => panic!("deleted: {other:?}"),
+    }
+    v.delete_queue("q", false, false, 1).unwrap();
 }
 
 #[test]

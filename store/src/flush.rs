@@ -8,7 +8,9 @@
 //! acks) do not wake it: they ride along with the next flush or the next checkpoint. In `async` mode the
 //! flusher runs on an interval or once enough bytes are dirty, and appends complete at
 //! once (after the page-cache write), unless writes outrun the disk: past four flushes'
-//! worth of unflushed bytes an append waits for the flusher. A failed flush is fatal:
+//! worth of unflushed bytes an append's [`Durable`] waits for the flusher. The append
+//! itself does not wait: this slows only publishers that wait for their confirms
+//! (receipts, PUBACKs), not those that never ask for one. A failed flush is fatal:
 //! every waiter, present and future, gets `StoreError::Fatal`, because retrying `fsync`
 //! can report success for data the kernel already dropped.
 

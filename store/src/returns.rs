@@ -3,7 +3,9 @@
 //!
 //! A message that is never returned costs nothing here: neither its commitlog record
 //! nor its consume-queue entry carries a count. Each return of a message in a durable
-//! queue writes one small metadata-journal record, key `R` + big-endian queue id +
+//! queue whose count matters (the core writes it for queues with a delivery limit or a
+//! retry back-off; elsewhere the count stays in memory) writes one small
+//! metadata-journal record, key `R` + big-endian queue id +
 //! big-endian queue offset, value the count (u32 little-endian); the message's ack (or
 //! its dead-lettering, expiry, purge) deletes the key, and deleting the queue deletes
 //! every key under its id. So the disk cost is about 30 bytes per message currently
@@ -75,14 +77,10 @@ pub(crate) fn load(journal: &crate::journal::MetaJournal) -> Result<Loaded> {
 }
 
 impl Store {
-    /// Records that entry `offset` of `queue` has been returned `count` times. Durable
-    /// queues only (a transient queue's counts live as long as the process, in its
-    /// owner's memory): the handle completes once the record is fsynced.
-    pub fn put_delivery_count(&self, queue: QueueId, offset: u64, count: u32) -> Result<Durable> {
-        self.put_delivery_counts(queue, &[(offset, count)])
-    }
-
-    /// [`Store::put_delivery_count`] for several entries, in one journal record.
+    /// Records that entries of `queue` have been returned, as `(offset, count)`, in one
+    /// journal record. Durable queues only (a transient queue's counts live as long as
+    /// the process, in its owner's memory): the handle completes once the record is
+    /// fsynced.
     pub fn put_delivery_counts(&self, queue: QueueId, counts: &[(u64, u32)]) -> Result<Durable> {
         if counts.is_empty() || !self.is_durable_queue(queue) {
             return Ok(Durable::ready());
@@ -106,12 +104,6 @@ impl Store {
                 .map(|o| MetaOp::delete(key(queue, *o)))
                 .collect(),
         )
-    }
-
-    /// The counts stored for `queue` when the store opened, as `(offset, count)`; a
-    /// second call (or a queue created since) gets none.
-    pub fn take_delivery_counts(&self, queue: QueueId) -> Vec<(u64, u32)> {
-        self.take_loaded_counts(queue)
     }
 }
 
@@ -139,14 +131,17 @@ mod tests {
             let a = s.create_queue("/", "a", true).unwrap();
             let b = s.create_queue("/", "b", true).unwrap();
             let t = s.create_queue("/", "t", false).unwrap();
-            s.put_delivery_count(a, 5, 1).unwrap().wait().unwrap();
-            s.put_delivery_count(a, 5, 2).unwrap().wait().unwrap();
-            s.put_delivery_count(a, 9, 1).unwrap().wait().unwrap();
-            s.put_delivery_count(a, 11, 4).unwrap().wait().unwrap();
+            s.put_delivery_counts(a, &[(5, 1)]).unwrap().wait().unwrap();
+            s.put_delivery_counts(a, &[(5, 2)]).unwrap().wait().unwrap();
+            s.put_delivery_counts(a, &[(9, 1)]).unwrap().wait().unwrap();
+            s.put_delivery_counts(a, &[(11, 4)])
+                .unwrap()
+                .wait()
+                .unwrap();
             s.drop_delivery_counts(a, &[9]).unwrap().wait().unwrap();
-            s.put_delivery_count(b, 1, 1).unwrap().wait().unwrap();
+            s.put_delivery_counts(b, &[(1, 1)]).unwrap().wait().unwrap();
             // transient: nothing written
-            s.put_delivery_count(t, 1, 1).unwrap().wait().unwrap();
+            s.put_delivery_counts(t, &[(1, 1)]).unwrap().wait().unwrap();
             s.delete_queue(b).unwrap();
             // abandoned, as a kill -9 leaves it
             s.abandon();

@@ -764,7 +764,9 @@ impl Store {
         self.inner.queue(queue).is_ok_and(|q| q.rec.durable)
     }
 
-    pub(crate) fn take_loaded_counts(&self, queue: QueueId) -> Vec<(u64, u32)> {
+    /// The delivery counts ([`crate::returns`]) stored for `queue` when the store
+    /// opened, as `(offset, count)`; a second call (or a queue created since) gets none.
+    pub fn take_delivery_counts(&self, queue: QueueId) -> Vec<(u64, u32)> {
         lock(&self.inner.loaded_counts)
             .remove(&queue)
             .unwrap_or_default()
@@ -1083,11 +1085,13 @@ impl Inner {
             }
             FlushMode::Async { dirty_bytes, .. } => {
                 let flushed = self.flush.appended(end, dirty_bytes);
-                // Appends complete at once, unless they outrun the disk: past
-                // ASYNC_BACKLOG_FLUSHES flushes' worth of unflushed bytes, an append waits
-                // until the flusher has brought the backlog back to that. Without this the
-                // backlog (and the log the checkpoint cannot pass) grows with the
-                // difference between the write rate and the disk's.
+                // Appends are durable at once, unless they outrun the disk: past
+                // ASYNC_BACKLOG_FLUSHES flushes' worth of unflushed bytes, an append's
+                // Durable waits until the flusher has brought the backlog back to that.
+                // The append itself returns now: this slows the publishers that wait for
+                // their confirms (receipts, PUBACKs), not those that wait for none. It
+                // bounds the backlog (and the log the checkpoint cannot pass) for the
+                // former only.
                 match async_wait(end, flushed, dirty_bytes) {
                     Some(offset) => Durable::new(offset, self.flush.clone()),
                     None => Durable::ready(),
@@ -1715,8 +1719,8 @@ impl Inner {
 /// the log holds at most about twice the live data plus the segments the checkpoint has
 /// not reached yet.
 const COMPACT_LIVE_PERCENT: u64 = 50;
-/// In `async` flush mode, appends wait once the unflushed bytes exceed this many times
-/// the flusher's `dirty_bytes` (64 MiB with the defaults).
+/// In `async` flush mode, appends' [`Durable`]s (the confirms) wait once the unflushed
+/// bytes exceed this many times the flusher's `dirty_bytes` (64 MiB with the defaults).
 const ASYNC_BACKLOG_FLUSHES: u64 = 4;
 /// What an `async`-mode append that ends at `end` waits for: nothing while at most
 /// [`ASYNC_BACKLOG_FLUSHES`] × `dirty_bytes` are unflushed, else the offset that brings

@@ -73,20 +73,41 @@ impl TimerLog {
 
     /// Adds message `id`, due at `due_ms`.
     pub fn add(&mut self, due_ms: u64, id: u64) -> Result<()> {
-        let slot = due_ms / SLOT_MS;
-        let prev = self.slots.get(&slot).map_or(0, |s| s.head);
-        let mut rec = [0u8; REC as usize];
-        rec[0..8].copy_from_slice(&due_ms.to_le_bytes());
-        rec[8..16].copy_from_slice(&id.to_le_bytes());
-        rec[16..24].copy_from_slice(&prev.to_le_bytes());
+        self.add_all(&[(due_ms, id)])
+    }
+
+    /// Adds messages `(due ms, id)` with one write.
+    pub fn add_all(&mut self, items: &[(u64, u64)]) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let mut buf = Vec::with_capacity(items.len() * REC as usize);
+        // the slots' heads as they will be once the write is done
+        let mut heads: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        let mut pos = self.end;
+        for &(due_ms, id) in items {
+            let slot = due_ms / SLOT_MS;
+            let prev = match heads.get(&slot) {
+                Some(&(head, _)) => head,
+                None => self.slots.get(&slot).map_or(0, |s| s.head),
+            };
+            buf.extend_from_slice(&due_ms.to_le_bytes());
+            buf.extend_from_slice(&id.to_le_bytes());
+            buf.extend_from_slice(&prev.to_le_bytes());
+            let added = heads.get(&slot).map_or(0, |h| h.1);
+            heads.insert(slot, (pos + 1, added + 1));
+            pos += REC;
+        }
         self.file
-            .write_all_at(&rec, self.end)
+            .write_all_at(&buf, self.end)
             .map_err(StoreError::at(&self.path))?;
-        let s = self.slots.entry(slot).or_insert(Slot { head: 0, count: 0 });
-        s.head = self.end + 1;
-        s.count += 1;
-        self.end += REC;
-        self.pending += 1;
+        for (slot, (head, added)) in heads {
+            let s = self.slots.entry(slot).or_insert(Slot { head: 0, count: 0 });
+            s.head = head;
+            s.count += added;
+        }
+        self.end = pos;
+        self.pending += items.len() as u64;
         Ok(())
     }
 
@@ -190,6 +211,35 @@ mod tests {
             t.take_started(base + 10_000).unwrap(),
             vec![(base + 10_000, 9)]
         );
+    }
+
+    #[test]
+    fn a_batch_add_is_the_same_wheel_as_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut one = TimerLog::create(&dir.path().join("one.log")).unwrap();
+        let mut all = TimerLog::create(&dir.path().join("all.log")).unwrap();
+        let base = 7_000_000u64;
+        let items: Vec<(u64, u64)> = (0..500u64)
+            .map(|i| (base + (i % 7) * 1_000 + i % 13, i))
+            .collect();
+        // a slot with a record before the batch too
+        one.add(base + 500, 999).unwrap();
+        all.add(base + 500, 999).unwrap();
+        for &(d, id) in &items {
+            one.add(d, id).unwrap();
+        }
+        all.add_all(&items).unwrap();
+        assert_eq!(one.pending(), all.pending());
+        assert_eq!(one.slots(), all.slots());
+        assert_eq!(one.end, all.end);
+        for t in [base, base + 3_000, base + 10_000] {
+            let mut a = one.take_started(t).unwrap();
+            let mut b = all.take_started(t).unwrap();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b);
+        }
+        assert_eq!(all.pending(), 0);
     }
 
     #[test]
