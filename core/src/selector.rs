@@ -971,7 +971,7 @@ fn eval<'e>(e: &'e Expr, f: &dyn Fields) -> Option<Cow<'e, Value>> {
             b(Some(found != *not))
         }
         Expr::Like { not, e, pat } => match &*eval(e, f)? {
-            Value::Str(s) => b(Some(like(pat, &s) != *not)),
+            Value::Str(s) => b(Some(like(pat, s) != *not)),
             _ => b(Some(false)),
         },
         Expr::IsNull { not, e } => b(Some(eval(e, f).is_none() != *not)),
