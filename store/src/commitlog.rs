@@ -852,6 +852,16 @@ impl CommitLog {
         };
         std::fs::remove_file(seg.path()).map_err(StoreError::at(seg.path()))?;
         sync_dir(&self.dir)?;
+        // Unmapping a segment and freeing its page cache takes 0.1-0.5 s for 128 MiB on a
+        // busy machine: done beside the caller (the retention pass), which goes on. Readers
+        // holding the segment keep it until they are done either way.
+        let name = "triad-unmap".to_string();
+        if let Err(e) = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || drop(seg))
+        {
+            tracing::debug!(error = %e, "commitlog: segment unmapped on the caller's thread");
+        }
         Ok(true)
     }
 }
