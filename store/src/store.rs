@@ -32,7 +32,8 @@
 //! index; after the replay their live entries are written to fresh shared-index segments
 //! and the old segments deleted, so entries cut by the recovery cannot come back.
 //!
-//! Retention and compaction (every `retention_interval`): a sealed segment below the
+//! Retention and compaction (every `retention_interval`, and at once after the checkpoint
+//! that follows a segment's sealing): a sealed segment below the
 //! checkpoint is deleted once no queue holds a live (unacked) entry in it, wherever it is
 //! in the log; the offsets it covered become a gap, which only recovery from a checkpoint
 //! above it ever meets (a gap above the checkpoint is still damage). Liveness is counted
@@ -331,6 +332,13 @@ struct Inner {
     /// Delivery counts read at open, until each queue's owner takes its own
     /// (see [`crate::returns`]).
     loaded_counts: Mutex<crate::returns::Loaded>,
+    /// Set by an append that sealed a segment: the maintenance thread checkpoints past it
+    /// and runs a retention pass at once instead of at its next period (in `async` mode a
+    /// segment can fill faster than the period, and each period a sealed segment waits
+    /// is disk the bound 2 × live + 2 segments does not have).
+    sealed: AtomicBool,
+    /// Serialises retention passes (the maintenance thread's and [`Store::run_retention`]'s).
+    pass: Mutex<()>,
     stop: Mutex<bool>,
     stop_cv: Condvar,
     _lock: File,
@@ -557,6 +565,8 @@ impl Store {
             segments_deleted: AtomicU64::new(0),
             disk_full: AtomicBool::new(false),
             loaded_counts: Mutex::new(loaded_counts),
+            sealed: AtomicBool::new(false),
+            pass: Mutex::new(()),
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
             _lock: lock_file,
@@ -864,6 +874,7 @@ impl Store {
     /// compaction half-way. Returns the records copied.
     #[doc(hidden)]
     pub fn compact_partly(&self, max: usize) -> Result<usize> {
+        let _pass = lock(&self.inner.pass);
         let ckpt = *lock(&self.inner.checkpoint);
         let Some(seg) = self
             .inner
@@ -1131,10 +1142,15 @@ impl Inner {
         let store_ts = now_ms();
         let mut w = self.writer();
         let offs: Vec<u64> = qs.iter().map(|q| q.cq.next_offset()).collect();
+        let before = w.pos();
         let commit_offset = self.note_disk_full(self.log.append(&mut w, len, |buf| {
             record::encode_message(buf, msg, store_ts, &offs)
         }))?;
         self.log.publish(&w);
+        if commit_offset != before {
+            // the record did not fit: the segment it would have ended is sealed
+            self.note_sealed();
+        }
         let body = w.record_tail(commit_offset, len, msg.body.len() as u64);
         let entry = CqEntry {
             commit_offset,
@@ -1164,6 +1180,14 @@ impl Inner {
             durable: self.after_append(end),
             body,
         })
+    }
+
+    /// Wakes the maintenance thread for a sealed segment (once per segment: a mutex
+    /// and a notify per segment, nothing per record).
+    fn note_sealed(&self) {
+        self.sealed.store(true, Ordering::Release);
+        let _stop = lock(&self.stop);
+        self.stop_cv.notify_all();
     }
 
     /// Remembers a write refused for want of space (see [`Store::disk_full`]).
@@ -1427,12 +1451,13 @@ impl Inner {
     }
 
     /// Deletes what no queue needs any more and compacts the log (see the module notes):
-    /// consume-queue files below each ack head, shared-index segments, then every sealed
-    /// commitlog segment below the checkpoint that holds nothing live, and, for those
-    /// whose live share is below [`COMPACT_LIVE_PERCENT`], copies the live records to the
-    /// end of the log, repoints their entries and deletes the segment once the copies are
-    /// on disk. Returns the segments deleted.
+    /// every sealed commitlog segment below the checkpoint that holds nothing live, and,
+    /// for those whose live share is below [`COMPACT_LIVE_PERCENT`], copies the live
+    /// records to the end of the log, repoints their entries and deletes the segment once
+    /// the copies are on disk; then consume-queue files below each ack head and
+    /// shared-index segments. Returns the segments deleted.
     fn retention(&self) -> Result<usize> {
+        let _pass = lock(&self.pass);
         let ckpt = *lock(&self.checkpoint);
         let qs: Vec<Arc<QueueState>> = self
             .queues
@@ -1441,20 +1466,6 @@ impl Inner {
             .values()
             .cloned()
             .collect();
-        // Shared-index segments with few live entries left: their queues move them on.
-        let victims = self
-            .shared
-            .as_ref()
-            .map(|s| s.victims())
-            .unwrap_or_default();
-        for q in &qs {
-            let head = q.ack().head();
-            q.cq.delete_files_below(head)?;
-            q.cq.relocate(&victims)?;
-        }
-        if let Some(sh) = &self.shared {
-            sh.retire()?;
-        }
         // Only sealed segments the checkpoint covers: recovery never replays them.
         let sealed: Vec<(u64, u64)> = self
             .log
@@ -1467,7 +1478,6 @@ impl Inner {
         let live = live_bytes(&qs, &sealed);
         let walk = u64::try_from(walk.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.live_walk_ns.store(walk, Ordering::Relaxed);
-        drop(qs);
         // Segments left dead by an earlier pass's copies go only once those are on disk
         // (always so, unless that pass's flush failed).
         let copies_durable = self.flush.flushed() >= self.copied_to.load(Ordering::Acquire);
@@ -1515,6 +1525,23 @@ impl Inner {
                 );
             }
         }
+        // Then the queues' own files (after the log: a sealed segment is what the pass
+        // is most often woken for).
+        // Shared-index segments with few live entries left: their queues move them on.
+        let victims = self
+            .shared
+            .as_ref()
+            .map(|s| s.victims())
+            .unwrap_or_default();
+        for q in &qs {
+            let head = q.ack().head();
+            q.cq.delete_files_below(head)?;
+            q.cq.relocate(&victims)?;
+        }
+        if let Some(sh) = &self.shared {
+            sh.retire()?;
+        }
+        drop(qs);
         self.index.delete_files_below(self.log.min_offset())?;
         self.segments_deleted
             .fetch_add(deleted as u64, Ordering::Relaxed);
@@ -1673,24 +1700,27 @@ impl Inner {
     }
 
     fn maintenance(&self) {
-        let mut since_retention = Duration::ZERO;
+        let mut last_retention = std::time::Instant::now();
         loop {
             {
                 let stop = lock(&self.stop);
                 if *stop {
                     return;
                 }
-                let (stop, _) = self
-                    .stop_cv
-                    .wait_timeout(stop, self.cfg.checkpoint_interval)
-                    .unwrap_or_else(|e| e.into_inner());
-                if *stop {
-                    return;
+                if !self.sealed.load(Ordering::Acquire) {
+                    let (stop, _) = self
+                        .stop_cv
+                        .wait_timeout(stop, self.cfg.checkpoint_interval)
+                        .unwrap_or_else(|e| e.into_inner());
+                    if *stop {
+                        return;
+                    }
                 }
             }
             if self.flush.check().is_err() {
                 return;
             }
+            let sealed = self.sealed.swap(false, Ordering::AcqRel);
             let changed = *lock(&self.checkpoint) != self.log.end();
             if changed {
                 if let Err(e) = self.checkpoint() {
@@ -1700,15 +1730,29 @@ impl Inner {
                     }
                 }
             }
-            since_retention += self.cfg.checkpoint_interval;
             // A pass walks every pending entry (O(backlog)): with a backlog of hundreds of
             // millions that takes seconds, so passes are spaced to keep the walks under a
-            // tenth of this thread's time, whatever `retention_interval` says.
+            // tenth of this thread's time, whatever `retention_interval` says or however
+            // fast segments seal. A sealed segment otherwise gets its pass at once: the
+            // checkpoint above now covers it, so it can be compacted or deleted.
             let walk = Duration::from_nanos(self.live_walk_ns.load(Ordering::Relaxed));
-            if since_retention >= self.cfg.retention_interval.max(walk * RETENTION_PACE) {
-                since_retention = Duration::ZERO;
+            let since = last_retention.elapsed();
+            let due = sealed || since >= self.cfg.retention_interval;
+            if due && since >= walk * RETENTION_PACE {
+                last_retention = std::time::Instant::now();
                 if let Err(e) = self.retention() {
                     tracing::warn!(error = %e, "store: retention failed");
+                }
+            } else if sealed {
+                // paced: keep it for the next wake-up
+                self.sealed.store(true, Ordering::Release);
+                let stop = lock(&self.stop);
+                if !*stop {
+                    let pause = (walk * RETENTION_PACE).saturating_sub(since);
+                    let _ = self
+                        .stop_cv
+                        .wait_timeout(stop, pause.min(self.cfg.checkpoint_interval))
+                        .unwrap_or_else(|e| e.into_inner());
                 }
             }
         }

@@ -495,6 +495,58 @@ fn one_slow_queue_does_not_pin_the_log() {
     );
 }
 
+/// A sealed segment gets its checkpoint and retention pass when it seals, not at the next
+/// period: with both periods at an hour, the log still stays within twice the slow queue's
+/// live bytes plus two segments once the writes stop (async flushing, as the broker's
+/// `flush = "async"`, where a segment can fill faster than any period).
+#[test]
+fn a_sealed_segment_is_compacted_when_it_seals() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_cfg(dir.path());
+    cfg.flush = FlushMode::Async {
+        interval: Duration::from_millis(5),
+        dirty_bytes: 4096,
+    };
+    let store = Store::open(cfg.clone()).unwrap();
+    let fast = store.create_queue("/", "fast", true).unwrap();
+    let slow = store.create_queue("/", "slow", true).unwrap();
+    let mut held = Vec::new();
+    for i in 0..2000u64 {
+        let qs: Vec<u32> = if i % 20 == 0 {
+            vec![fast, slow]
+        } else {
+            vec![fast]
+        };
+        let (_, offs) = append(&store, &qs, i);
+        store.ack(fast, &[offs[0].1]).unwrap().wait().unwrap();
+        if let Some(&(_, off)) = offs.get(1) {
+            held.push((off, i));
+        }
+    }
+    assert!(store.stats().commitlog_end > 40 * cfg.segment_size);
+    let live: u64 = held
+        .iter()
+        .map(|(o, _)| u64::from(store.entry(slow, *o).unwrap().size))
+        .sum();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let segments = store.stats().segments as u64;
+        if segments * cfg.segment_size <= 2 * live + 2 * cfg.segment_size {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{segments} segments of {} bytes for {live} live bytes, 30 s after the writes",
+            cfg.segment_size
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (off, i) in &held {
+        let (_, rec) = store.read_queue(slow, *off).unwrap().expect("held entry");
+        assert_eq!(rec.body.as_ref(), body_for(*i).as_slice(), "message {i}");
+    }
+}
+
 #[test]
 fn lookup_by_key_across_index_files_and_restarts() {
     let dir = tempfile::tempdir().unwrap();
