@@ -560,8 +560,8 @@ impl AmqpArgs {
                         .into(),
                 );
             }
-            if o.load.rate.is_some() || o.manual_ack {
-                return Err("--delayed takes no --rate or --manual-ack".into());
+            if o.manual_ack {
+                return Err("--delayed takes no --manual-ack (its consumer is no-ack)".into());
             }
             if o.load.size < 16 {
                 return Err("--delayed needs --size of at least 16".into());

@@ -12,7 +12,8 @@
 //! without the plugin, a queue of its own whose messages carry a per-message
 //! `expiration` of `MS` and dead-letter into the target queue when it passes.
 //!
-//! `--no-consume`: publish only and report the broker's RssAnon before and after (the
+//! `--no-consume`: publish only and report the broker's RssAnon (heap) and RssFile
+//! (mapped files: Triad's consume queues and commitlog pages) before and after (the
 //! messages stay pending: run it on a broker you throw away).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -95,6 +96,10 @@ async fn delete_queue(c: &mut Conn, name: &str) -> Result<(), String> {
 
 fn anon(pid: Option<u32>) -> Option<u64> {
     pid.and_then(|p| status_kib(p, "RssAnon"))
+}
+
+fn file_kib(pid: Option<u32>) -> Option<u64> {
+    pid.and_then(|p| status_kib(p, "RssFile"))
 }
 
 fn cpu_s(pid: Option<u32>) -> Option<f64> {
@@ -216,6 +221,7 @@ async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
     };
     let load_before = loadavg();
     let anon_before = anon(pid);
+    let file_before = file_kib(pid);
     let cpu_before = cpu_s(pid);
     let run_until = Instant::now()
         + Duration::from_millis(delay_ms)
@@ -240,8 +246,17 @@ async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
     let (mut sent, mut done) = (0u64, 0u64);
     let window = a.confirm_window as u64;
     let started = Instant::now();
+    let pacer = e2e::Pacer::new(l.rate);
     while done < count {
         while sent < count && sent - done < window {
+            if let Some(d) = pacer.wait(sent) {
+                // send what is queued, then keep to the rate
+                p.flush().await?;
+                if sent > done {
+                    break;
+                }
+                tokio::time::sleep(d).await;
+            }
             let due = now_us() + delay_ms * 1000;
             body[..8].copy_from_slice(&due.to_be_bytes());
             body[8..16].copy_from_slice(&sent.to_be_bytes());
@@ -268,6 +283,7 @@ async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
         eprintln!("published {count} in {publish_s:.2} s; waiting for the deliveries");
     }
     let anon_pending = anon(pid);
+    let file_pending = file_kib(pid);
     let cpu_published = cpu_s(pid);
     let load_published = loadavg();
     p.close().await;
@@ -303,6 +319,7 @@ async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
         "delay_ms": delay_ms,
         "publish_s": round(publish_s, 3),
         "publish_msgs_s": round(count as f64 / publish_s.max(1e-9), 0),
+        "rate": l.rate,
         "all_pending_before_first_due": publish_s * 1000.0 < delay_ms as f64,
         "delivered": delivered,
         "lost": count.saturating_sub(delivered),
@@ -320,6 +337,8 @@ async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
             "cpu_us_per_msg_total": per_msg_us(cpu_before, cpu_after, count),
             "rss_anon_kib_before": anon_before,
             "rss_anon_kib_all_pending": anon_pending,
+            "rss_file_kib_before": file_before,
+            "rss_file_kib_all_pending": file_pending,
             "rss_anon_bytes_per_pending_msg": match (anon_before, anon_pending) {
                 (Some(b), Some(p)) => Some(round((p as f64 - b as f64) * 1024.0 / count as f64, 1)),
                 _ => None,
