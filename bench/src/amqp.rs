@@ -22,9 +22,9 @@ use crate::args::AmqpArgs;
 use crate::e2e::{self, Checker, Counters, Harness, Pacer};
 use crate::wire::{Rd, ReadBuf};
 
-const FRAME_METHOD: u8 = 1;
-const FRAME_HEADER: u8 = 2;
-const FRAME_BODY: u8 = 3;
+pub(crate) const FRAME_METHOD: u8 = 1;
+pub(crate) const FRAME_HEADER: u8 = 2;
+pub(crate) const FRAME_BODY: u8 = 3;
 const FRAME_HEARTBEAT: u8 = 8;
 const FRAME_END: u8 = 0xCE;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,30 +38,30 @@ const CONN_TUNE: (u16, u16) = (10, 30);
 const CONN_TUNE_OK: (u16, u16) = (10, 31);
 const CONN_OPEN: (u16, u16) = (10, 40);
 const CONN_OPEN_OK: (u16, u16) = (10, 41);
-const CONN_CLOSE: (u16, u16) = (10, 50);
+pub(crate) const CONN_CLOSE: (u16, u16) = (10, 50);
 const CONN_CLOSE_OK: (u16, u16) = (10, 51);
 const CH_OPEN: (u16, u16) = (20, 10);
 const CH_OPEN_OK: (u16, u16) = (20, 11);
-const CH_CLOSE: (u16, u16) = (20, 40);
+pub(crate) const CH_CLOSE: (u16, u16) = (20, 40);
 const CH_CLOSE_OK: (u16, u16) = (20, 41);
 const EX_DECLARE: (u16, u16) = (40, 10);
 const EX_DECLARE_OK: (u16, u16) = (40, 11);
 const EX_DELETE: (u16, u16) = (40, 20);
 const EX_DELETE_OK: (u16, u16) = (40, 21);
-const Q_DECLARE: (u16, u16) = (50, 10);
+pub(crate) const Q_DECLARE: (u16, u16) = (50, 10);
 pub(crate) const Q_DECLARE_OK: (u16, u16) = (50, 11);
 const Q_BIND: (u16, u16) = (50, 20);
 pub(crate) const Q_BIND_OK: (u16, u16) = (50, 21);
-const Q_DELETE: (u16, u16) = (50, 40);
-const Q_DELETE_OK: (u16, u16) = (50, 41);
-const B_QOS: (u16, u16) = (60, 10);
-const B_QOS_OK: (u16, u16) = (60, 11);
-const B_CONSUME: (u16, u16) = (60, 20);
-const B_CONSUME_OK: (u16, u16) = (60, 21);
-const B_CANCEL: (u16, u16) = (60, 30);
-const B_PUBLISH: (u16, u16) = (60, 40);
+pub(crate) const Q_DELETE: (u16, u16) = (50, 40);
+pub(crate) const Q_DELETE_OK: (u16, u16) = (50, 41);
+pub(crate) const B_QOS: (u16, u16) = (60, 10);
+pub(crate) const B_QOS_OK: (u16, u16) = (60, 11);
+pub(crate) const B_CONSUME: (u16, u16) = (60, 20);
+pub(crate) const B_CONSUME_OK: (u16, u16) = (60, 21);
+pub(crate) const B_CANCEL: (u16, u16) = (60, 30);
+pub(crate) const B_PUBLISH: (u16, u16) = (60, 40);
 pub(crate) const B_RETURN: (u16, u16) = (60, 50);
-const B_DELIVER: (u16, u16) = (60, 60);
+pub(crate) const B_DELIVER: (u16, u16) = (60, 60);
 pub(crate) const B_ACK: (u16, u16) = (60, 80);
 pub(crate) const B_NACK: (u16, u16) = (60, 120);
 const CONFIRM_SELECT: (u16, u16) = (85, 10);
@@ -69,19 +69,19 @@ const CONFIRM_SELECT_OK: (u16, u16) = (85, 11);
 
 // ---- encoding ----
 
-fn shortstr(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn shortstr(out: &mut Vec<u8>, s: &str) {
     let b = &s.as_bytes()[..s.len().min(255)];
     out.push(b.len() as u8);
     out.extend_from_slice(b);
 }
 
-fn longstr(out: &mut Vec<u8>, b: &[u8]) {
+pub(crate) fn longstr(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u32).to_be_bytes());
     out.extend_from_slice(b);
 }
 
 /// Appends one frame whose payload `f` writes.
-fn frame(out: &mut Vec<u8>, typ: u8, ch: u16, f: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn frame(out: &mut Vec<u8>, typ: u8, ch: u16, f: impl FnOnce(&mut Vec<u8>)) {
     out.push(typ);
     out.extend_from_slice(&ch.to_be_bytes());
     let at = out.len();
@@ -92,7 +92,7 @@ fn frame(out: &mut Vec<u8>, typ: u8, ch: u16, f: impl FnOnce(&mut Vec<u8>)) {
     out.push(FRAME_END);
 }
 
-fn method(out: &mut Vec<u8>, ch: u16, id: (u16, u16), args: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn method(out: &mut Vec<u8>, ch: u16, id: (u16, u16), args: impl FnOnce(&mut Vec<u8>)) {
     frame(out, FRAME_METHOD, ch, |o| {
         o.extend_from_slice(&id.0.to_be_bytes());
         o.extend_from_slice(&id.1.to_be_bytes());
@@ -137,7 +137,7 @@ fn ack(out: &mut Vec<u8>, tag: u64, multiple: bool) {
 // ---- decoding ----
 
 /// A complete frame at the front of the buffer: (type, channel, payload range length).
-fn frame_at(data: &[u8]) -> Result<Option<(u8, u16, usize)>, String> {
+pub(crate) fn frame_at(data: &[u8]) -> Result<Option<(u8, u16, usize)>, String> {
     if data.len() < 7 {
         return Ok(None);
     }
@@ -151,13 +151,13 @@ fn frame_at(data: &[u8]) -> Result<Option<(u8, u16, usize)>, String> {
     Ok(Some((data[0], u16::from_be_bytes([data[1], data[2]]), len)))
 }
 
-fn method_id(payload: &[u8]) -> Result<((u16, u16), &[u8]), String> {
+pub(crate) fn method_id(payload: &[u8]) -> Result<((u16, u16), &[u8]), String> {
     let mut r = Rd(payload);
     Ok(((r.u16()?, r.u16()?), r.0))
 }
 
 /// reply-code and reply-text of connection.close / channel.close.
-fn close_reason(args: &[u8]) -> String {
+pub(crate) fn close_reason(args: &[u8]) -> String {
     let mut r = Rd(args);
     match (r.u16(), r.shortstr()) {
         (Ok(code), Ok(text)) => format!("{code} {}", String::from_utf8_lossy(text)),
@@ -166,7 +166,7 @@ fn close_reason(args: &[u8]) -> String {
 }
 
 /// Frame bytes still needed before the frame at the front is complete (a hint for fill).
-fn want(data: &[u8]) -> usize {
+pub(crate) fn want(data: &[u8]) -> usize {
     if data.len() < 7 {
         7
     } else {
@@ -176,10 +176,10 @@ fn want(data: &[u8]) -> usize {
 
 /// One connection with channel 1 open.
 pub struct Conn {
-    r: ReadBuf,
-    w: OwnedWriteHalf,
-    out: Vec<u8>,
-    frame_max: usize,
+    pub(crate) r: ReadBuf,
+    pub(crate) w: OwnedWriteHalf,
+    pub(crate) out: Vec<u8>,
+    pub(crate) frame_max: usize,
 }
 
 impl Conn {
@@ -271,7 +271,7 @@ impl Conn {
         Ok(c)
     }
 
-    async fn flush(&mut self) -> Result<(), String> {
+    pub(crate) async fn flush(&mut self) -> Result<(), String> {
         if !self.out.is_empty() {
             self.w
                 .write_all(&self.out)
@@ -284,7 +284,7 @@ impl Conn {
 
     /// Reads until method `id` arrives on channel `ch` and returns its arguments; a
     /// connection.close or channel.close is an error. Other frames are skipped.
-    async fn expect(&mut self, ch: u16, id: (u16, u16)) -> Result<Vec<u8>, String> {
+    pub(crate) async fn expect(&mut self, ch: u16, id: (u16, u16)) -> Result<Vec<u8>, String> {
         loop {
             let Some((typ, fch, len)) = frame_at(self.r.data())? else {
                 let w = want(self.r.data());
@@ -410,7 +410,7 @@ impl Conn {
         self.declare_queue_with(name, durable, &[]).await
     }
 
-    async fn declare_queue_with(
+    pub(crate) async fn declare_queue_with(
         &mut self,
         name: &str,
         durable: bool,
@@ -428,7 +428,7 @@ impl Conn {
 }
 
 /// A field table of string entries, AMQP-encoded (without its length).
-fn string_table(entries: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn string_table(entries: &[(&str, &str)]) -> Vec<u8> {
     let mut t = Vec::new();
     for (k, v) in entries {
         shortstr(&mut t, k);
@@ -448,14 +448,14 @@ fn exchange_name() -> String {
 
 /// Confirms received so far: everything up to `upto`, plus single acks above it.
 #[derive(Default)]
-struct Confirms {
+pub(crate) struct Confirms {
     upto: u64,
     above: BTreeSet<u64>,
 }
 
 impl Confirms {
     /// Records an ack/nack of `tag`; returns how many tags it newly settles.
-    fn settle(&mut self, tag: u64, multiple: bool) -> u64 {
+    pub(crate) fn settle(&mut self, tag: u64, multiple: bool) -> u64 {
         if tag <= self.upto {
             return 0;
         }

@@ -504,6 +504,28 @@ pub struct AmqpArgs {
     /// --confirm --manual-ack; --prefetch defaults to 1000.
     #[arg(long)]
     pub stream: bool,
+    /// Delayed messages: publish --count messages each due MS after it is sent, consume
+    /// them and report throughput, the delivery-time error (arrival - due: p50/p99/max)
+    /// and, with --broker-pid, broker CPU per message and RssAnon with all pending
+    #[arg(long, value_name = "MS", value_parser = pos::<u64>)]
+    pub delayed: Option<u64>,
+    /// How --delayed delays: Triad's (and the RabbitMQ plugin's) x-delay header, or
+    /// RabbitMQ's workaround, a per-message expiration in a queue dead-lettering into
+    /// the consumed one
+    #[arg(long, value_enum, default_value = "x-delay")]
+    pub delay_via: DelayVia,
+    /// With --delayed: publish only (memory of the pending messages); they stay pending
+    #[arg(long)]
+    pub no_consume: bool,
+}
+
+/// How `--delayed` delays a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DelayVia {
+    /// an x-delay header (ms)
+    XDelay,
+    /// per-message expiration in a TTL queue with a dead-letter exchange
+    TtlDlx,
 }
 
 impl AmqpArgs {
@@ -522,6 +544,29 @@ impl AmqpArgs {
             return Err("--queues exceeds --producers: some queues would stay empty".into());
         }
         let mut o = o;
+        if o.delay_via != DelayVia::XDelay && o.delayed.is_none() {
+            return Err("--delay-via needs --delayed".into());
+        }
+        if o.no_consume && o.delayed.is_none() {
+            return Err("--no-consume needs --delayed".into());
+        }
+        if o.delayed.is_some() {
+            if o.load.count.is_none() {
+                return Err("--delayed needs --count".into());
+            }
+            if o.stream || o.fanout.is_some() || o.queues != 1 || o.load.producers != 1 {
+                return Err(
+                    "--delayed runs one producer and one consumer on one queue: no --stream, --fanout, --queues or --producers"
+                        .into(),
+                );
+            }
+            if o.manual_ack {
+                return Err("--delayed takes no --manual-ack (its consumer is no-ack)".into());
+            }
+            if o.load.size < 16 {
+                return Err("--delayed needs --size of at least 16".into());
+            }
+        }
         if o.stream {
             if o.load.count.is_none() {
                 return Err("--stream needs --count (the messages to publish first)".into());

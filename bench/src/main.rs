@@ -11,6 +11,7 @@ mod amqp;
 mod args;
 mod bindings;
 mod connect;
+mod delayed;
 mod disk;
 mod e2e;
 mod fleet;
@@ -65,7 +66,10 @@ fn main() -> ExitCode {
         }),
         Command::Amqp(a) => {
             e2e::log_slow(a.load.slow_ms);
-            let r = amqp::run(&a);
+            let r = match a.delayed {
+                Some(ms) => delayed::run(&a, ms),
+                None => amqp::run(&a),
+            };
             e2e::report_slow();
             r.and_then(|v| emit_checked(&v, a.load.json))
         }

@@ -263,3 +263,71 @@ def test_mqtt_stream_subscription_replays_from_first_and_follows(broker, uid):
     finally:
         a.close()
         pub.close()
+
+
+def test_mqtt_stream_subscription_of_a_persistent_session_resumes_where_acked(own_broker, uid):
+    """clean session 0: the $stream subscription is kept with the session and resumes
+    after its last acknowledged message, after a reconnect and after a broker restart,
+    not from the start it was made with; UNSUBSCRIBE forgets the position."""
+    cid = f"ps-{uid}"
+    flt = f"$stream/first/ps/{uid}/+"
+    topic = f"ps/{uid}/x"
+
+    def publish(*bodies):
+        p = Mqtt(own_broker)
+        try:
+            for b in bodies:
+                p.publish(topic, b.encode(), qos=1)
+        finally:
+            p.close()
+
+    a = Mqtt(own_broker, client_id=cid, clean_session=False)
+    try:
+        assert a.subscribe(flt, qos=1) == [1]
+        publish("t0", "t1", "t2")
+        assert [m.payload for m in a.take(3, timeout=5)] == [b"t0", b"t1", b"t2"]
+    finally:
+        # paho has sent the PUBACKs before the DISCONNECT
+        a.close()
+    publish("t3", "t4")
+    # a reconnect without SUBSCRIBE: the session has the stream subscription, from t3
+    a = Mqtt(own_broker, client_id=cid, clean_session=False, connect=False)
+    try:
+        flags, rc = a.connect()
+        assert not rc.is_failure and flags.session_present
+        got = a.take(2, timeout=5)
+        assert [m.payload for m in got] == [b"t3", b"t4"]
+        assert all(m.topic == topic for m in got)
+        assert a.message(timeout=0.5) is None, "t0-t2 were acknowledged: not sent again"
+    finally:
+        a.close()
+    publish("t5")
+    own_broker.restart()
+    a = Mqtt(own_broker, client_id=cid, clean_session=False, connect=False)
+    try:
+        flags, rc = a.connect()
+        assert not rc.is_failure and flags.session_present
+        assert [m.payload for m in a.take(1, timeout=5)] == [b"t5"]
+        assert a.message(timeout=0.5) is None, "resumed after the restart, not from first"
+        # still a subscription: new messages follow
+        publish("t6")
+        m = a.message()
+        assert m is not None and m.payload == b"t6"
+        # UNSUBSCRIBE ends it and forgets the position: subscribing again starts over
+        a.unsubscribe(flt)
+        assert a.subscribe(flt, qos=1) == [1]
+        got = a.take(7, timeout=5)
+        assert [m.payload for m in got] == [f"t{i}".encode() for i in range(7)]
+    finally:
+        a.close()
+    # a clean session over it discards it, and its stream subscription with it
+    c = Mqtt(own_broker, client_id=cid, clean_session=True)
+    c.close()
+    publish("t7")
+    a = Mqtt(own_broker, client_id=cid, clean_session=False, connect=False)
+    try:
+        flags, rc = a.connect()
+        assert not rc.is_failure and not flags.session_present
+        assert a.message(timeout=0.5) is None
+    finally:
+        a.close()

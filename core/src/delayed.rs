@@ -135,6 +135,10 @@ pub(crate) fn mark_fired(props: &mut Properties) {
 /// How long a due message whose routing failed waits before it is tried again.
 const RETRY_MS: u64 = 1_000;
 
+/// How far ahead of its start a slot of the wheel is read into memory (one slot: at
+/// most two seconds of due messages are held in `soon`).
+const LOOKAHEAD_MS: u64 = triad_store::timer::SLOT_MS;
+
 /// The scheduler wakes at least this often, to notice its vhost going away.
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
@@ -150,7 +154,8 @@ struct Due {
 
 struct Wheel {
     log: TimerLog,
-    /// The messages of the slots already started, until each is due: (due, id).
+    /// The messages of the slots already started or starting within [`LOOKAHEAD_MS`],
+    /// until each is due: (due, id).
     soon: BTreeSet<(u64, u64)>,
     /// Bumped by every add due before [`Wheel::next_wake`], so the scheduler does not
     /// sleep past a new earlier one.
@@ -303,8 +308,11 @@ impl Delayed {
                 epoch: w.epoch,
             });
         }
-        if w.log.next_slot_ms().is_some_and(|t| t <= now) {
-            for rec in w.log.take_started(now)? {
+        // the next slot is read a slot ahead of its start, so its messages are in
+        // `soon` (sorted) when the first of them is due, not read back then
+        let ahead = now.saturating_add(LOOKAHEAD_MS);
+        if w.log.next_slot_ms().is_some_and(|t| t <= ahead) {
+            for rec in w.log.take_started(ahead)? {
                 w.soon.insert(rec);
             }
         }
@@ -316,7 +324,8 @@ impl Delayed {
             w.soon.pop_first();
             due.push(id);
         }
-        let next = match (w.soon.first().map(|r| r.0), w.log.next_slot_ms()) {
+        let read_next = w.log.next_slot_ms().map(|t| t.saturating_sub(LOOKAHEAD_MS));
+        let next = match (w.soon.first().map(|r| r.0), read_next) {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b).unwrap_or(u64::MAX),
         }

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use triad_store::commitlog::StoredRecord;
+use triad_store::returns::Returned;
 use triad_store::store::{QueueId, Store};
 
 use crate::error::CoreError;
@@ -457,13 +458,16 @@ struct State {
     /// paths that hold this lock anyway.
     args: Arc<QueueArgs>,
     /// Delivery counts read back at open for entries not loaded into `ready` yet (see
-    /// [`triad_store::returns`]); `None` once none are left, which is the normal case.
-    /// Boxed: 8 bytes in every queue's state instead of an empty map's 48.
+    /// [`triad_store::returns`]), and whether the entry was put in `parked` at open
+    /// (still waiting out its back-off: `fill` skips it); `None` once none are left,
+    /// which is the normal case. Boxed: 8 bytes in every queue's state instead of an
+    /// empty map's 48.
     #[allow(clippy::box_collection)]
-    restored: Option<Box<HashMap<u64, u16>>>,
+    restored: Option<Box<HashMap<u64, (u16, bool)>>>,
     /// Returned messages waiting out their `x-retry-backoff` step: (ready at ms, queue
-    /// offset) → entry. In memory only: after a restart they are ready at once (their
-    /// delivery counts are kept). `None` while empty; boxed: 8 bytes per queue, not 24.
+    /// offset) → entry. The ready-at time is stored with the delivery count (the same
+    /// journal record, see [`triad_store::returns`]), so a restart parks them again
+    /// until that time. `None` while empty; boxed: 8 bytes per queue, not 24.
     #[allow(clippy::box_collection)]
     parked: Option<Box<BTreeMap<(u64, u64), Entry>>>,
     /// Deliver / get / ack / redeliver counters.
@@ -487,8 +491,8 @@ struct After {
     cancelled_all: bool,
     /// The queue left the throttled state: wake the publishers waiting on it.
     flow_clear: bool,
-    /// Returned entries whose stored delivery count is to be written: (offset, count).
-    counted: Vec<(u64, u32)>,
+    /// Returned entries whose stored delivery count (and back-off wait) is to be written.
+    counted: Vec<Returned>,
     /// Entries that left the queue with a stored delivery count, to be forgotten.
     forget: Vec<u64>,
 }
@@ -667,9 +671,33 @@ impl Queue {
         // and the count's removal are separate writes) are forgotten now
         let mut restored = HashMap::new();
         let mut stale = Vec::new();
-        for (off, n) in store.take_delivery_counts(spec.id) {
+        // those still waiting out a back-off step are parked again until its end
+        let mut parked = BTreeMap::new();
+        let now = now_ms();
+        for r in store.take_returns(spec.id) {
+            let off = r.offset;
             if off < next && !store.is_acked(spec.id, off).unwrap_or(true) {
-                restored.insert(off, u16::try_from(n).unwrap_or(u16::MAX));
+                let returns = u16::try_from(r.count).unwrap_or(u16::MAX);
+                let waiting = match store.entry(spec.id, off) {
+                    Some(e) if r.ready_at_ms > now && e.tag_hash & TAG_PERSISTENT != 0 => {
+                        parked.insert(
+                            (r.ready_at_ms, off),
+                            Entry {
+                                commit_offset: e.commit_offset,
+                                tag: e.tag_hash,
+                                redelivered: true,
+                                returns,
+                                count_stored: true,
+                                unmatched: 0,
+                            },
+                        );
+                        ready_count = ready_count.saturating_sub(1);
+                        ready_bytes = ready_bytes.saturating_sub(tag_len(e.tag_hash));
+                        true
+                    }
+                    _ => false,
+                };
+                restored.insert(off, (returns, waiting));
             } else {
                 stale.push(off);
             }
@@ -701,7 +729,7 @@ impl Queue {
             counts: Default::default(),
             rate: None,
             restored: (!restored.is_empty()).then(|| Box::new(restored)),
-            parked: None,
+            parked: (!parked.is_empty()).then(|| Box::new(parked)),
             args: Arc::new(spec.args.clone()),
         };
         Ok(Arc::new_cyclic(|me| Queue {
@@ -722,8 +750,8 @@ impl Queue {
             store,
             vhost,
             me: me.clone(),
+            tick_wanted: AtomicBool::new(state.parked.is_some()),
             state: Mutex::new(state),
-            tick_wanted: AtomicBool::new(false),
             stream,
         }))
     }
@@ -905,16 +933,21 @@ impl Queue {
                     .store
                     .may_have_been_delivered(self.id, off)
                     .unwrap_or(false);
-            let returns = match st.restored.as_mut() {
+            let (returns, parked_at_open) = match st.restored.as_mut() {
                 Some(r) => {
-                    let n = r.remove(&off).unwrap_or(0);
+                    let n = r.remove(&off).unwrap_or((0, false));
                     if r.is_empty() {
                         st.restored = None;
                     }
                     n
                 }
-                None => 0,
+                None => (0, false),
             };
+            if parked_at_open {
+                // it has been in `parked` (and maybe since in `ready` or unacked) from
+                // the start
+                continue;
+            }
             self.note_tag(e.tag_hash);
             st.ready.insert(
                 (255 - self.priority_of(e.tag_hash), off),
@@ -1476,7 +1509,7 @@ impl Queue {
             forget,
         } = after;
         if !counted.is_empty() {
-            if let Err(e) = self.store.put_delivery_counts(self.id, &counted) {
+            if let Err(e) = self.store.put_returns(self.id, &counted) {
                 tracing::warn!(queue = %self.name, error = %e, "storing delivery counts failed");
             }
         }
@@ -1730,16 +1763,23 @@ impl Queue {
                             self.drop_entry(*off, u.entry, "delivery_limit", &mut after);
                             continue;
                         }
-                        if self.store_count(&st.args, &e) {
-                            e.count_stored = true;
-                            after.counted.push((*off, u32::from(e.returns)));
-                        }
-                        if let Some(steps) = st.args.retry_backoff.clone() {
+                        let ready_at = st.args.retry_backoff.as_ref().map(|steps| {
                             let i = (e.returns as usize).saturating_sub(1);
                             let wait = steps.get(i).or(steps.last()).copied().unwrap_or(0);
+                            now_ms().saturating_add(wait)
+                        });
+                        if self.store_count(&st.args, &e) {
+                            e.count_stored = true;
+                            after.counted.push(Returned {
+                                offset: *off,
+                                count: u32::from(e.returns),
+                                ready_at_ms: ready_at.unwrap_or(0),
+                            });
+                        }
+                        if let Some(at) = ready_at {
                             st.parked
                                 .get_or_insert_with(Default::default)
-                                .insert((now_ms().saturating_add(wait), *off), e);
+                                .insert((at, *off), e);
                             self.tick_wanted.store(true, Ordering::Relaxed);
                             continue;
                         }
@@ -1803,6 +1843,7 @@ impl Queue {
     /// Removes every ready message; returns how many.
     pub(crate) fn purge(&self) -> u32 {
         let mut acks_range = None;
+        let mut skip = std::collections::HashSet::new();
         let mut after = After::default();
         let n;
         {
@@ -1812,9 +1853,16 @@ impl Queue {
             for (k, e) in &ready {
                 self.gone(k.1, e, &mut after);
             }
-            // entries not loaded yet: none is unacked, all go below
+            // entries not loaded yet: none is unacked, all go below, except those parked
+            // at open, which are wherever they went since (parked, ready, unacked)
             if let Some(r) = st.restored.take() {
-                after.forget.extend(r.keys());
+                for (off, (_, parked_at_open)) in r.iter() {
+                    if *parked_at_open {
+                        skip.insert(*off);
+                    } else {
+                        after.forget.push(*off);
+                    }
+                }
             }
             // backing-off messages are purged too
             if let Some(p) = st.parked.take() {
@@ -1836,7 +1884,7 @@ impl Queue {
         if let Some((a, b)) = acks_range {
             // entries not loaded yet: none of them is delivered, so all can go
             let unacked: Vec<u64> = (a..b)
-                .filter(|o| !self.store.is_acked(self.id, *o).unwrap_or(true))
+                .filter(|o| !skip.contains(o) && !self.store.is_acked(self.id, *o).unwrap_or(true))
                 .collect();
             after.acks.extend(unacked);
         }

@@ -786,6 +786,46 @@ impl Stream {
         name: &str,
         to: OffsetReset,
     ) -> Result<(u64, Durability), CoreError> {
+        self.store_offset(name, |this, st| match to {
+            OffsetReset::Offset(o) => o.clamp(st.first, st.next),
+            OffsetReset::Timestamp(t) => this.seek_time(st.first, st.next, t),
+        })
+    }
+
+    /// Sets the stored offset of consumer `name` to where a consumer starting at `start`
+    /// would start now (`first`, `last`, `next`, an offset or a time), replacing any
+    /// stored one: a subscription that resumes under that name later (MQTT's persistent
+    /// `$stream/...` subscriptions) goes on from there even if it acked nothing. The
+    /// record is appended now; durable with the next journal flush.
+    pub fn start_offset(
+        &self,
+        name: &str,
+        start: StreamOffset,
+    ) -> Result<(u64, Durability), CoreError> {
+        self.store_offset(name, |this, st| this.resolve(st, start))
+    }
+
+    /// Forgets the stored offset of consumer `name`, if there is one (a subscription
+    /// that ended for good); the deletion is journaled under the lock, after any commit
+    /// of the name.
+    pub fn forget_offset(&self, name: &str) -> Result<Option<Durability>, CoreError> {
+        let mut st = self.lock();
+        if st.deleted || st.stored.remove(name).is_none() {
+            return Ok(None);
+        }
+        st.dirty.retain(|d| **d != *name);
+        let done = self
+            .store
+            .journal()
+            .append(vec![MetaOp::delete(self.key(name))])?;
+        Ok(Some(done.into()))
+    }
+
+    fn store_offset(
+        &self,
+        name: &str,
+        at: impl FnOnce(&Self, &State) -> u64,
+    ) -> Result<(u64, Durability), CoreError> {
         if name.is_empty() || name.len() > spec::MAX_CONSUMER_NAME {
             return Err(CoreError::PreconditionFailed(format!(
                 "a consumer name is 1 to {} bytes",
@@ -803,10 +843,7 @@ impl Stream {
                 self.queue
             )));
         }
-        let off = match to {
-            OffsetReset::Offset(o) => o.clamp(st.first, st.next),
-            OffsetReset::Timestamp(t) => self.seek_time(st.first, st.next, t),
-        };
+        let off = at(self, &st);
         st.stored.insert(n.clone(), off);
         st.dirty.retain(|d| *d != n);
         // appended under the lock: a concurrent commit of the same name journals after

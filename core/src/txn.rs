@@ -34,9 +34,11 @@
 //! times: about 100 bytes plus the id twice.
 //! No timer per message: [`Txn::tick`] pops the FIFO's due head (its times are in
 //! order, since every deadline is `now + check_timeout`). At most
-//! [`MAX_PENDING`] half messages wait per vhost. The check count is not persisted: after
-//! a restart every pending half message starts again at 0 checks, due one
-//! `check_timeout` after the start.
+//! [`MAX_PENDING`] half messages wait per vhost. The check count is stored as the half
+//! queue entry's delivery count ([`triad_store::returns`]: one small metadata-journal
+//! record per tick that sends checks, for all of them; deleted with the resolution), so
+//! after a restart a pending half message goes on from the checks it had, its next one
+//! due one `check_timeout` after the start.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -235,6 +237,11 @@ impl Txn {
         let due = now_ms().saturating_add(self.timeout_ms());
         let mut committed = Vec::new();
         let mut dropped = Vec::new();
+        let mut checks: HashMap<u64, u32> = self
+            .store
+            .take_delivery_counts(self.queue)
+            .into_iter()
+            .collect();
         let mut st = self.lock();
         let mut from = 0;
         loop {
@@ -273,7 +280,7 @@ impl Txn {
                         id,
                         commit_offset: entry.commit_offset,
                         due_ms: due,
-                        checks: 0,
+                        checks: checks.remove(&l).unwrap_or(0),
                     },
                 );
                 st.due.push_back((due, l));
@@ -282,6 +289,11 @@ impl Txn {
         }
         let pending = st.by_id.len();
         drop(st);
+        // counts of half messages resolved (or dropped) before their count was deleted
+        let mut stale: Vec<u64> = checks.into_keys().collect();
+        stale.extend_from_slice(&committed);
+        stale.extend_from_slice(&dropped);
+        drop(self.store.drop_delivery_counts(self.queue, &stale)?);
         if !committed.is_empty() || !dropped.is_empty() {
             let mut acks = committed.clone();
             acks.extend_from_slice(&dropped);
@@ -437,7 +449,7 @@ impl Txn {
         vh: &Vhost,
         access: &VhostAccess,
         id: &str,
-    ) -> Result<(u64, String, String, Properties, Bytes), CoreError> {
+    ) -> Result<(u64, u32, String, String, Properties, Bytes), CoreError> {
         let not_found = || CoreError::NotFound {
             kind: ResourceKind::HalfMessage,
             name: id.to_string(),
@@ -457,12 +469,12 @@ impl Txn {
             return Err(not_found());
         }
         st.by_id.remove(id);
-        st.by_offset.remove(&logical);
-        Ok((logical, exchange, rk, props, rec.body))
+        let checks = st.by_offset.remove(&logical).map_or(0, |p| p.checks);
+        Ok((logical, checks, exchange, rk, props, rec.body))
     }
 
     /// Puts back a half message [`Txn::take`] took whose commit failed.
-    fn put_back(&self, id: &str, logical: u64) {
+    fn put_back(&self, id: &str, logical: u64, checks: u32) {
         if let Ok(Some((entry, _))) = self.store.read_queue(self.queue, logical) {
             let due = now_ms().saturating_add(self.timeout_ms());
             let mut st = self.lock();
@@ -473,7 +485,7 @@ impl Txn {
                     id: id.into(),
                     commit_offset: entry.commit_offset,
                     due_ms: due,
-                    checks: 0,
+                    checks,
                 },
             );
             st.due.push_back((due, logical));
@@ -489,7 +501,7 @@ impl Txn {
         commit: bool,
         conn: crate::ConnectionId,
     ) -> Result<Published, CoreError> {
-        let (logical, exchange, rk, mut props, body) = self.take(vh, access, id)?;
+        let (logical, checks, exchange, rk, mut props, body) = self.take(vh, access, id)?;
         let mut published = Published {
             routed: true,
             rejected: false,
@@ -509,13 +521,16 @@ impl Txn {
                 Err(e) => {
                     // e.g. its exchange was deleted since: still pending, to be rolled
                     // back (or committed once the exchange is back)
-                    self.put_back(id, logical);
+                    self.put_back(id, logical, checks);
                     return Err(e);
                 }
             }
         }
         // after the copy in the log: durable ack ⇒ durable copy
         let ack = self.store.ack(self.queue, &[logical])?;
+        if checks > 0 {
+            drop(self.store.drop_delivery_counts(self.queue, &[logical])?);
+        }
         published.durable = Some(ack.into());
         Ok(published)
     }
@@ -524,6 +539,8 @@ impl Txn {
     pub(crate) fn tick(&self, vh: &Vhost) {
         let now = now_ms();
         let mut work = Vec::new();
+        // check counts to store, and those of rolled-back messages to forget
+        let (mut counted, mut forget) = (Vec::new(), Vec::new());
         {
             let mut st = self.lock();
             let timeout = self.timeout_ms();
@@ -545,6 +562,9 @@ impl Txn {
                     // the id is kept with the offset: the rollback needs no read, so an
                     // unreadable record is still acked and its id leaves the pending set
                     let id = p.id.clone();
+                    if p.checks > 0 {
+                        forget.push(l);
+                    }
                     st.by_offset.remove(&l);
                     if st.by_id.get(&*id) == Some(&l) {
                         st.by_id.remove(&*id);
@@ -554,10 +574,16 @@ impl Txn {
                     p.checks += 1;
                     p.due_ms = now.saturating_add(timeout);
                     let (checks, next) = (p.checks, p.due_ms);
+                    counted.push((l, checks));
                     st.due.push_back((next, l));
                     work.push((l, Due::Check(checks)));
                 }
             }
+        }
+        // one journal record for the tick's checks, written before they go out (a count
+        // lost to a crash is one check too many after the restart, never one too few)
+        if let Err(e) = self.store.put_delivery_counts(self.queue, &counted) {
+            tracing::warn!(vhost = vh.name(), error = %e, "storing half message check counts failed");
         }
         for (l, what) in work {
             let n = match what {
@@ -588,6 +614,11 @@ impl Txn {
             };
             let id = props.message_id.clone().unwrap_or_default();
             self.send_check(vh, &id, &exchange, &rk, &props, n);
+        }
+        // after the rollbacks' acks (a crash in between leaves a count that the next
+        // start finds acked and deletes)
+        if let Err(e) = self.store.drop_delivery_counts(self.queue, &forget) {
+            tracing::warn!(vhost = vh.name(), error = %e, "forgetting half message check counts failed");
         }
     }
 

@@ -375,3 +375,63 @@ fn a_bad_retry_backoff_is_refused_naming_it() {
         None
     );
 }
+
+#[test]
+fn a_backing_off_message_still_waits_its_step_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-retry-backoff",
+        FieldValue::LongString(Bytes::from_static(b"3s")),
+    );
+    let returned_at;
+    {
+        let b = open(dir.path());
+        let v = b.vhost("/").unwrap();
+        declare(&v, "q", true, args.clone());
+        publish(&v, "q", "m");
+        publish(&v, "q", "n");
+        let o = Outbox::new(16);
+        let c = consume(&v, "q", &o);
+        let d = one(&o);
+        assert_eq!(d.body.as_ref(), b"m");
+        returned_at = std::time::Instant::now();
+        d.queue.nack(&[d.offset], true);
+        assert_eq!(v.queue("q").unwrap().parked_count(), 1);
+        c.cancel();
+        let store = b.store().clone();
+        drop(v);
+        drop(b);
+        drop(store);
+    }
+    let b = open(dir.path());
+    let v = b.vhost("/").unwrap();
+    let q = v.queue("q").unwrap();
+    assert_eq!(q.parked_count(), 1, "still backing off after the restart");
+    assert_eq!(q.message_count(), 1, "only n is ready");
+    let o = Outbox::new(16);
+    let _c = consume(&v, "q", &o);
+    let n = one(&o);
+    assert_eq!(n.body.as_ref(), b"n");
+    n.queue.ack(&[n.offset]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let d = loop {
+        b.tick();
+        if let Some(d) = drain(&o).pop() {
+            break d;
+        }
+        assert!(std::time::Instant::now() < deadline, "never came back");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(
+        returned_at.elapsed() >= std::time::Duration::from_secs(3),
+        "came back {:?} after its return, before its 3 s step",
+        returned_at.elapsed()
+    );
+    assert_eq!(d.body.as_ref(), b"m");
+    assert_eq!(count(&d), Some(1));
+    assert_eq!(q.parked_count(), 0);
+    d.queue.ack(&[d.offset]);
+    let left = b.store().journal().scan(b"R").unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}

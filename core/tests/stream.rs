@@ -515,3 +515,48 @@ fn age_retention_keeps_the_young_entries_after_old_ones() {
     b.tick();
     assert_eq!(q.stream().unwrap().range(), (7, 9));
 }
+
+#[test]
+fn a_start_offset_replaces_the_stored_one_and_forgetting_it_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let b = open(dir.path());
+        let v = b.vhost("/").unwrap();
+        declare(&v, "s", stream_args(&[])).unwrap();
+        for i in 0..5 {
+            publish(&v, "s", &format!("m{i}"));
+        }
+        let st = v.queue("s").unwrap();
+        let st = st.stream().unwrap();
+        // next: where a consumer starting now would start, replacing a higher one
+        st.reset_offset("keep", OffsetReset::Offset(4)).unwrap();
+        assert_eq!(st.start_offset("keep", StreamOffset::Next).unwrap().0, 5);
+        assert_eq!(st.start_offset("keep", StreamOffset::First).unwrap().0, 0);
+        assert_eq!(st.start_offset("keep", StreamOffset::Last).unwrap().0, 4);
+        assert_eq!(
+            st.start_offset("gone", StreamOffset::Offset(2)).unwrap().0,
+            2
+        );
+        // a consumer under a started name, without an explicit start, begins there
+        let (c, o) = consume(&v, "s", 10, None, Some("gone"));
+        assert_eq!(offsets(&drain(&o)), [2, 3, 4]);
+        c.cancel();
+        assert!(st.forget_offset("gone").unwrap().is_some());
+        assert!(st.forget_offset("gone").unwrap().is_none(), "once");
+        assert_eq!(st.stored_offset("gone"), None);
+        b.store().journal().durable_end().wait().unwrap();
+        let store = b.store().clone();
+        drop(v);
+        drop(b);
+        drop(store);
+    }
+    let b = open(dir.path());
+    let q = b.vhost("/").unwrap().queue("s").unwrap();
+    let st = q.stream().unwrap();
+    assert_eq!(st.stored_offset("keep"), Some(4));
+    assert_eq!(
+        st.stored_offset("gone"),
+        None,
+        "the forgetting was journaled"
+    );
+}

@@ -476,3 +476,56 @@ fn the_shared_publish_entry_takes_half_messages_and_commits() {
     wait(p);
     assert_eq!(bodies(&link, "o"), ["from the api"]);
 }
+
+#[test]
+fn a_half_messages_check_count_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TxnConfig {
+        check_timeout: Duration::from_millis(100),
+        check_max: 3,
+    };
+    let collect = |b: &Broker, link: &Link, until: &dyn Fn(&[i64]) -> bool| {
+        let mut seen = Vec::new();
+        eventually_blocking("checks", Duration::from_secs(10), || {
+            b.tick();
+            while let Some(d) = link.get("replies", true).unwrap() {
+                let h = d.properties.headers.as_ref().unwrap();
+                seen.push(h.get_i64("x-txn-check-count").unwrap());
+            }
+            until(&seen)
+        });
+        seen
+    };
+    {
+        let b = open(dir.path(), cfg);
+        topology(&b);
+        let link = login(&b, "guest");
+        wait(half(&link, "h", "unanswered").unwrap());
+        let seen = collect(&b, &link, &|s| s.len() >= 2);
+        assert_eq!(seen, [1, 2]);
+        let store = b.store().clone();
+        drop(link);
+        drop(b);
+        drop(store);
+    }
+    let b = open(dir.path(), cfg);
+    let link = login(&b, "guest");
+    assert!(b.vhost("/").unwrap().txn().is_pending("h"));
+    let seen = collect(&b, &link, &|_| !b.vhost("/").unwrap().txn().is_pending("h"));
+    let mut seen = seen;
+    while let Some(d) = link.get("replies", true).unwrap() {
+        seen.push(
+            d.properties
+                .headers
+                .as_ref()
+                .unwrap()
+                .get_i64("x-txn-check-count")
+                .unwrap(),
+        );
+    }
+    assert_eq!(seen, [3], "the third and last check, then the rollback");
+    assert!(bodies(&link, "o").is_empty());
+    // the rollback forgot the stored count
+    let left = b.store().journal().scan(b"R").unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}

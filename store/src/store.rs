@@ -777,6 +777,14 @@ impl Store {
     /// The delivery counts ([`crate::returns`]) stored for `queue` when the store
     /// opened, as `(offset, count)`; a second call (or a queue created since) gets none.
     pub fn take_delivery_counts(&self, queue: QueueId) -> Vec<(u64, u32)> {
+        self.take_returns(queue)
+            .into_iter()
+            .map(|r| (r.offset, r.count))
+            .collect()
+    }
+
+    /// As [`Store::take_delivery_counts`], with each one's back-off wait.
+    pub fn take_returns(&self, queue: QueueId) -> Vec<crate::returns::Returned> {
         lock(&self.inner.loaded_counts)
             .remove(&queue)
             .unwrap_or_default()

@@ -11,9 +11,9 @@
 //! slot (one second of due times, [`SLOT_MS`]) is a backward-linked list through the
 //! file, and memory holds only, per slot that has messages, its newest record's
 //! position and its count (a `BTreeMap` entry, about 40 bytes per pending second, not
-//! per message). When a slot's second comes, its list is read back (one `pread` per
-//! record) and handed to the scheduler, which holds that one second's messages until
-//! each is due.
+//! per message). A second before a slot's second comes, its list is read back (one
+//! `pread` per record) and handed to the scheduler, which holds those messages until
+//! each is due (so at most two seconds of them are in memory).
 //!
 //! The file is derived data: it is truncated and refilled from the queue's entries at
 //! every start, truncated again whenever the wheel is empty, and refilled (compacted)

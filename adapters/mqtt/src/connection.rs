@@ -521,6 +521,7 @@ where
                 return Ok(None);
             }
         }
+        c.restore_streams();
     }
     let outbox = c.outbox.clone();
     ctx.state.stats.connected.fetch_add(1, Ordering::Relaxed);
@@ -1162,7 +1163,15 @@ impl Conn {
         Ok(self
             .vs
             .sessions
-            .save(&self.client_id, self.link.user(), &self.session.subs)?
+            .save(
+                &self.client_id,
+                self.link.user(),
+                &self.session.subs,
+                self.streams
+                    .iter()
+                    .map(|s| (s.tag.to_string(), s.qos))
+                    .collect(),
+            )?
             .into_iter()
             .collect())
     }
@@ -1233,7 +1242,7 @@ impl Conn {
             );
             return 0x80;
         }
-        match self.join_stream(full, &sf) {
+        match self.join_stream(full, &sf, false) {
             Ok(d) => {
                 *bound = Some(d);
                 self.streams.push(StreamSub {
@@ -1259,6 +1268,7 @@ impl Conn {
         &mut self,
         full: &str,
         sf: &crate::stream::StreamFilter<'_>,
+        restored: bool,
     ) -> Result<Durability, CoreError> {
         let qname = crate::stream::stream_queue_name(sf.filter);
         if qname.len() > MAX_TOPIC_LEN {
@@ -1290,6 +1300,16 @@ impl Conn {
                 })?);
             }
         }
+        // a persistent session's position (stored before the binding, whose record
+        // then covers it)
+        let name = (!self.clean).then(|| crate::stream::consumer_name(&self.client_id, full));
+        let q = vhost.queue(&qname);
+        let opts = crate::stream::consume_options(
+            sf,
+            name,
+            q.as_ref().and_then(|q| q.stream()),
+            restored,
+        )?;
         // bound already: the result covers what was journaled before (the records of
         // the queue and the binding among it)
         let bound = vhost.bind_queue_deferred(
@@ -1312,7 +1332,7 @@ impl Conn {
                 gate: None,
                 filter: None,
             },
-            crate::stream::consume_options(sf),
+            opts,
         )?;
         self.shared.push((Arc::from(full), consumer));
         Ok(bound)
@@ -1324,6 +1344,34 @@ impl Conn {
         if let Some(i) = self.shared.iter().position(|(t, _)| **t == *f) {
             let (_, consumer) = self.shared.swap_remove(i);
             consumer.cancel();
+            if !self.clean {
+                crate::stream::forget_position(self.link.vhost(), &self.client_id, f);
+            }
+        }
+    }
+
+    /// Restores a persistent session's stream subscriptions at CONNECT, each from its
+    /// stored position. One that cannot be restored (no longer permitted, say) is
+    /// dropped with a warning, and the session is stored without it at its next change.
+    fn restore_streams(&mut self) {
+        let now = triad_core::stream::now_ms();
+        for (f, qos) in self.vs.sessions.streams(&self.client_id) {
+            let joined = match crate::stream::parse_stream(&f, now) {
+                Some(Ok(sf)) => self.join_stream(&f, &sf, true).map(|_| sf.filter.len()),
+                _ => Err(CoreError::Internal(format!(
+                    "stored stream filter '{f}' is invalid"
+                ))),
+            };
+            match joined {
+                Ok(filter_len) => self.streams.push(StreamSub {
+                    filter_at: f.len() - filter_len,
+                    tag: Arc::from(f.as_str()),
+                    qos,
+                }),
+                Err(e) => {
+                    tracing::warn!(filter = %f, error = %e, "cannot restore a stream subscription: dropped");
+                }
+            }
         }
     }
 

@@ -42,34 +42,41 @@ struct Stored {
     /// (the first user to connect to it then owns it).
     owner: Option<Box<str>>,
     subs: BTreeMap<String, u8>,
+    /// Stream subscriptions (`$stream/...` → granted QoS); their positions are the
+    /// streams' stored consumer offsets ([`crate::stream::consumer_name`]).
+    streams: BTreeMap<String, u8>,
     /// Wall-clock ms since the Unix epoch at which the client disconnected; 0 while it
     /// is connected (or for sessions stored before `session_expiry` was turned on).
     disconnected_at: u64,
 }
 
 /// Persistent sessions (clean session 0), by client id: the owner and filter → granted
-/// QoS, as JSON (`{"user": ..., "subs": {...}}`; older entries are the bare `subs` map)
+/// QoS, as JSON (`{"user": ..., "subs": {...}, "streams": {...}}`, `streams` only when
+/// there are any; older entries are the bare `subs` map)
 /// in a [`DurableLog`] entry whose `meta` is the time the client disconnected (see
 /// [`Stored::disconnected_at`]), kept only with `session_expiry`.
 #[derive(Debug)]
 pub struct SessionStore {
     map: Mutex<HashMap<String, Stored>>,
     log: DurableLog,
+    vhost: Arc<Vhost>,
 }
 
 impl SessionStore {
     fn open(vhost: Arc<Vhost>, conn: ConnectionId) -> Result<SessionStore, CoreError> {
-        let (log, entries) = DurableLog::open(vhost, SESSIONS_QUEUE, LEGACY_SESSIONS_QUEUE, conn)?;
+        let (log, entries) =
+            DurableLog::open(vhost.clone(), SESSIONS_QUEUE, LEGACY_SESSIONS_QUEUE, conn)?;
         let mut map = HashMap::new();
         for e in entries {
             match decode_stored(&e.value) {
-                Ok((owner, subs)) => {
+                Ok((owner, subs, streams)) => {
                     let disconnected_at = u64::try_from(e.meta).unwrap_or(0);
                     map.insert(
                         e.key,
                         Stored {
                             owner,
                             subs,
+                            streams,
                             disconnected_at,
                         },
                     );
@@ -82,6 +89,7 @@ impl SessionStore {
         Ok(SessionStore {
             map: Mutex::new(map),
             log,
+            vhost,
         })
     }
 
@@ -96,9 +104,14 @@ impl SessionStore {
         stored: Stored,
     ) -> Result<Option<Durability>, CoreError> {
         let json = match &stored.owner {
+            Some(user) if stored.streams.is_empty() => serde_json::to_vec(&serde_json::json!({
+                "user": &**user,
+                "subs": &stored.subs,
+            })),
             Some(user) => serde_json::to_vec(&serde_json::json!({
                 "user": &**user,
                 "subs": &stored.subs,
+                "streams": &stored.streams,
             })),
             None => serde_json::to_vec(&stored.subs),
         }
@@ -112,6 +125,13 @@ impl SessionStore {
     /// The stored subscriptions of `client`.
     pub fn get(&self, client: &str) -> Option<BTreeMap<String, u8>> {
         self.lock().get(client).map(|s| s.subs.clone())
+    }
+
+    /// The stored stream subscriptions of `client` (filter, granted QoS).
+    pub fn streams(&self, client: &str) -> Vec<(String, u8)> {
+        self.lock().get(client).map_or_else(Vec::new, |s| {
+            s.streams.iter().map(|(f, q)| (f.clone(), *q)).collect()
+        })
     }
 
     /// Whether `user` may use the stored session of `client`: there is none, or it is
@@ -132,6 +152,7 @@ impl SessionStore {
         client: &str,
         user: &str,
         subs: &BTreeMap<String, u8>,
+        streams: BTreeMap<String, u8>,
     ) -> Result<Option<Durability>, CoreError> {
         let mut g = self.lock();
         self.put(
@@ -140,6 +161,7 @@ impl SessionStore {
             Stored {
                 owner: Some(Box::from(user)),
                 subs: subs.clone(),
+                streams,
                 disconnected_at: 0,
             },
         )
@@ -187,11 +209,15 @@ impl SessionStore {
         self.len() == 0
     }
 
-    /// Forgets `client`.
+    /// Forgets `client`, and the positions of its stream subscriptions.
     pub fn remove(&self, client: &str) {
         let mut g = self.lock();
-        if g.remove(client).is_some() {
+        if let Some(s) = g.remove(client) {
             self.log.delete(client);
+            drop(g);
+            for f in s.streams.keys() {
+                crate::stream::forget_position(&self.vhost, client, f);
+            }
         }
     }
 
@@ -261,19 +287,23 @@ impl SessionStore {
 /// Filter → granted QoS.
 type Subs = BTreeMap<String, u8>;
 
-/// Decodes a stored session: `{"user": ..., "subs": {...}}`, or an older entry's bare
-/// `subs` map (no owner).
-fn decode_stored(json: &[u8]) -> serde_json::Result<(Option<Box<str>>, Subs)> {
+/// Decodes a stored session: `{"user": ..., "subs": {...}, "streams": {...}}`
+/// (`streams` optional), or an older entry's bare `subs` map (no owner).
+fn decode_stored(json: &[u8]) -> serde_json::Result<(Option<Box<str>>, Subs, Subs)> {
     let mut v: serde_json::Value = serde_json::from_slice(json)?;
     let owner = v.get("user").and_then(|u| u.as_str()).map(Box::<str>::from);
+    let mut streams = Subs::new();
     if owner.is_some() {
+        if let Some(s) = v.get_mut("streams").map(serde_json::Value::take) {
+            streams = serde_json::from_value(s)?;
+        }
         v = v
             .get_mut("subs")
             .map(serde_json::Value::take)
             .unwrap_or_default();
     }
     let subs = serde_json::from_value(v)?;
-    Ok((owner, subs))
+    Ok((owner, subs, streams))
 }
 
 /// Wall-clock ms since the Unix epoch (persisted, so it must survive a restart).
@@ -823,15 +853,21 @@ mod tests {
 
     #[test]
     fn stored_sessions_with_and_without_an_owner() {
-        let (owner, subs) = decode_stored(br#"{"user":"alice","subs":{"a/#":1}}"#).unwrap();
+        let (owner, subs, streams) =
+            decode_stored(br#"{"user":"alice","subs":{"a/#":1}}"#).unwrap();
         assert_eq!(owner.as_deref(), Some("alice"));
         assert_eq!(subs.get("a/#"), Some(&1));
+        assert!(streams.is_empty());
+        let (_, subs, streams) =
+            decode_stored(br#"{"user":"bob","subs":{},"streams":{"$stream/first/a":1}}"#).unwrap();
+        assert!(subs.is_empty());
+        assert_eq!(streams.get("$stream/first/a"), Some(&1));
         // before owners were kept: the bare map
-        let (owner, subs) = decode_stored(br#"{"x/+":2}"#).unwrap();
+        let (owner, subs, _) = decode_stored(br#"{"x/+":2}"#).unwrap();
         assert_eq!(owner, None);
         assert_eq!(subs.get("x/+"), Some(&2));
         // a filter named "user" in an old entry is a filter, not an owner
-        let (owner, subs) = decode_stored(br#"{"user":1}"#).unwrap();
+        let (owner, subs, _) = decode_stored(br#"{"user":1}"#).unwrap();
         assert_eq!(owner, None);
         assert_eq!(subs.get("user"), Some(&1));
         assert!(decode_stored(b"[1]").is_err());

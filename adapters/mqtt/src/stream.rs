@@ -16,9 +16,16 @@
 //!   retention bounds it); deleting it is the operator's.
 //! - Permissions are a plain subscription's, on that queue: configure and read on it,
 //!   write on it and read on `amq.topic` (with the topic permission) for the binding.
-//! - The subscription lives as long as the connection (it is not stored with a
-//!   persistent session: a reconnecting client subscribes again with the start it
-//!   wants). Deliveries carry the QoS granted (at most the message's), each stream
+//! - In a clean session the subscription lives as long as the connection. In a
+//!   persistent session (clean session 0) it is stored with the session's other
+//!   subscriptions and its position is the stream's stored offset of a consumer name
+//!   of its own ([`consumer_name`]): set to the start when it subscribes, moved past
+//!   each acknowledged message (PUBACK or PUBCOMP; coalesced, written at most a second
+//!   later and when the connection ends), so after a reconnect or a broker restart it
+//!   resumes where it was acknowledged, not from the start it was made with (what
+//!   was sent but not acknowledged comes again: at least once). UNSUBSCRIBE, a clean
+//!   CONNECT over the session and the session's expiry forget the position.
+//! - Deliveries carry the QoS granted (at most the message's), each stream
 //!   subscription reads at most the session's in-flight window ahead of its acks.
 
 use std::time::Duration;
@@ -86,11 +93,75 @@ pub fn auto_declare_arguments(max_age: Duration, max_bytes: u64) -> FieldTable {
     t
 }
 
-/// The core's consume options for a parsed filter.
-pub fn consume_options(s: &StreamFilter<'_>) -> StreamConsume {
-    StreamConsume {
+/// The stream consumer name that holds the position of a persistent session's
+/// subscription `full` (`$stream/<start>/<filter>`): `mqtt/<client id>/<start>` (the
+/// stream is the filter's own, so the client and the start tell its subscriptions
+/// apart), or, past the core's 255 bytes, `mqtt/~` and a 64-bit FNV-1a hash of both.
+pub fn consumer_name(client_id: &str, full: &str) -> String {
+    let start = full
+        .strip_prefix(STREAM_PREFIX)
+        .and_then(|r| r.split_once('/'))
+        .map_or("", |(s, _)| s);
+    let name = format!("mqtt/{client_id}/{start}");
+    if name.len() <= triad_core::stream::spec::MAX_CONSUMER_NAME {
+        return name;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("mqtt/~{h:016x}")
+}
+
+/// The core's consume options for a parsed filter: a clean session's subscription
+/// (`name` `None`) starts at its start; a persistent session's has its position stored
+/// under `name`: a new subscription stores its start there first, a restored one
+/// resumes from it (or from its start if nothing is stored, e.g. the stream was
+/// deleted and declared again since).
+pub fn consume_options(
+    s: &StreamFilter<'_>,
+    name: Option<String>,
+    stream: Option<&triad_core::stream::Stream>,
+    restored: bool,
+) -> Result<StreamConsume, triad_core::CoreError> {
+    let (Some(n), Some(st)) = (name, stream) else {
+        return Ok(StreamConsume {
+            offset: Some(s.start),
+            name: None,
+        });
+    };
+    if restored && st.stored_offset(&n).is_some() {
+        return Ok(StreamConsume {
+            offset: None,
+            name: Some(n),
+        });
+    }
+    if !restored {
+        drop(st.start_offset(&n, s.start)?);
+    }
+    Ok(StreamConsume {
         offset: Some(s.start),
-        name: None,
+        name: Some(n),
+    })
+}
+
+/// Forgets the stored position of a persistent session's stream subscription `full`
+/// (it ended: UNSUBSCRIBE, or the session was discarded or expired).
+pub fn forget_position(vhost: &triad_core::Vhost, client_id: &str, full: &str) {
+    let Some((_, filter)) = full
+        .strip_prefix(STREAM_PREFIX)
+        .and_then(|r| r.split_once('/'))
+    else {
+        return;
+    };
+    let Some(q) = vhost.queue(&stream_queue_name(filter)) else {
+        return;
+    };
+    if let Some(st) = q.stream() {
+        if let Err(e) = st.forget_offset(&consumer_name(client_id, full)) {
+            tracing::warn!(filter = full, error = %e, "forgetting a stream position failed");
+        }
     }
 }
 
@@ -139,6 +210,23 @@ mod tests {
             assert_eq!(parse_stream(bad, now), Some(Err(())), "{bad}");
         }
         assert_eq!(stream_queue_name("a/+"), "mqtt-stream/a/+");
+    }
+
+    #[test]
+    fn consumer_names_tell_clients_and_starts_apart_and_stay_short() {
+        assert_eq!(consumer_name("c1", "$stream/first/a/#"), "mqtt/c1/first");
+        assert_eq!(consumer_name("c1", "$stream/1h/a/#"), "mqtt/c1/1h");
+        assert_ne!(
+            consumer_name("c1", "$stream/first/a"),
+            consumer_name("c2", "$stream/first/a")
+        );
+        let long = "x".repeat(300);
+        let a = consumer_name(&long, "$stream/first/a");
+        let b = consumer_name(&long, "$stream/last/a");
+        assert!(a.len() <= triad_core::stream::spec::MAX_CONSUMER_NAME);
+        assert!(a.starts_with("mqtt/~"));
+        assert_ne!(a, b);
+        assert_eq!(a, consumer_name(&long, "$stream/first/a"), "stable");
     }
 
     #[test]
