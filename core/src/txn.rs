@@ -427,6 +427,7 @@ impl Txn {
             rejected: false,
             durable: Some(appended.durable.into()),
             backpressure: None,
+            queues: 0,
         })
     }
 
@@ -495,6 +496,7 @@ impl Txn {
             rejected: false,
             durable: None,
             backpressure: None,
+            queues: 0,
         };
         if commit {
             if let Some(h) = props.headers.as_mut() {

@@ -1541,7 +1541,8 @@ impl Conn {
             headers: Some(headers),
             ..Default::default()
         };
-        let published = self.link.publish_checked(to, false, properties, payload)?;
+        // indexed by vhost and topic: the management API's query by topic and time
+        let published = self.link.publish_checked_indexed(to, properties, payload)?;
         durables.extend(published.durable);
         self.state.stats.received.fetch_add(1, Ordering::Relaxed);
         Ok((durables, published.backpressure))
