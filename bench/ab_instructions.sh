@@ -10,7 +10,8 @@
 #
 # Each round runs BEFORE then AFTER, each on a fresh data directory, driven by the same
 # TRIAD_BENCH with the given arguments (`--port` added), and prints one line per run:
-# `label round instructions received instructions_per_message`.
+# `label round instructions received instructions_per_message`. With KEEP_DIR set, each
+# run's inclusive per-function profile is kept there as `<label>-<round>.txt`.
 set -euo pipefail
 [ $# -ge 5 ] && [ "$5" = -- ] || { sed -n 2,14p "$0"; exit 2; }
 before=$1 after=$2 rounds=$3 bench=$4
@@ -50,6 +51,10 @@ run() {
     received=$(grep -o '"received":[0-9]*' "$WORK/result.json" | head -1 | cut -d: -f2)
     callgrind_annotate "$WORK/cg.out" >"$WORK/annotate.txt" 2>/dev/null
     total=$(awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}' "$WORK/annotate.txt" | head -1)
+    if [ -n "${KEEP_DIR:-}" ]; then
+        mkdir -p "$KEEP_DIR"
+        callgrind_annotate --inclusive=yes "$WORK/cg.out" >"$KEEP_DIR/$label-$round.txt" 2>/dev/null || true
+    fi
     echo "$label $round $total $received $((total / received))"
 }
 
