@@ -9,8 +9,10 @@
 //! knows the live connections' counts and keeps what closed connections counted; a
 //! listing sums them, O(connections + exchanges), never on a message path.
 //!
-//! Bounds: a connection counts at most [`MAX_PER_CONN`] exchanges itself (about 40
-//! bytes each, none until it publishes); a publish to one more is added to the vhost's
+//! Bounds: a connection that never publishes has none (its `Link` holds a 16-byte empty
+//! handle); at its first publish it gets its counts (about 80 bytes and an entry in the
+//! vhost's map) and counts at most [`MAX_PER_CONN`] exchanges itself (about 40 bytes
+//! each); a publish to one more is added to the vhost's
 //! totals under the vhost's lock (correct, slower: only a connection publishing to
 //! that many exchanges pays it). The vhost keeps one entry per exchange that was
 //! published to (and a rate sample per exchange a listing asked about), dropped when
