@@ -169,6 +169,7 @@ pub fn mqtt<S: Stream>(
                 .unwrap_or(usize::MAX),
             stream_max_age: ctx.config.mqtt.stream_max_age.get(),
             stream_max_bytes: ctx.config.mqtt.stream_max_bytes.0,
+            index_topics: ctx.config.mqtt.index_topics,
             ..triad_mqtt::MqttLimits::default()
         },
         shutdown: ctx.shutdown.clone(),

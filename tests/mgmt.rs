@@ -1138,6 +1138,15 @@ async fn exchange_and_connection_stats_count_like_rabbitmq() {
         201
     );
     assert_eq!(stats("fx")["publish_in"], 0);
+    // without mqtt.index_topics, a query by topic is refused, not answered empty
+    let (code, why) = get(http, "/api/messages/by-topic/%2F?topic=a/b", GUEST);
+    assert_eq!(code, 400, "{why}");
+    assert!(
+        why["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("mqtt.index_topics")),
+        "{why}"
+    );
 }
 
 #[test]
@@ -1386,7 +1395,8 @@ fn now_ms() -> u64 {
 #[test]
 fn mqtt_publishes_are_found_by_topic_and_time() {
     use common::raw::MqttClient;
-    let broker = TestBroker::start_with_config(&config());
+    let broker =
+        TestBroker::start_with_config(&format!("{}\n[mqtt]\nindex_topics = true\n", config()));
     let http = broker.http_addr();
     // a queue bound to the topics, so the publishes are stored
     assert_eq!(

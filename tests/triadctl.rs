@@ -173,7 +173,8 @@ fn administers_a_broker_through_the_api() {
 fn query_msg_finds_mqtt_publishes_by_topic_and_time() {
     use common::raw::MqttClient;
     use serde_json::json;
-    let broker = TestBroker::start_with_config(TEST_CONFIG);
+    let broker =
+        TestBroker::start_with_config(&format!("{TEST_CONFIG}\n[mqtt]\nindex_topics = true\n"));
     let http = broker.http_addr();
     assert_eq!(api(http, "PUT", "/api/queues/%2F/meters", &json!({})), 201);
     assert_eq!(

@@ -189,6 +189,11 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["by-topic", vhost] => {
             api.require_admin()?;
             api.vhost_read(vhost)?;
+            if !api.ctx.config.mqtt.index_topics {
+                return Err(ApiError::bad_request(
+                    "MQTT publishes are not indexed by topic: set mqtt.index_topics = true",
+                ));
+            }
             let topic = api
                 .param("topic")
                 .ok_or_else(|| ApiError::bad_request("topic is required"))?;
