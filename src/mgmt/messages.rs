@@ -4,7 +4,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /api/messages/by-id/{message-id}` | messages whose `message-id` property is that id, newest first, through the store's IndexFile (administrators only: it spans vhosts) |
-//! | `GET /api/messages/by-topic/{vhost}?topic=T&from=MS&to=MS` | MQTT publishes to topic `T` (a topic name, no wildcards) in that vhost stored in that time range (ms since the epoch, both optional), newest first, through the IndexFile (administrators only, as by-id) |
+//! | `GET /api/messages/by-topic/{vhost}?topic=T&from=MS&to=MS` | MQTT publishes to topic `T` (a topic name, no wildcards) in that vhost stored in that time range (ms since the epoch, both optional), newest first, through the IndexFile (administrators only, as by-id; needs `mqtt.index_topics`, else 400) |
 //! | `GET /api/messages/{vhost}/{queue}/offset/{n}` | the queue's entries from offset `n` on |
 //! | `GET /api/messages/{vhost}/{queue}/time?from=MS&to=MS` | the queue's entries stored in that time range (ms since the epoch), found by binary search over the consume queue |
 //!
