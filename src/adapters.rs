@@ -3,6 +3,8 @@
 //! over any [`Stream`]: plain TCP or TLS. The unit types [`Amqp`], [`Stomp`] and
 //! [`Mqtt`] are the same functions as [`Service`]s, for the TLS listeners.
 //!
+//! Each stream is [`Counted`] (the connection's bytes, for `/api/connections`).
+//!
 //! `ctx.shutdown` is the connection's own shutdown token (the listener registered the
 //! connection, see [`crate::listener`]): cancelling it is how the management API closes
 //! one connection, and the adapter closes it as it does at broker shutdown.
@@ -13,6 +15,7 @@ use std::net::SocketAddr;
 
 use futures_util::FutureExt;
 
+use crate::counted::Counted;
 use crate::listener::{ConnContext, ConnResult, Service, Stream};
 
 /// [`amqp`] as a [`Service`].
@@ -92,7 +95,11 @@ pub fn amqp<S: Stream>(
         config,
         shutdown: ctx.shutdown.clone(),
     };
-    closed(triad_amqp::serve(stream, peer, actx))
+    closed(triad_amqp::serve(
+        Counted::new(stream, ctx.conn.clone()),
+        peer,
+        actx,
+    ))
 }
 
 /// The user a login without credentials from `peer` becomes (`auth.anonymous`); a
@@ -126,7 +133,11 @@ pub fn stomp<S: Stream>(
         max_subscriptions: n(st.max_subscriptions),
         max_id_length: n(st.max_id_length),
     };
-    closed(triad_stomp::serve(stream, peer, sctx))
+    closed(triad_stomp::serve(
+        Counted::new(stream, ctx.conn.clone()),
+        peer,
+        sctx,
+    ))
 }
 
 /// The port of the listener this connection came in on (the HTTP listener's for a
@@ -158,6 +169,7 @@ pub fn mqtt<S: Stream>(
                 .unwrap_or(usize::MAX),
             stream_max_age: ctx.config.mqtt.stream_max_age.get(),
             stream_max_bytes: ctx.config.mqtt.stream_max_bytes.0,
+            index_topics: ctx.config.mqtt.index_topics,
             ..triad_mqtt::MqttLimits::default()
         },
         shutdown: ctx.shutdown.clone(),
@@ -171,5 +183,9 @@ pub fn mqtt<S: Stream>(
             vhost_in_username: !ctx.config.mqtt.ignore_colons_in_username,
         },
     };
-    closed(triad_mqtt::serve(stream, peer, mctx))
+    closed(triad_mqtt::serve(
+        Counted::new(stream, ctx.conn.clone()),
+        peer,
+        mctx,
+    ))
 }

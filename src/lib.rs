@@ -11,6 +11,7 @@
 //! - [`http`]: the HTTP listener on hyper: `/health`, the management API, WebSockets.
 //! - [`mgmt`]: the management API (`/api/...`) in RabbitMQ's shapes.
 //! - [`adapters`]: glue from a connection to the AMQP, STOMP and MQTT adapters.
+//! - [`counted`]: a connection's stream with its bytes counted (`/api/connections`).
 //! - [`proxy_protocol`]: PROXY protocol v1/v2 headers (`listeners.proxy_protocol`).
 //! - [`shutdown`]: closing the store last, and saying whether it was closed.
 //! - [`tls`]: the TLS listeners' rustls configuration (PEM files, TLS 1.2/1.3, client
@@ -19,6 +20,7 @@
 pub mod adapters;
 pub mod cli;
 pub mod config;
+pub mod counted;
 pub mod http;
 pub mod listener;
 pub mod mgmt;

@@ -1000,6 +1000,155 @@ fn message_stats_count_and_rate_like_rabbitmq() {
     assert_eq!(vh["message_stats"]["ack"], 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exchange_and_connection_stats_count_like_rabbitmq() {
+    use lapin::options::BasicPublishOptions;
+    let broker = TestBroker::start_with_config(&config());
+    let http = broker.http_addr();
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/exchanges/%2F/fx",
+            json!({"type": "fanout"})
+        ),
+        201
+    );
+    for q in ["fq1", "fq2"] {
+        assert_eq!(
+            status(http, "PUT", &format!("/api/queues/%2F/{q}"), json!({})),
+            201
+        );
+        assert_eq!(
+            status(
+                http,
+                "POST",
+                &format!("/api/bindings/%2F/e/fx/q/{q}"),
+                json!({"routing_key": ""})
+            ),
+            201
+        );
+    }
+    let stats =
+        |x: &str| get(http, &format!("/api/exchanges/%2F/{x}"), GUEST).1["message_stats"].clone();
+    // the first reading starts sampling; nothing published yet
+    assert_eq!(
+        stats("fx"),
+        json!({"publish_in": 0, "publish_in_details": {"rate": 0.0},
+            "publish_out": 0, "publish_out_details": {"rate": 0.0}})
+    );
+    let conn = common::amqp::connect(broker.amqp_addr())
+        .await
+        .expect("amqp");
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(Default::default())
+        .await
+        .expect("confirm");
+    let publish = |x: &'static str, n: usize| {
+        let ch = ch.clone();
+        async move {
+            for _ in 0..n {
+                ch.basic_publish(
+                    x.into(),
+                    "k".into(),
+                    BasicPublishOptions::default(),
+                    &[b'x'; 100],
+                    Default::default(),
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("confirm");
+            }
+        }
+    };
+    publish("fx", 5).await;
+    // unroutable: in, not out
+    publish("amq.direct", 1).await;
+    // publish_out counts one per queue, as RabbitMQ's
+    let mut last = Value::Null;
+    eventually("a publish_in rate", || {
+        last = stats("fx");
+        last["publish_in_details"]["rate"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0)
+    });
+    assert_eq!(
+        (&last["publish_in"], &last["publish_out"]),
+        (&json!(5), &json!(10)),
+        "{last}"
+    );
+    assert!(
+        last["publish_out_details"]["rate"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0),
+        "{last}"
+    );
+    let (_, all) = get(http, "/api/exchanges/%2F", GUEST);
+    let direct = all
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["name"] == "amq.direct"))
+        .expect("amq.direct listed");
+    assert_eq!(
+        (
+            &direct["message_stats"]["publish_in"],
+            &direct["message_stats"]["publish_out"]
+        ),
+        (&json!(1), &json!(0))
+    );
+    // the connection's bytes, reads and writes
+    let (_, conns) = get(http, "/api/connections", GUEST);
+    let c = &conns[0];
+    assert!(c["recv_oct"].as_u64().is_some_and(|n| n > 600), "{c}");
+    assert!(c["recv_cnt"].as_u64().is_some_and(|n| n >= 1), "{c}");
+    assert!(c["send_oct"].as_u64().is_some_and(|n| n > 0), "{c}");
+    assert!(c["send_cnt"].as_u64().is_some_and(|n| n >= 1), "{c}");
+    assert!(c["recv_oct_details"]["rate"].is_number(), "{c}");
+    assert!(c["send_oct_details"]["rate"].is_number(), "{c}");
+    let recv_before = c["recv_oct"].as_u64().unwrap_or(0);
+    publish("fx", 1).await;
+    eventually("the connection's bytes to grow", || {
+        get(http, "/api/connections", GUEST).1[0]["recv_oct"]
+            .as_u64()
+            .is_some_and(|n| n > recv_before + 100)
+    });
+    // a closed connection's counts stay with the exchange
+    conn.close(200, "bye".into()).await.expect("close");
+    eventually("the connection to go", || {
+        get(http, "/api/connections", GUEST).1 == json!([])
+    });
+    let after = stats("fx");
+    assert_eq!(
+        (&after["publish_in"], &after["publish_out"]),
+        (&json!(6), &json!(12)),
+        "{after}"
+    );
+    // deleted and declared again: from 0
+    assert_eq!(
+        call(http, "DELETE", "/api/exchanges/%2F/fx", GUEST, None).0,
+        204
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/exchanges/%2F/fx",
+            json!({"type": "fanout"})
+        ),
+        201
+    );
+    assert_eq!(stats("fx")["publish_in"], 0);
+    // without mqtt.index_topics, a query by topic is refused, not answered empty
+    let (code, why) = get(http, "/api/messages/by-topic/%2F?topic=a/b", GUEST);
+    assert_eq!(code, 400, "{why}");
+    assert!(
+        why["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("mqtt.index_topics")),
+        "{why}"
+    );
+}
+
 #[test]
 fn prometheus_metrics_aggregated_and_per_object() {
     let broker = TestBroker::start_with_config(&config());
@@ -1234,6 +1383,148 @@ fn messages_are_found_by_id_offset_and_time() {
     let peek = Some(("peek", "pw"));
     assert_eq!(get(http, "/api/messages/%2F/mq/offset/0", peek).0, 401);
     assert_eq!(get(http, "/api/messages/by-id/id-1", peek).0, 401);
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+}
+
+#[test]
+fn mqtt_publishes_are_found_by_topic_and_time() {
+    use common::raw::MqttClient;
+    let broker =
+        TestBroker::start_with_config(&format!("{}\n[mqtt]\nindex_topics = true\n", config()));
+    let http = broker.http_addr();
+    // a queue bound to the topics, so the publishes are stored
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/queues/%2F/sensors",
+            json!({"durable": true})
+        ),
+        201
+    );
+    assert_eq!(
+        status(
+            http,
+            "POST",
+            "/api/bindings/%2F/e/amq.topic/q/sensors",
+            json!({"routing_key": "s.*.t"})
+        ),
+        201
+    );
+    let timeout = Duration::from_secs(10);
+    let mut c = MqttClient::connect(broker.mqtt_addr(), "pub-1", true, timeout).expect("mqtt");
+    c.publish("s/1/t", 1, 1, b"one").expect("publish");
+    assert_eq!(c.read_until(4).expect("PUBACK").0.pkid(), Some(1));
+    c.publish("s/2/t", 1, 2, b"two").expect("publish");
+    assert_eq!(c.read_until(4).expect("PUBACK").0.pkid(), Some(2));
+    // both are stored: a later publish gets a later store time
+    let mid = now_ms();
+    eventually("the clock to move", || now_ms() > mid);
+    c.publish("s/1/t", 0, 0, b"three").expect("publish");
+    let query = |q: &str| get(http, &format!("/api/messages/by-topic/%2F?{q}"), GUEST);
+    let payloads = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|m| m["payload"].as_str().unwrap_or("?").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    eventually_with(
+        "the QoS 0 publish to be stored",
+        || query("topic=s/1/t").1.to_string(),
+        || payloads(&query("topic=s/1/t").1).len() == 2,
+    );
+    let (code, all) = query("topic=s%2F1%2Ft");
+    assert_eq!(code, 200, "{all}");
+    // newest first, only that topic
+    assert_eq!(payloads(&all), ["three", "one"]);
+    assert_eq!(all[0]["exchange"], "amq.topic");
+    assert_eq!(all[0]["routing_key"], "s.1.t");
+    assert_eq!(all[1]["properties"]["delivery_mode"], 2);
+    assert_eq!(
+        all[1]["queues"],
+        json!([{"vhost": "/", "name": "sensors", "offset": 0, "held": true}])
+    );
+    // the time range, both ends inclusive
+    assert_eq!(
+        payloads(&query(&format!("topic=s/1/t&to={mid}")).1),
+        ["one"]
+    );
+    assert_eq!(
+        payloads(&query(&format!("topic=s/1/t&from={}", mid + 1)).1),
+        ["three"]
+    );
+    assert_eq!(
+        payloads(
+            &query(&format!(
+                "topic=s/1/t&from={}&to={}",
+                mid + 1,
+                mid + 3_600_000
+            ))
+            .1
+        ),
+        ["three"]
+    );
+    assert_eq!(payloads(&query("topic=s/2/t&count=1").1), ["two"]);
+    assert_eq!(query("topic=s/3/t").1, json!([]));
+    // an AMQP message whose message-id is the topic is not an MQTT publish to it, and
+    // the topic's messages are not found by that id
+    assert_eq!(
+        status(
+            http,
+            "POST",
+            "/api/exchanges/%2F/amq.default/publish",
+            json!({"routing_key": "sensors", "payload": "amqp", "payload_encoding": "string",
+                "properties": {"message_id": "s/1/t"}})
+        ),
+        200
+    );
+    assert_eq!(payloads(&query("topic=s/1/t").1), ["three", "one"]);
+    assert_eq!(
+        payloads(&get(http, "/api/messages/by-id/s%2F1%2Ft", GUEST).1),
+        ["amqp"]
+    );
+    // checked
+    assert_eq!(
+        query("topic=s/%2B/t").0,
+        400,
+        "a filter is not a topic name"
+    );
+    assert_eq!(query("topic=s/%23").0, 400);
+    assert_eq!(query("from=1").0, 400, "topic is required");
+    assert_eq!(query("topic=s/1/t&from=5&to=4").0, 400);
+    assert_eq!(query("topic=s/1/t&from=soon").0, 400);
+    assert_eq!(
+        get(http, "/api/messages/by-topic/nope?topic=s/1/t", GUEST).0,
+        404
+    );
+    assert_eq!(
+        status(
+            http,
+            "PUT",
+            "/api/users/mon",
+            json!({"password": "pw", "tags": "monitoring"})
+        ),
+        201
+    );
+    assert_eq!(
+        get(
+            http,
+            "/api/messages/by-topic/%2F?topic=s/1/t",
+            Some(("mon", "pw"))
+        )
+        .0,
+        401,
+        "administrators only, as by-id"
+    );
 }
 
 #[test]

@@ -168,3 +168,64 @@ fn administers_a_broker_through_the_api() {
     assert_eq!(ctl(closed, GUEST, &["status"]).status.code(), Some(3));
     assert!(ok(http, &["status"]).contains("triad@"));
 }
+
+#[test]
+fn query_msg_finds_mqtt_publishes_by_topic_and_time() {
+    use common::raw::MqttClient;
+    use serde_json::json;
+    let broker =
+        TestBroker::start_with_config(&format!("{TEST_CONFIG}\n[mqtt]\nindex_topics = true\n"));
+    let http = broker.http_addr();
+    assert_eq!(api(http, "PUT", "/api/queues/%2F/meters", &json!({})), 201);
+    assert_eq!(
+        api(
+            http,
+            "POST",
+            "/api/bindings/%2F/e/amq.topic/q/meters",
+            &json!({"routing_key": "m.#"})
+        ),
+        201
+    );
+    let t = std::time::Duration::from_secs(10);
+    let mut c = MqttClient::connect(broker.mqtt_addr(), "meter", true, t).expect("mqtt");
+    for (i, topic) in ["m/1", "m/2", "m/1"].iter().enumerate() {
+        let pkid = i as u16 + 1;
+        c.publish(topic, 1, pkid, format!("r{i}").as_bytes())
+            .expect("publish");
+        assert_eq!(c.read_until(4).expect("PUBACK").0.pkid(), Some(pkid));
+        // the next publish is stored in a later millisecond
+        let stored = now_ms();
+        let deadline = std::time::Instant::now() + t;
+        while now_ms() <= stored && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+    }
+    let found = json(http, &["--vhost", "/", "query_msg", "--topic", "m/1"]);
+    let payloads: Vec<&str> = found
+        .as_array()
+        .map(|a| a.iter().filter_map(|m| m["payload"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(payloads, ["r2", "r0"]);
+    let t0 = found[1]["store_time"].as_u64().expect("store_time");
+    let first = json(
+        http,
+        &["query_msg", "--topic", "m/1", "--to", &t0.to_string()],
+    );
+    assert_eq!(first.as_array().map(Vec::len), Some(1), "{first}");
+    assert_eq!(first[0]["payload"], "r0");
+    let table = ok(
+        http,
+        &["query_msg", "--topic", "m/2", "--from", &t0.to_string()],
+    );
+    assert!(table.contains("r1") && table.contains("m.2"), "{table}");
+    // a filter is refused by the broker: exit code 1
+    let out = ctl(http, GUEST, &["query_msg", "--topic", "m/+"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
+}

@@ -29,6 +29,8 @@
 //! - [`policy`]: RabbitMQ-style policies (pattern, apply-to, priority, definition) that
 //!   set queue limits, TTLs and dead-lettering without redeclaring, persisted per change.
 //! - [`stats`]: message counters (sharded where there is no owner lock) and rates.
+//! - [`exchange_stats`]: per-exchange `publish_in` / `publish_out`, counted per
+//!   connection and summed when read.
 //! - [`throttle`]: failed-login throttling per source address and per user name.
 //! - [`link`]: a connection's [`Link`], which login creates: user, vhost, permissions,
 //!   connection slot; check-and-act methods; teardown on drop.
@@ -72,6 +74,7 @@ pub mod durability;
 mod encoding;
 pub mod envelope;
 pub mod error;
+pub mod exchange_stats;
 pub mod filter;
 pub mod io;
 pub mod link;

@@ -202,6 +202,9 @@ pub struct Link {
     proto: Protocol,
     /// Holds the user's name; given back on drop, after the exclusive queues went.
     slot: ConnectionSlot,
+    /// This connection's per-exchange publish counters ([`crate::exchange_stats`]),
+    /// made at its first publish (a connection that only consumes has none).
+    xcounts: std::sync::OnceLock<Arc<crate::exchange_stats::ConnCounts>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -217,6 +220,9 @@ impl std::fmt::Debug for Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
+        if let Some(c) = self.xcounts.get() {
+            self.vhost.exchange_stats().close(self.conn, c);
+        }
         self.vhost.connection_closed(self.conn);
     }
 }
@@ -235,6 +241,7 @@ impl Link {
             conn,
             proto,
             slot,
+            xcounts: std::sync::OnceLock::new(),
         }
     }
 
@@ -318,10 +325,54 @@ impl Link {
         self.publish_now(to.into_publish(mandatory, properties, body))
     }
 
+    /// [`Link::publish_checked`] (not mandatory), the stored message also indexed under
+    /// its vhost and routing key ([`crate::vhost::topic_key`]): MQTT's publishes, which a
+    /// query by topic and time then finds in the store's index.
+    pub fn publish_checked_indexed(
+        &self,
+        to: PublishTo,
+        properties: Properties,
+        body: Bytes,
+    ) -> Result<Published, CoreError> {
+        if to.conn != self.conn {
+            return Err(CoreError::Internal(
+                "a publish checked by another connection".into(),
+            ));
+        }
+        let p = to.into_publish(false, properties, body);
+        if crate::txn::is_txn(&p) {
+            return self.publish_now(p);
+        }
+        let stats = self.vhost.exchange_stats();
+        let begun = stats.begin(self.xcounts(), &p.exchange);
+        let r = self.vhost.publish_topic_indexed(p);
+        self.count(begun, &r);
+        r
+    }
+
+    /// This connection's exchange counters, made (and known to the vhost) at its first
+    /// publish.
+    fn xcounts(&self) -> &crate::exchange_stats::ConnCounts {
+        self.xcounts
+            .get_or_init(|| self.vhost.exchange_stats().open(self.conn))
+    }
+
+    /// Counts a publish in its exchange's `message_stats` ([`crate::exchange_stats`]).
+    fn count(&self, begun: crate::exchange_stats::Begun, r: &Result<Published, CoreError>) {
+        let done = r.as_ref().ok().map(|p| u64::from(p.queues));
+        self.vhost.exchange_stats().end(self.xcounts(), begun, done);
+    }
+
     /// A checked publish: half messages, commits and rollbacks to [`crate::txn`]
     /// (which checks the rights they need), the rest to the vhost.
     fn publish_now(&self, p: Publish) -> Result<Published, CoreError> {
-        crate::txn::publish(&self.vhost, &self.access, p)
+        let begun = self
+            .vhost
+            .exchange_stats()
+            .begin(self.xcounts(), &p.exchange);
+        let r = crate::txn::publish(&self.vhost, &self.access, p);
+        self.count(begun, &r);
+        r
     }
 
     /// Publishes `p` as this connection, once the user may write to its exchange
@@ -344,7 +395,15 @@ impl Link {
                 .publish_to(&self.vhost, &p.exchange, &p.routing_key)?;
             p.conn = self.conn;
         }
-        self.vhost.publish_all(batch)
+        // a transaction's commit: counted as each of its publishes (not a hot path)
+        let exchanges: Vec<String> = batch.iter().map(|p| p.exchange.clone()).collect();
+        let published = self.vhost.publish_all(batch)?;
+        let stats = self.vhost.exchange_stats();
+        for (x, p) in exchanges.iter().zip(&published) {
+            let begun = stats.begin(self.xcounts(), x);
+            stats.end(self.xcounts(), begun, Some(u64::from(p.queues)));
+        }
+        Ok(published)
     }
 
     /// A direct reply-to consumer for one channel ([`crate::direct_reply`]): deliveries
@@ -590,8 +649,9 @@ mod tests {
 
     #[test]
     fn a_link_is_small() {
+        // 64 bytes before the exchange counters' handle (made at the first publish)
         assert!(
-            std::mem::size_of::<Link>() <= 64,
+            std::mem::size_of::<Link>() <= 80,
             "{}",
             std::mem::size_of::<Link>()
         );

@@ -439,6 +439,7 @@ impl Txn {
             rejected: false,
             durable: Some(appended.durable.into()),
             backpressure: None,
+            queues: 0,
         })
     }
 
@@ -507,6 +508,7 @@ impl Txn {
             rejected: false,
             durable: None,
             backpressure: None,
+            queues: 0,
         };
         if commit {
             if let Some(h) = props.headers.as_mut() {

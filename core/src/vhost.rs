@@ -99,6 +99,52 @@ pub struct Published {
     /// `Some`: a queue it went to is throttled (its consumers fall behind); hold the
     /// publisher (delay its ack or stop reading from it) until this clears.
     pub backpressure: Option<Backpressure>,
+    /// The queues it was stored for (an exchange's `publish_out`); 0 when it is not
+    /// routed yet (delayed, a half message) or went to a direct reply-to consumer.
+    pub queues: u32,
+}
+
+/// Prefix of the store index key under which [`Vhost::publish_topic_indexed`] indexes a
+/// message: `\0topic\0<vhost>\0<routing key>` (the leading NUL keeps it apart from
+/// `message-id` keys; a query still checks the record's vhost and routing key).
+pub const TOPIC_KEY_PREFIX: &[u8] = b"\0topic\0";
+
+/// Longest topic index key written; a longer one is not indexed.
+pub const MAX_TOPIC_KEY: usize = 1024;
+
+/// The store index key of a publish to `routing_key` in `vhost` (see
+/// [`TOPIC_KEY_PREFIX`]).
+pub fn topic_key(vhost: &str, routing_key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(TOPIC_KEY_PREFIX.len() + vhost.len() + 1 + routing_key.len());
+    k.extend_from_slice(TOPIC_KEY_PREFIX);
+    k.extend_from_slice(vhost.as_bytes());
+    k.push(0);
+    k.extend_from_slice(routing_key.as_bytes());
+    k
+}
+
+/// Calls `f` with [`topic_key`] built on the stack when it fits (no allocation per
+/// publish), `None` when it is longer than [`MAX_TOPIC_KEY`].
+fn with_topic_key<R>(vhost: &str, routing_key: &str, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    let len = TOPIC_KEY_PREFIX.len() + vhost.len() + 1 + routing_key.len();
+    if len > MAX_TOPIC_KEY {
+        return f(None);
+    }
+    let mut buf = [0u8; 320];
+    match buf.get_mut(..len) {
+        Some(key) => {
+            let (head, rest) = key.split_at_mut(TOPIC_KEY_PREFIX.len());
+            head.copy_from_slice(TOPIC_KEY_PREFIX);
+            let (v, rest) = rest.split_at_mut(vhost.len());
+            v.copy_from_slice(vhost.as_bytes());
+            if let Some((nul, rk)) = rest.split_first_mut() {
+                *nul = 0;
+                rk.copy_from_slice(routing_key.as_bytes());
+            }
+            f(Some(key))
+        }
+        None => f(Some(&topic_key(vhost, routing_key))),
+    }
 }
 
 /// A vhost's topology as an earlier version kept it: one document rewritten on every
@@ -304,6 +350,8 @@ pub struct Vhost {
     policies: crate::policy::Policies,
     /// Messages clients published into the vhost (sharded: no lock on that path).
     published: crate::stats::Counter,
+    /// Per-exchange publish counters, counted by each connection ([`crate::exchange_stats`]).
+    exchange_stats: crate::exchange_stats::ExchangeStats,
     /// The management API's last reading of the vhost's counters.
     rate: std::sync::Mutex<Option<crate::stats::RateSample>>,
     /// Half messages ([`crate::txn`]).
@@ -363,6 +411,7 @@ impl Vhost {
             replies: Default::default(),
             policies,
             published: Default::default(),
+            exchange_stats: Default::default(),
             rate: Default::default(),
             txn,
             delayed: Default::default(),
@@ -575,6 +624,9 @@ impl Vhost {
                         })
                         .collect();
                     deleted_exchange_ops(&self.name, &deleted, &mut ops);
+                    for x in &deleted {
+                        self.exchange_stats.forget(x);
+                    }
                     self.journal(ops)?
                 }
                 Err(CoreError::NotFound { .. }) => return Ok(()),
@@ -1118,6 +1170,11 @@ impl Vhost {
         &self.replies
     }
 
+    /// The vhost's per-exchange publish counters ([`crate::exchange_stats`]).
+    pub fn exchange_stats(&self) -> &crate::exchange_stats::ExchangeStats {
+        &self.exchange_stats
+    }
+
     /// A publish to the default exchange with a direct reply-to name as routing key: to
     /// that channel's consumer, or nowhere (unroutable) when it is gone.
     fn publish_reply(&self, p: Publish) -> Result<Published, CoreError> {
@@ -1128,6 +1185,7 @@ impl Vhost {
             rejected: false,
             durable: None,
             backpressure: None,
+            queues: 0,
         })
     }
 
@@ -1137,6 +1195,17 @@ impl Vhost {
 
     /// `basic.publish` (and STOMP SEND, MQTT PUBLISH).
     pub fn publish(&self, p: Publish) -> Result<Published, CoreError> {
+        self.publish_keyed(p, false)
+    }
+
+    /// [`Vhost::publish`], the stored message also indexed under [`topic_key`] of this
+    /// vhost and its routing key (MQTT's publishes: found by topic and time). A delayed
+    /// publish is not indexed (it is routed when due).
+    pub fn publish_topic_indexed(&self, p: Publish) -> Result<Published, CoreError> {
+        self.publish_keyed(p, true)
+    }
+
+    fn publish_keyed(&self, p: Publish, index_topic: bool) -> Result<Published, CoreError> {
         if Self::is_reply(&p) {
             return self.publish_reply(p);
         }
@@ -1148,6 +1217,19 @@ impl Vhost {
             return self.publish_delayed(&p, ms);
         }
         let targets = self.check_and_route(&p)?;
+        if index_topic && !targets.is_empty() {
+            return with_topic_key(&self.name, &p.routing_key, |key| {
+                self.publish_to_keyed(
+                    targets,
+                    &p.exchange,
+                    &p.routing_key,
+                    p.properties,
+                    &p.body,
+                    Some(p.conn),
+                    key,
+                )
+            });
+        }
         self.publish_to(
             targets,
             &p.exchange,
@@ -1257,6 +1339,7 @@ impl Vhost {
             rejected: false,
             durable: Some(appended.durable.into()),
             backpressure: None,
+            queues: 0,
         })
     }
 
@@ -1408,6 +1491,7 @@ impl Vhost {
                 rejected: false,
                 durable: None,
                 backpressure: None,
+                queues: 0,
             });
         }
         let mut rejected = false;
@@ -1425,6 +1509,7 @@ impl Vhost {
                 rejected,
                 durable: None,
                 backpressure: None,
+                queues: 0,
             });
         }
         let persistent = props.delivery_mode == Some(2);
@@ -1482,6 +1567,7 @@ impl Vhost {
             rejected,
             durable: wants_disk.then_some(appended.durable.into()),
             backpressure: (!throttled.is_empty()).then(|| Backpressure::new(throttled)),
+            queues: u32::try_from(targets.len()).unwrap_or(u32::MAX),
         })
     }
 
@@ -1691,5 +1777,24 @@ impl Vhost {
     /// An exchange's kind, if it exists.
     pub fn exchange_kind(&self, name: &str) -> Option<ExchangeKind> {
         self.topology_read().exchange(name).map(|x| x.kind)
+    }
+}
+
+#[cfg(test)]
+mod topic_key_tests {
+    use super::*;
+
+    #[test]
+    fn stack_key_is_the_heap_key() {
+        let long_key = "k".repeat(400);
+        for (vh, rk) in [("/", "a.b.c"), ("", ""), ("prod", long_key.as_str())] {
+            let got = with_topic_key(vh, rk, |k| k.map(<[u8]>::to_vec));
+            assert_eq!(got, Some(topic_key(vh, rk)), "{vh} {rk}");
+        }
+        let too_long = "x".repeat(MAX_TOPIC_KEY);
+        assert_eq!(with_topic_key("/", &too_long, |k| k.map(<[u8]>::len)), None);
+        assert!(topic_key("/", "a").starts_with(TOPIC_KEY_PREFIX));
+        // the vhost and the routing key are kept apart: ("a", "b.c") is not ("a\0b", "c")
+        assert_ne!(topic_key("a", "b.c"), topic_key("a.b", "c"));
     }
 }

@@ -29,7 +29,8 @@ commands:
   purge_queue NAME                   delete_queue NAME
   close_connection NAME
   export_definitions [FILE]          import_definitions FILE
-  query_msg --id ID | --queue Q --offset N | --queue Q --from MS [--to MS]  [--count N] [--full]";
+  query_msg --id ID | --queue Q --offset N | --queue Q --from MS [--to MS]
+            | --topic T [--from MS] [--to MS]  (MQTT topic, in --vhost)  [--count N] [--full]";
 
 enum Failure {
     Usage(String),
@@ -395,7 +396,7 @@ fn run(args: Vec<String>) -> Result<(), Failure> {
             let mut k = opts.iter();
             while let Some(o) = k.next() {
                 let key = match *o {
-                    "--id" | "--queue" | "--offset" | "--from" | "--to" | "--count" => {
+                    "--id" | "--queue" | "--offset" | "--from" | "--to" | "--count" | "--topic" => {
                         o.trim_start_matches('-')
                     }
                     "--full" => {
@@ -419,22 +420,29 @@ fn run(args: Vec<String>) -> Result<(), Failure> {
                 .filter(|(n, _)| matches!(*n, "count" | "body" | "from" | "to"))
                 .map(|(n, v)| format!("{n}={}", enc(v)))
                 .collect();
-            let path = match (get("id"), get("queue"), get("offset"), get("from")) {
-                (Some(id), None, None, None) => format!("/api/messages/by-id/{}", enc(id)),
-                (None, Some(queue), Some(off), None) => {
+            let by_topic = get("topic").is_some();
+            let path = match (get("id"), get("queue"), get("offset"), get("from"), get("topic")) {
+                (Some(id), None, None, None, None) => {
+                    format!("/api/messages/by-id/{}", enc(id))
+                }
+                (None, Some(queue), Some(off), None, None) => {
                     format!("/api/messages/{v}/{}/offset/{}", enc(queue), enc(off))
                 }
-                (None, Some(queue), None, Some(_)) => {
+                (None, Some(queue), None, Some(_), None) => {
                     format!("/api/messages/{v}/{}/time", enc(queue))
+                }
+                (None, None, None, _, Some(topic)) => {
+                    params.push(format!("topic={}", enc(topic)));
+                    format!("/api/messages/by-topic/{v}")
                 }
                 _ => {
                     return Err(Failure::Usage(
-                        "query_msg needs --id ID, --queue Q --offset N or --queue Q --from MS"
+                        "query_msg needs --id ID, --queue Q --offset N, --queue Q --from MS or --topic T"
                             .into(),
                     ))
                 }
             };
-            if get("to").is_some() && get("from").is_none() {
+            if get("to").is_some() && get("from").is_none() && !by_topic {
                 return Err(Failure::Usage("--to needs --from".into()));
             }
             params.sort();

@@ -4,6 +4,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /api/messages/by-id/{message-id}` | messages whose `message-id` property is that id, newest first, through the store's IndexFile (administrators only: it spans vhosts) |
+//! | `GET /api/messages/by-topic/{vhost}?topic=T&from=MS&to=MS` | MQTT publishes to topic `T` (a topic name, no wildcards) in that vhost stored in that time range (ms since the epoch, both optional), newest first, through the IndexFile (administrators only, as by-id; needs `mqtt.index_topics`, else 400) |
 //! | `GET /api/messages/{vhost}/{queue}/offset/{n}` | the queue's entries from offset `n` on |
 //! | `GET /api/messages/{vhost}/{queue}/time?from=MS&to=MS` | the queue's entries stored in that time range (ms since the epoch), found by binary search over the consume queue |
 //!
@@ -148,6 +149,25 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     }
 }
 
+/// The `from` and `to` parameters (ms since the epoch), `0` and `u64::MAX` when absent.
+fn time_range(api: &Api) -> Result<(u64, u64), ApiError> {
+    let ms = |k: &str| -> Result<Option<u64>, ApiError> {
+        api.param(k)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    ApiError::bad_request(format!("{k} must be milliseconds since the epoch"))
+                })
+            })
+            .transpose()
+    };
+    let from = ms("from")?.unwrap_or(0);
+    let to = ms("to")?.unwrap_or(u64::MAX);
+    if from > to {
+        return Err(ApiError::bad_request("from is after to"));
+    }
+    Ok((from, to))
+}
+
 /// The GETs under `/api/messages`.
 pub fn get(api: &Api, path: &[&str]) -> ApiResult {
     let sh = shape(api)?;
@@ -160,6 +180,38 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             }
             let found = store
                 .lookup_key(id.as_bytes(), usize::try_from(sh.count).unwrap_or(10))
+                .map_err(internal)?;
+            ok_json(&json!(found
+                .iter()
+                .map(|r| message_json(api, r, &sh))
+                .collect::<Vec<_>>()))
+        }
+        ["by-topic", vhost] => {
+            api.require_admin()?;
+            api.vhost_read(vhost)?;
+            if !api.ctx.config.mqtt.index_topics {
+                return Err(ApiError::bad_request(
+                    "MQTT publishes are not indexed by topic: set mqtt.index_topics = true",
+                ));
+            }
+            let topic = api
+                .param("topic")
+                .ok_or_else(|| ApiError::bad_request("topic is required"))?;
+            if topic.is_empty() || topic.len() > 255 {
+                return Err(ApiError::bad_request("topic must be 1 to 255 bytes"));
+            }
+            if topic.contains(['+', '#']) {
+                return Err(ApiError::bad_request(
+                    "topic must be a topic name, not a filter (no + or #)",
+                ));
+            }
+            let (from, to) = time_range(api)?;
+            let key = triad_core::vhost::topic_key(
+                vhost,
+                &triad_mqtt::topic::topic_to_routing_key(topic),
+            );
+            let found = store
+                .lookup_key_between(&key, usize::try_from(sh.count).unwrap_or(10), from, to)
                 .map_err(internal)?;
             ok_json(&json!(found
                 .iter()
@@ -185,22 +237,7 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         }
         [vhost, queue, "time"] => {
             let id = queue_id(api, vhost, queue)?;
-            let ms = |k: &str| -> Result<Option<u64>, ApiError> {
-                api.param(k)
-                    .map(|v| {
-                        v.parse::<u64>().map_err(|_| {
-                            ApiError::bad_request(format!(
-                                "{k} must be milliseconds since the epoch"
-                            ))
-                        })
-                    })
-                    .transpose()
-            };
-            let from = ms("from")?.unwrap_or(0);
-            let to = ms("to")?.unwrap_or(u64::MAX);
-            if from > to {
-                return Err(ApiError::bad_request("from is after to"));
-            }
+            let (from, to) = time_range(api)?;
             let info = store.queue_info(id).map_err(internal)?;
             let ts = |off: u64| -> Option<u64> {
                 store

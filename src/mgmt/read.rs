@@ -1,6 +1,7 @@
 //! GET handlers: overview, nodes, vhosts, queues, exchanges, bindings, connections,
 //! consumers, users, permissions, policies, health checks.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -50,8 +51,18 @@ pub fn queue_json(vhost: &str, q: &Queue) -> Value {
     })
 }
 
-/// An exchange (the default one is listed with the name `""`, as RabbitMQ does).
-pub fn exchange_json(vhost: &str, x: &ExchangeDef) -> Value {
+/// An exchange (the default one is listed with the name `""`, as RabbitMQ does), with
+/// its `message_stats` from `stats` (a reading of its vhost's
+/// [`triad_core::exchange_stats::ExchangeStats`]): `publish_in`, the messages
+/// published to it, and `publish_out`, the queue entries it routed them to, each with
+/// its `*_details.rate`, as RabbitMQ 3.x (0 for an exchange nobody published to since
+/// it was declared or the broker started).
+pub fn exchange_json(
+    vhost: &str,
+    x: &ExchangeDef,
+    stats: &HashMap<Box<str>, triad_core::exchange_stats::WithRates>,
+) -> Value {
+    let s = stats.get(x.name.as_str()).copied().unwrap_or_default();
     json!({
         "name": x.name,
         "vhost": vhost,
@@ -60,6 +71,12 @@ pub fn exchange_json(vhost: &str, x: &ExchangeDef) -> Value {
         "auto_delete": x.auto_delete,
         "internal": x.internal,
         "arguments": table_json(&x.arguments),
+        "message_stats": {
+            "publish_in": s.counts.publish_in,
+            "publish_in_details": {"rate": s.rates[0]},
+            "publish_out": s.counts.publish_out,
+            "publish_out_details": {"rate": s.rates[1]},
+        },
     })
 }
 
@@ -149,6 +166,7 @@ fn protocol_name(c: &ConnInfo) -> &'static str {
 
 pub fn connection_json(c: &ConnInfo) -> Value {
     let login = c.login();
+    let (io, rates) = c.io_with_rates();
     let mut v = json!({
         "name": c.name(),
         "node": node_name(),
@@ -163,6 +181,14 @@ pub fn connection_json(c: &ConnInfo) -> Value {
         "connected_at": c.connected_at,
         // AMQP: its open channels; STOMP and MQTT: one, as RabbitMQ's plugins
         "channels": if c.protocol == "amqp" { c.channel_count() } else { 1 },
+        // bytes and read / write calls on the connection's stream (inside TLS records
+        // and WebSocket frames), with RabbitMQ's rates of the byte counts
+        "recv_oct": io.recv_oct,
+        "recv_oct_details": {"rate": rates[0]},
+        "recv_cnt": io.recv_cnt,
+        "send_oct": io.send_oct,
+        "send_oct_details": {"rate": rates[1]},
+        "send_cnt": io.send_cnt,
     });
     if let Some(cn) = c.peer_cert_cn() {
         v["peer_cert_subject"] = json!(format!("CN={cn}"));
@@ -251,18 +277,28 @@ fn list_queues(api: &Api, vhosts: Vec<String>) -> ApiResult {
 fn list_exchanges(api: &Api, vhosts: Vec<String>) -> ApiResult {
     let q = ListQuery::parse(&api.params)?;
     let mut items = Vec::new();
+    // one reading of each vhost's counters per listing
+    let mut stats = HashMap::new();
     for v in vhosts {
         if let Ok(vh) = api.broker().vhost(&v) {
             let mut xs = vh.exchanges();
             xs.sort_by(|a, b| a.name.cmp(&b.name));
             items.extend(xs.into_iter().map(|x| (v.clone(), x)));
+            let names: Vec<&str> = items
+                .iter()
+                .filter(|(iv, _)| *iv == v)
+                .map(|(_, x)| x.name.as_str())
+                .collect();
+            let read = vh.exchange_stats().read(names);
+            stats.insert(v, read);
         }
     }
+    let none = HashMap::new();
     respond(
         q,
         items,
         |(_, x)| x.name.as_str(),
-        |(v, x)| Some(exchange_json(v, x)),
+        move |(v, x)| Some(exchange_json(v, x, stats.get(v).unwrap_or(&none))),
     )
 }
 
@@ -641,7 +677,7 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             let vh = api.vhost_read(v)?;
             let name = if *x == "amq.default" { "" } else { x };
             let def = find(vh.exchanges(), |d| d.name == name)?;
-            ok_json(&exchange_json(v, &def))
+            ok_json(&exchange_json(v, &def, &vh.exchange_stats().read([name])))
         }
         ["exchanges", v, x, "bindings", dir @ ("source" | "destination")] => {
             let vh = api.vhost_read(v)?;

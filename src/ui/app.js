@@ -161,16 +161,26 @@ const pages = {
     return [el("h1", {}, "Policies"), table("policies", ps, [["vhost", "vhost"], ["name", "name"], ["pattern", "pattern"], ["apply-to", "apply-to"], ["priority", "priority"], ["definition", "definition"]])];
   },
   async messages() {
-    const input = el("input", { id: "msg-id", placeholder: "message-id" });
     const out = el("div", { id: "found" });
-    const form = el("form", { onsubmit: async (ev) => {
+    const show = (found) => out.replaceChildren(table("found-table", found, [["stored", (r) => new Date(r.store_time).toISOString()], ["bytes", "payload_bytes"], ["routing key", "routing_key"], ["payload", "payload"], ["queues", "queues"]]));
+    const input = el("input", { id: "msg-id", placeholder: "message-id" });
+    const form = el("form", { id: "by-id", onsubmit: async (ev) => {
       ev.preventDefault();
-      try {
-        const found = await api("GET", "/messages/by-id/" + enc(input.value));
-        out.replaceChildren(table("found-table", found, [["stored", (r) => new Date(r.store_time).toISOString()], ["bytes", "payload_bytes"], ["routing key", "routing_key"], ["payload", "payload"], ["queues", "queues"]]));
-      } catch (e) { status("query: " + e.message); }
+      try { show(await api("GET", "/messages/by-id/" + enc(input.value))); } catch (e) { status("query: " + e.message); }
     } }, input, " ", el("button", { type: "submit" }, "Find"));
-    return [el("h1", {}, "Message query by id"), form, out];
+    // MQTT publishes by topic and store time (local time in the inputs, ms to the API)
+    const vhost = el("input", { id: "msg-vhost", value: "/", size: "8" });
+    const topic = el("input", { id: "msg-topic", placeholder: "MQTT topic, e.g. sensors/1/temp" });
+    const from = el("input", { id: "msg-from", type: "datetime-local", step: "1" });
+    const to = el("input", { id: "msg-to", type: "datetime-local", step: "1" });
+    const byTopic = el("form", { id: "by-topic", onsubmit: async (ev) => {
+      ev.preventDefault();
+      const q = ["topic=" + enc(topic.value)];
+      if (from.value) q.push("from=" + new Date(from.value).getTime());
+      if (to.value) q.push("to=" + new Date(to.value).getTime());
+      try { show(await api("GET", "/messages/by-topic/" + enc(vhost.value) + "?" + q.join("&"))); } catch (e) { status("query: " + e.message); }
+    } }, "vhost ", vhost, " topic ", topic, " from ", from, " to ", to, " ", el("button", { type: "submit" }, "Find"));
+    return [el("h1", {}, "Message query"), el("h2", {}, "By message-id"), form, el("h2", {}, "By MQTT topic and time"), byTopic, out];
   },
 };
 

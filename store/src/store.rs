@@ -841,10 +841,22 @@ impl Store {
 
     /// Messages indexed under `key`, newest first, at most `max`.
     pub fn lookup_key(&self, key: &[u8], max: usize) -> Result<Vec<StoredRecord>> {
+        self.lookup_key_between(key, max, 0, u64::MAX)
+    }
+
+    /// Messages indexed under `key` and stored within `from_ms..=to_ms` (store time, ms
+    /// since the epoch), newest first, at most `max`.
+    pub fn lookup_key_between(
+        &self,
+        key: &[u8],
+        max: usize,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<StoredRecord>> {
         let cands = self
             .inner
             .index
-            .lookup(key, max.saturating_mul(4).max(16), 0, u64::MAX)?;
+            .lookup(key, max.saturating_mul(4).max(16), from_ms, to_ms)?;
         let mut out = Vec::new();
         for off in cands {
             if out.len() >= max {
@@ -859,7 +871,12 @@ impl Store {
                         && o.properties == r.properties
                         && o.body == r.body
                 };
-                if r.keys().iter().any(|k| k.as_ref() == key) && !out.iter().any(copy_of) {
+                // the index keeps seconds: the exact time is the record's
+                let in_range = (from_ms..=to_ms).contains(&r.store_ts_ms);
+                if in_range
+                    && r.keys().iter().any(|k| k.as_ref() == key)
+                    && !out.iter().any(copy_of)
+                {
                     out.push(r);
                 }
             }

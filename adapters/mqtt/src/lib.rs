@@ -91,6 +91,9 @@ pub struct MqttLimits {
     pub stream_max_age: Duration,
     /// `x-max-length-bytes` of such a stream queue.
     pub stream_max_bytes: u64,
+    /// Index each stored PUBLISH in the store's IndexFile under its vhost and topic,
+    /// for the management API's query by topic and time (`mqtt.index_topics`).
+    pub index_topics: bool,
 }
 
 impl Default for MqttLimits {
@@ -107,6 +110,7 @@ impl Default for MqttLimits {
             max_subscriptions: 10_000,
             stream_max_age: Duration::from_secs(7 * 24 * 3600),
             stream_max_bytes: 1 << 30,
+            index_topics: false,
         }
     }
 }
