@@ -104,6 +104,20 @@ impl Out {
         &mut self.buf
     }
 
+    /// Appends what `encoded` holds and leaves it empty: when nothing is waiting here
+    /// the two buffers trade places (no copy, no allocation), else the bytes are copied.
+    pub fn take_from(&mut self, encoded: &mut BytesMut) {
+        if encoded.is_empty() {
+            return;
+        }
+        if self.buf.is_empty() {
+            std::mem::swap(&mut self.buf, encoded);
+        } else {
+            self.buf.extend_from_slice(encoded);
+        }
+        encoded.clear();
+    }
+
     /// Appends `body` without copying it (after what `buf` holds so far).
     pub fn share(&mut self, body: Bytes) {
         if !self.buf.is_empty() {

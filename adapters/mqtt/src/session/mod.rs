@@ -550,17 +550,10 @@ impl Protocol for Session {
     /// Owed retained messages (as the window allows), then what is encoded so far,
     /// moved into the driver's buffer (the two buffers trade places: no copy).
     fn encode(&mut self, out: &mut Out) -> Result<(), MqttError> {
-        self.feed_retained();
-        if self.wbuf.is_empty() {
-            return Ok(());
+        if self.closed.is_none() {
+            self.feed_retained();
         }
-        let buf = out.buf();
-        if buf.is_empty() {
-            std::mem::swap(buf, &mut self.wbuf);
-        } else {
-            buf.extend_from_slice(&self.wbuf);
-            self.wbuf.clear();
-        }
+        out.take_from(&mut self.wbuf);
         Ok(())
     }
 
