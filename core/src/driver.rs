@@ -260,6 +260,8 @@ struct Loop {
     blocked: bool,
     told_blocked: bool,
     shutdown_seen: bool,
+    /// The alarm sender is gone (the broker is going away): not waited on again.
+    alarms_gone: bool,
 }
 
 /// How a connection is stopped from outside.
@@ -317,6 +319,7 @@ where
         blocked: alarms.borrow_and_update().any(),
         told_blocked: false,
         shutdown_seen: false,
+        alarms_gone: false,
     };
     loop {
         let more = produce(proto, &outbox, &mut l)?;
@@ -486,9 +489,11 @@ where
             l.shutdown_seen = true;
             proto.shutdown();
         }
-        r = alarms.changed() => {
-            if r.is_ok() {
-                l.blocked = alarms.borrow_and_update().any();
+        r = alarms.changed(), if !l.alarms_gone => {
+            match r {
+                Ok(()) => l.blocked = alarms.borrow_and_update().any(),
+                // a closed channel is ready at once: waiting on it again would spin
+                Err(_) => l.alarms_gone = true,
             }
         }
         r = read_some(stream, &mut l.rbuf, WBUF), if reading => {
@@ -556,5 +561,200 @@ mod tests {
         want.extend_from_slice(b"tail");
         assert_eq!(wire, want);
         assert!(out.is_empty());
+    }
+
+    /// A line protocol: each line is echoed, `quit` closes, shutdown says `bye`.
+    struct Lines {
+        outbox: Arc<Outbox>,
+        replies: ReplyQueue<()>,
+        closed: bool,
+        bye: bool,
+        silence: Option<Duration>,
+    }
+
+    impl Lines {
+        fn new(silence: Option<Duration>) -> Lines {
+            Lines {
+                outbox: Outbox::new(4),
+                replies: ReplyQueue::default(),
+                closed: false,
+                bye: false,
+                silence,
+            }
+        }
+    }
+
+    impl Protocol for Lines {
+        type Frame = BytesMut;
+        type Reply = ();
+        type Error = std::io::Error;
+
+        fn decode(&mut self, buf: &mut BytesMut) -> Option<BytesMut> {
+            let end = buf.iter().position(|b| *b == b'\n')?;
+            Some(buf.split_to(end + 1))
+        }
+        fn step(&mut self, line: BytesMut, out: &mut Out) -> std::io::Result<()> {
+            if &line[..] == b"quit\n" {
+                self.closed = true;
+            } else {
+                out.buf().extend_from_slice(&line);
+            }
+            Ok(())
+        }
+        fn encode(&mut self, out: &mut Out) -> std::io::Result<()> {
+            if std::mem::take(&mut self.bye) {
+                out.buf().extend_from_slice(b"bye\n");
+            }
+            Ok(())
+        }
+        fn outbox(&self) -> &Arc<Outbox> {
+            &self.outbox
+        }
+        fn delivery_room(&self) -> usize {
+            BATCH
+        }
+        fn deliver(&mut self, events: &mut Vec<OutEvent>, _: &mut Out) -> std::io::Result<()> {
+            events.clear();
+            Ok(())
+        }
+        fn replies(&mut self) -> &mut ReplyQueue<()> {
+            &mut self.replies
+        }
+        fn replied(
+            &mut self,
+            _: Vec<((), Result<(), CoreError>)>,
+            _: &mut Out,
+        ) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn status(&self) -> Status {
+            if self.closed {
+                Status::Closed
+            } else {
+                Status::Open
+            }
+        }
+        fn timing(&self) -> Timing {
+            Timing {
+                silence: self.silence,
+                ..Timing::default()
+            }
+        }
+        fn heartbeat(&mut self, _: &mut Out) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn deadline(&mut self) {}
+        fn shutdown(&mut self) {
+            self.bye = true;
+            self.closed = true;
+        }
+        fn has_published(&self) -> bool {
+            false
+        }
+    }
+
+    fn alarms() -> tokio::sync::watch::Receiver<Alarms> {
+        tokio::sync::watch::channel(Alarms::default()).1
+    }
+
+    async fn read_until(peer: &mut tokio::io::DuplexStream, want: &[u8]) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        while !got.ends_with(want) {
+            let mut b = [0u8; 64];
+            let n = peer.read(&mut b).await.unwrap();
+            assert!(n > 0, "closed before {want:?}: {got:?}");
+            got.extend_from_slice(&b[..n]);
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn frames_are_stepped_and_answered_until_the_session_closes() {
+        let (mut peer, mut sock) = tokio::io::duplex(1024);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(async move {
+            let mut p = Lines::new(None);
+            let mut rbuf = BytesMut::new();
+            drive(
+                &mut sock,
+                &mut p,
+                &mut rbuf,
+                Stop::shutdown(&shutdown),
+                alarms(),
+            )
+            .await
+        });
+        peer.write_all(b"one\ntw").await.unwrap();
+        assert_eq!(read_until(&mut peer, b"one\n").await, b"one\n");
+        peer.write_all(b"o\nquit\nnever\n").await.unwrap();
+        assert_eq!(read_until(&mut peer, b"two\n").await, b"two\n");
+        assert_eq!(task.await.unwrap().unwrap(), End::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_peer_is_closed_and_shutdown_says_goodbye() {
+        let (_peer, mut sock) = tokio::io::duplex(1024);
+        let shutdown = CancellationToken::new();
+        let mut p = Lines::new(Some(Duration::from_secs(3)));
+        let mut rbuf = BytesMut::new();
+        let started = Instant::now();
+        let end = drive(
+            &mut sock,
+            &mut p,
+            &mut rbuf,
+            Stop::shutdown(&shutdown),
+            alarms(),
+        )
+        .await;
+        assert_eq!(end.unwrap(), End::Silent);
+        assert!(started.elapsed() >= Duration::from_secs(3));
+
+        let (mut peer, mut sock) = tokio::io::duplex(1024);
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move {
+            let mut p = Lines::new(None);
+            let mut rbuf = BytesMut::new();
+            drive(
+                &mut sock,
+                &mut p,
+                &mut rbuf,
+                Stop::shutdown(&stop),
+                alarms(),
+            )
+            .await
+        });
+        shutdown.cancel();
+        assert_eq!(read_until(&mut peer, b"bye\n").await, b"bye\n");
+        assert_eq!(task.await.unwrap().unwrap(), End::Closed);
+    }
+
+    #[tokio::test]
+    async fn a_kick_ends_the_connection_and_the_peer_closing_too() {
+        let (_peer, mut sock) = tokio::io::duplex(1024);
+        let shutdown = CancellationToken::new();
+        let kick = shutdown.child_token();
+        kick.cancel();
+        let mut p = Lines::new(None);
+        let mut rbuf = BytesMut::new();
+        let stop = Stop {
+            shutdown: &shutdown,
+            kick: Some(&kick),
+        };
+        let end = drive(&mut sock, &mut p, &mut rbuf, stop, alarms()).await;
+        assert_eq!(end.unwrap(), End::Kicked);
+
+        let (peer, mut sock) = tokio::io::duplex(1024);
+        drop(peer);
+        let mut p = Lines::new(None);
+        let end = drive(
+            &mut sock,
+            &mut p,
+            &mut rbuf,
+            Stop::shutdown(&shutdown),
+            alarms(),
+        )
+        .await;
+        assert_eq!(end.unwrap(), End::PeerClosed);
     }
 }
