@@ -52,6 +52,8 @@
 //!   persisted in the metadata journal and seeded from the configuration.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
 //! - [`testing`]: `eventually`, the polling wait tests use instead of sleeping.
+//! - [`driver`]: the one connection driver (socket loop, heartbeats, alarm gating,
+//!   flow control, shutdown) behind the [`driver::Protocol`] trait each adapter implements.
 //! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while
 //!   the peer is idle).
 //! - `encoding` (private): the bounds-checked storage encoding of values.
@@ -70,6 +72,7 @@ pub mod broker;
 pub mod conns;
 pub mod delayed;
 pub mod direct_reply;
+pub mod driver;
 pub mod durability;
 mod encoding;
 pub mod envelope;

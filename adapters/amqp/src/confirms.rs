@@ -109,6 +109,11 @@ impl ConfirmQueue {
         self.replies.is_holding()
     }
 
+    /// The reply queue itself (the core's connection driver waits on it).
+    pub fn queue(&mut self) -> &mut ReplyQueue<Settled> {
+        &mut self.replies
+    }
+
     /// Drops every pending confirm of `channel` (it closed).
     pub fn forget_channel(&mut self, channel: u16) {
         self.replies.retain(|s| s.channel != channel);
@@ -131,7 +136,7 @@ impl ConfirmQueue {
 }
 
 /// A store failure turns the ack into a nack (the message may be lost).
-fn settle((mut s, r): (Settled, Result<(), CoreError>)) -> Settled {
+pub fn settle((mut s, r): (Settled, Result<(), CoreError>)) -> Settled {
     s.ack &= r.is_ok();
     s
 }

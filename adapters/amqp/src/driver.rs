@@ -1,13 +1,14 @@
-//! The connection task: socket I/O around a [`Session`].
+//! The connection task: the protocol header, then the core's one connection driver
+//! ([`triad_core::driver`]) around a [`Session`], then the close.
 //!
-//! One `select!` over: the shutdown token, `read_buf` into the connection's buffer,
-//! the core's outbox, settled publisher confirms, and one timer (handshake deadline,
-//! heartbeats, close-ok wait). Every branch is cancel-safe. Output is encoded as a
-//! batch and written out before anything more is read, so a peer that does not read
-//! stops being read from; one that takes no bytes for twice the heartbeat is closed,
-//! as one that sends none is (also while a resource alarm holds it). After
-//! connection.close-ok the socket is read and dropped until the peer closes it
-//! (at most `close_timeout`), so a client with frames still in flight sees a clean close.
+//! The driver's one `select!` covers the shutdown token, the socket read, the core's
+//! outbox, settled publisher confirms, and one timer (handshake deadline, heartbeats,
+//! close-ok wait). Output is encoded as a batch and written out before anything more
+//! is read, so a peer that does not read stops being read from; one that takes no
+//! bytes for twice the heartbeat is closed, as one that sends none is (also while a
+//! resource alarm holds it). After connection.close-ok the socket is read and dropped
+//! until the peer closes it (at most `close_timeout`), so a client with frames still
+//! in flight sees a clean close.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,22 +19,19 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
-use triad_core::Broker;
+use triad_core::driver::{
+    drive, End, Out, Protocol, Status, Stop, Timing, BATCH, LAST_WORDS, WBUF,
+};
+use triad_core::io::read_some;
+use triad_core::{Broker, CoreError, OutEvent, Outbox, ReplyQueue};
 
 use crate::codec::{self, HeaderCheck, PROTOCOL_HEADER};
+use crate::confirms::{self, Settled};
 use crate::session::{Session, State};
 use crate::AmqpConfig;
-use triad_core::io::read_some;
-
-/// The write buffer taken for a batch of frames (it grows for larger batches).
-const WBUF: usize = 8 << 10;
 
 /// How much a connection held by a resource alarm may have read and not processed.
 const HELD_READ_MAX: usize = 8 << 10;
-
-/// How long the last bytes to a peer (connection.close at shutdown, TLS close_notify)
-/// may take before the connection is dropped without them.
-const LAST_WORDS: Duration = Duration::from_secs(1);
 
 /// What a connection task needs.
 #[derive(Clone, Debug)]
@@ -147,47 +145,6 @@ where
     }
 }
 
-/// Writes `buf`. Once shutdown is requested the write gets [`LAST_WORDS`] more to
-/// finish (so the connection.close 320 still follows a frame in progress), but a peer
-/// that does not read cannot hold up the broker's shutdown. With `stall` (twice the
-/// heartbeat), a peer that takes no bytes for that long has stopped reading and is
-/// given up on, as one that stops sending is. `Ok(false)`: gave up.
-async fn write_bounded<S>(
-    stream: &mut S,
-    buf: &[u8],
-    shutdown: &CancellationToken,
-    stall: Option<Duration>,
-) -> std::io::Result<bool>
-where
-    S: AsyncWrite + Unpin,
-{
-    let mut off = 0;
-    let mut last_words = shutdown.is_cancelled().then(|| Instant::now() + LAST_WORDS);
-    while let Some(rest) = buf.get(off..).filter(|r| !r.is_empty()) {
-        let progress_by = stall.map(|d| Instant::now() + d);
-        let give_up = match (progress_by, last_words) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        tokio::select! {
-            r = stream.write(rest) => match r? {
-                0 => return Err(std::io::ErrorKind::WriteZero.into()),
-                n => off += n,
-            },
-            _ = shutdown.cancelled(), if last_words.is_none() => {
-                last_words = Some(Instant::now() + LAST_WORDS);
-            }
-            _ = sleep_until(give_up.unwrap_or_else(Instant::now)), if give_up.is_some() => {
-                if last_words.is_none_or(|t| Instant::now() < t) {
-                    tracing::info!(stall = ?stall, "peer stopped reading: no bytes taken for twice the heartbeat; closing");
-                }
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
-}
-
 /// How long a write may take no bytes before the peer counts as gone: twice the
 /// negotiated heartbeat, none without heartbeats.
 fn write_stall(session: &Session) -> Option<Duration> {
@@ -205,177 +162,195 @@ async fn connection_loop<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let cfg = &ctx.config;
-    let outbox = session.outbox().clone();
-    // Taken for each batch of output and let go when nothing more is waiting.
-    let mut wbuf = BytesMut::new();
-    let mut events = Vec::new();
-    let mut last_read = Instant::now();
-    let mut last_write = Instant::now();
-    let mut closing_since: Option<Instant> = None;
-    let mut fatal = false;
-    let mut shutdown_seen = false;
-    let mut alarms = ctx.broker.alarms();
-    // an alarm raised before this connection came is in force for it too
-    let mut blocked = alarms.borrow_and_update().any();
-    let mut told_blocked = false;
     session.start();
+    let mut conn = Conn {
+        session,
+        handshake_deadline,
+        close_timeout: ctx.config.close_timeout,
+        closing_since: None,
+        fatal: false,
+    };
+    let end = drive(
+        stream,
+        &mut conn,
+        rbuf,
+        Stop::shutdown(&ctx.shutdown),
+        ctx.broker.alarms(),
+    )
+    .await?;
+    if end == End::Silent {
+        tracing::debug!("missed heartbeats");
+        conn.session.abort();
+    }
+    Ok(())
+}
 
-    loop {
-        // While an alarm is raised, a connection that publishes is held: of what it
-        // sends, only heartbeat frames are taken (they prove it alive); the rest waits in
-        // its buffer, at most HELD_READ_MAX of it, until the alarm clears.
-        let holding = blocked && session.has_published();
-        // Frames already buffered (a read may carry many).
-        if !fatal {
-            loop {
-                if matches!(session.state(), State::Closed) {
-                    break;
-                }
-                if holding && !codec::starts_with_heartbeat(rbuf) {
-                    break;
-                }
-                match codec::decode(rbuf, &session.limits()) {
-                    Ok(Some(frame)) => session.handle(frame),
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "frame error");
-                        session.frame_error(&e);
-                        rbuf.clear();
-                        fatal = true;
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(hold) = session.take_login_hold() {
-            // Slows password guessing down: one refusal per delay per source address
-            // and per user name, however many connections ask at once.
-            if !hold.is_zero() {
-                tokio::select! {
-                    _ = tokio::time::sleep(hold) => {}
-                    _ = ctx.shutdown.cancelled() => {}
-                }
-            }
-        }
-        if session.has_output() {
-            if wbuf.capacity() == 0 {
-                wbuf.reserve(WBUF);
-            }
-            session.write_to(&mut wbuf)?;
-            if !write_bounded(stream, &wbuf, &ctx.shutdown, write_stall(session)).await? {
-                return Ok(());
-            }
-            wbuf.clear();
-            last_write = Instant::now();
-        }
-        if outbox.is_empty() && wbuf.capacity() > 0 {
-            // going idle: no write buffer, no event buffer, no encoder scratch
-            wbuf = BytesMut::new();
-            events = Vec::new();
-            session.release_buffers();
-        }
-        if matches!(session.state(), State::Closed) || fatal {
-            return Ok(());
-        }
-        if matches!(session.state(), State::Closing) && closing_since.is_none() {
-            closing_since = Some(Instant::now());
-        }
+/// An AMQP connection as the core's driver sees it: the session, and the clocks of
+/// its handshake and of its close.
+struct Conn<'a> {
+    session: &'a mut Session,
+    handshake_deadline: Instant,
+    close_timeout: Duration,
+    /// When connection.close was sent (or received): close-ok is awaited until then
+    /// plus `close_timeout`.
+    closing_since: Option<Instant>,
+    /// A frame error: the connection.close is written, then the socket closed.
+    fatal: bool,
+}
 
-        // The one timer.
-        let hb = Duration::from_secs(u64::from(session.heartbeat()));
-        let mut next = Instant::now() + Duration::from_secs(3600);
-        if !session.is_open() && closing_since.is_none() {
-            next = next.min(handshake_deadline);
+impl Protocol for Conn<'_> {
+    type Frame = codec::Frame;
+    type Reply = Settled;
+    type Error = ServeError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Option<codec::Frame> {
+        if matches!(self.session.state(), State::Closed) || self.fatal {
+            return None;
         }
-        if !hb.is_zero() && session.is_open() {
-            next = next.min(last_read + hb * 2).min(last_write + hb / 2);
-        }
-        if let Some(t) = closing_since {
-            next = next.min(t + cfg.close_timeout);
-        }
-        let open = session.is_open();
-        // As RabbitMQ: only a connection that publishes is blocked and told so; one that
-        // only consumes is neither (lapin, for one, sends nothing while told blocked, so
-        // telling a consumer would stall its basic.consume).
-        let tell_blocked = blocked && session.has_published();
-        if open && tell_blocked != told_blocked {
-            session.set_blocked(if tell_blocked {
-                ctx.broker.current_alarms().reason()
-            } else {
+        match codec::decode(buf, &self.session.limits()) {
+            Ok(frame) => frame,
+            Err(e) => {
+                tracing::debug!(error = %e, "frame error");
+                self.session.frame_error(&e);
+                buf.clear();
+                self.fatal = true;
                 None
-            });
-            told_blocked = tell_blocked;
-            continue;
+            }
         }
-        // While an alarm is raised, a connection that publishes is read only until
-        // HELD_READ_MAX bytes of frames wait (its client sees connection.blocked);
-        // consumers keep draining. What it sends is still read, so a peer that goes
-        // silent meets the heartbeat timeout like any other; once the held bytes fill
-        // the buffer the stall is ours, and the peer is not blamed for it.
-        let holding = blocked && session.has_published();
-        // Publisher flow control (`confirms`): throttled publishes past MAX_HOLDS.
-        let flow_held = session.confirms().is_holding();
-        let reading = (!holding || rbuf.len() < HELD_READ_MAX) && !flow_held;
-        if !reading {
-            last_read = Instant::now();
-        }
+    }
 
-        tokio::select! {
-            _ = ctx.shutdown.cancelled(), if !shutdown_seen => {
-                shutdown_seen = true;
-                session.shutdown();
-            }
-            r = alarms.changed() => {
-                if r.is_ok() {
-                    blocked = alarms.borrow_and_update().any();
-                }
-            }
-            r = read_some(stream, rbuf, WBUF), if reading => {
-                if r? == 0 {
-                    return Ok(());
-                }
-                last_read = Instant::now();
-            }
-            _ = async {
-                if outbox.is_empty() {
-                    outbox.notified().await;
-                }
-            }, if open => {
-                outbox.drain(&mut events, 256);
-                session.on_events(std::mem::take(&mut events));
-            }
-            settled = session.confirms().ready(), if !session.confirms().is_empty() => {
-                session.on_confirms(settled);
-            }
-            _ = sleep_until(next) => {
-                let now = Instant::now();
-                if let Some(t) = closing_since {
-                    if now >= t + cfg.close_timeout {
-                        return Ok(());
-                    }
-                }
-                if !session.is_open() && closing_since.is_none() && now >= handshake_deadline {
-                    tracing::debug!("handshake timeout");
-                    session.abort();
-                    return Ok(());
-                }
-                if !hb.is_zero() && session.is_open() {
-                    if reading && now >= last_read + hb * 2 {
-                        tracing::debug!("missed heartbeats");
-                        session.abort();
-                        return Ok(());
-                    }
-                    if now >= last_write + hb / 2 {
-                        codec::encode(&codec::Frame::Heartbeat(0), &mut wbuf)?;
-                        if !write_bounded(stream, &wbuf, &ctx.shutdown, write_stall(session)).await? {
-                            return Ok(());
-                        }
-                        wbuf.clear();
-                        last_write = now;
-                    }
-                }
-            }
+    fn step(&mut self, frame: codec::Frame, _out: &mut Out) -> Result<(), ServeError> {
+        self.session.handle(frame);
+        Ok(())
+    }
+
+    fn encode(&mut self, out: &mut Out) -> Result<(), ServeError> {
+        if matches!(self.session.state(), State::Closing) && self.closing_since.is_none() {
+            self.closing_since = Some(Instant::now());
         }
+        if self.session.has_output() {
+            self.session.write_to(out.buf())?;
+        }
+        Ok(())
+    }
+
+    fn outbox(&self) -> &Arc<Outbox> {
+        self.session.outbox()
+    }
+
+    fn delivery_room(&self) -> usize {
+        if self.session.is_open() {
+            BATCH
+        } else {
+            0
+        }
+    }
+
+    fn deliver(&mut self, events: &mut Vec<OutEvent>, _out: &mut Out) -> Result<(), ServeError> {
+        self.session.on_events(events.drain(..));
+        Ok(())
+    }
+
+    fn replies(&mut self) -> &mut ReplyQueue<Settled> {
+        self.session.confirms().queue()
+    }
+
+    fn replied(
+        &mut self,
+        ready: Vec<(Settled, Result<(), CoreError>)>,
+        _out: &mut Out,
+    ) -> Result<(), ServeError> {
+        self.session
+            .on_confirms(ready.into_iter().map(confirms::settle).collect());
+        Ok(())
+    }
+
+    fn status(&self) -> Status {
+        if matches!(self.session.state(), State::Closed) || self.fatal {
+            Status::Closed
+        } else {
+            Status::Open
+        }
+    }
+
+    fn timing(&self) -> Timing {
+        let hb = Duration::from_secs(u64::from(self.session.heartbeat()));
+        let beat = !hb.is_zero() && self.session.is_open();
+        let handshake = (!self.session.is_open() && self.closing_since.is_none())
+            .then_some(self.handshake_deadline);
+        let closing = self.closing_since.map(|t| t + self.close_timeout);
+        Timing {
+            heartbeat: beat.then_some(hb / 2),
+            silence: beat.then_some(hb * 2),
+            deadline: [handshake, closing].into_iter().flatten().min(),
+        }
+    }
+
+    fn heartbeat(&mut self, out: &mut Out) -> Result<(), ServeError> {
+        codec::encode(&codec::Frame::Heartbeat(0), out.buf())?;
+        Ok(())
+    }
+
+    fn deadline(&mut self) {
+        let now = Instant::now();
+        if self
+            .closing_since
+            .is_some_and(|t| now >= t + self.close_timeout)
+        {
+            self.session.abort();
+            return;
+        }
+        if !self.session.is_open() && self.closing_since.is_none() && now >= self.handshake_deadline
+        {
+            tracing::debug!("handshake timeout");
+            self.session.abort();
+        }
+    }
+
+    fn shutdown(&mut self) {
+        self.session.shutdown();
+    }
+
+    /// As RabbitMQ: only a connection that publishes is blocked and told so; one that
+    /// only consumes is neither (lapin, for one, sends nothing while told blocked, so
+    /// telling a consumer would stall its basic.consume).
+    fn has_published(&self) -> bool {
+        self.session.has_published()
+    }
+
+    /// While an alarm is raised, a connection that publishes is read only until this
+    /// much of its frames wait (its client sees connection.blocked). What it sends is
+    /// still read, so a peer that goes silent meets the heartbeat timeout like any
+    /// other; once the held bytes fill the buffer the stall is ours, and the peer is
+    /// not blamed for it.
+    fn held_read_max(&self) -> usize {
+        HELD_READ_MAX
+    }
+
+    /// Of what a held publisher sends, only heartbeat frames are taken (they prove it
+    /// alive); the rest waits in its buffer until the alarm clears.
+    fn decode_held(&self, buf: &[u8]) -> bool {
+        codec::starts_with_heartbeat(buf)
+    }
+
+    fn blocked(&mut self, reason: Option<&'static str>) -> bool {
+        if !self.session.is_open() {
+            return false;
+        }
+        self.session.set_blocked(reason);
+        true
+    }
+
+    fn take_login_hold(&mut self) -> Option<Duration> {
+        self.session.take_login_hold()
+    }
+
+    fn write_stall(&self) -> Option<Duration> {
+        write_stall(self.session)
+    }
+
+    /// Going idle: no encoder scratch, no output vector.
+    fn release_buffers(&mut self) {
+        self.session.release_buffers();
     }
 }

@@ -10,7 +10,9 @@
 //! - [`session`]: the sans-IO connection state machine (handshake, connection
 //!   class, error handling, teardown); [`channel`] holds the channel-level methods
 //!   and content assembly; [`confirms`] the in-order publisher-confirm FIFO.
-//! - [`driver`]: [`serve`], the one task per connection doing the socket I/O.
+//! - [`driver`]: [`serve`], the one task per connection: the protocol header, then the
+//!   session under the core's connection driver (`triad_core::driver`), which does the
+//!   socket I/O and the timers.
 //! - [`config`]: [`AmqpConfig`] limits and timeouts.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]

@@ -624,7 +624,7 @@ impl Session {
     }
 
     /// Core events: deliveries and server-side consumer cancels.
-    pub fn on_events(&mut self, events: Vec<OutEvent>) {
+    pub fn on_events(&mut self, events: impl IntoIterator<Item = OutEvent>) {
         for ev in events {
             match ev {
                 OutEvent::Deliver(d) => self.deliver(d),

@@ -6,8 +6,10 @@
 //! - [`codec`]: packets and the pure codec, `decode(&mut BytesMut, &Limits)` /
 //!   `encode(&Packet, &mut BytesMut)` (its doc says why it replaces `mqttbytes`).
 //! - [`topic`]: topic and filter rules, and the MQTT topic ⇄ AMQP routing-key mapping.
-//! - [`session`]: one session's protocol state without I/O (subscriptions, packet ids,
-//!   in-flight QoS 1/2 both ways).
+//! - [`session`]: one connected session without I/O: packets in, `Link` calls, packets
+//!   out (subscriptions, shared and stream subscriptions, deliveries, the ordered
+//!   replies); it implements the core's `driver::Protocol`. Its [`session::packets`]
+//!   holds packet ids and in-flight QoS 1/2 both ways.
 //! - [`retained`]: the retained-message trie and its durable store.
 //! - [`durable`]: a durable key/value map over a core queue (retained messages and
 //!   persistent sessions live in it).
@@ -15,7 +17,10 @@
 //!   stores, `$SYS`.
 //! - [`stream`]: stream subscriptions, `$stream/<start>/<filter>`: replay from an offset
 //!   or a time out of a stream queue.
-//! - `connection` (private): the driver, one task per connection: [`serve`].
+//! - `connect` (private): the CONNECT phase (login, client id, takeover, the session
+//!   opened, CONNACK).
+//! - `connection` (private): one task per connection, [`serve`]: CONNECT, then the
+//!   session under the core's connection driver, then its end (the will).
 //!
 //! # Vhosts
 //! A CONNECT opens the vhost its user name names (`vhost:user`, split at the last `:`,
@@ -49,6 +54,7 @@
 #![warn(missing_docs)]
 
 pub mod codec;
+mod connect;
 mod connection;
 pub mod durable;
 pub mod retained;

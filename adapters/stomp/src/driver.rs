@@ -1,22 +1,22 @@
-//! The connection task: one `select!` over the socket, the core's outbox, pending
-//! durability waits, heart-beat timers and shutdown. All protocol decisions are the
-//! [`Session`]'s; this file only moves bytes and keeps time.
+//! The connection task: the core's one connection driver ([`triad_core::driver`])
+//! around a [`Session`]. All protocol decisions are the session's; this file only
+//! plugs the codec and the session into the driver ([`Protocol`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use triad_core::{Broker, CoreError, ReplyQueue};
+use triad_core::driver::{drive, End, Out, Protocol, Status, Stop, Timing, BATCH};
+use triad_core::{Broker, CoreError, OutEvent, Outbox, ReplyQueue};
 
 use crate::codec::{self, Dialect, Limits, HEARTBEAT};
-use crate::frame::Frame;
+use crate::frame::{Command, Frame};
 use crate::session::{Action, Caps, Session, SessionConfig};
-use triad_core::io::read_some;
 
 /// The most a declared `content-length` reserves before the body's bytes arrive.
 const RESERVE_AHEAD: usize = 1 << 20;
@@ -99,12 +99,8 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// Deliveries turned into frames per wake-up.
-const BATCH: usize = 256;
 /// Receipts waiting on durability before the socket stops being read.
 const MAX_PENDING_RECEIPTS: usize = 4096;
-/// The write buffer taken for a batch of frames (it grows for larger batches).
-const WBUF: usize = 8 << 10;
 
 /// Serves one STOMP connection until the peer leaves, an error closes it, or shutdown.
 /// The user and vhost are recorded as `user` and `vhost` in the current span (the
@@ -123,9 +119,30 @@ where
     // An async block using its captures in place: an async fn would keep its arguments
     // twice (as captured and as locals) for as long as the connection lives.
     async move {
-        let mut session = Session::new(ctx.broker.clone(), peer, ctx.session_config());
-        let res = run(&mut stream, &mut session, &ctx).await;
-        session.close();
+        let session = Session::new(ctx.broker.clone(), peer, ctx.session_config());
+        let mut conn = Conn::new(session, Instant::now() + ctx.handshake_timeout);
+        let mut rbuf = BytesMut::new();
+        let res = drive(
+            &mut stream,
+            &mut conn,
+            &mut rbuf,
+            Stop::shutdown(&ctx.shutdown),
+            ctx.broker.alarms(),
+        )
+        .await;
+        conn.session.close();
+        let res = match res {
+            Ok(End::Closed) => {
+                let _ = stream.flush().await;
+                Ok(())
+            }
+            Ok(End::Silent) => {
+                tracing::debug!("no heart-beat from the peer within twice the interval; closing");
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
         let _ = stream.shutdown().await;
         match &res {
             Ok(()) => tracing::debug!("connection closed"),
@@ -139,281 +156,241 @@ where
 /// the store's, shared by every subscriber) instead of being copied after its head.
 const SHARED_BODY: usize = 32 << 10;
 
-/// What the connection writes next, in order: encoded frames, except that large bodies
-/// stay the shared `Bytes` they are (a 64 MiB message to 10 subscribers is not copied
-/// into 10 write buffers).
-#[derive(Default)]
-struct Out {
-    /// Encoded bytes and large bodies; `buf` follows the last of them.
-    chunks: Vec<Bytes>,
-    buf: BytesMut,
+/// Encodes `f`; a large body stays the shared `Bytes` it is (a 64 MiB message to 10
+/// subscribers is not copied into 10 write buffers).
+fn encode_frame(out: &mut Out, f: &Frame, dialect: Dialect) {
+    if f.body.len() < SHARED_BODY {
+        codec::encode_with(f, out.buf(), dialect);
+        return;
+    }
+    codec::encode_head_with(f, out.buf(), dialect);
+    out.share(f.body.clone());
+    out.buf().put_u8(0);
 }
 
-impl Out {
-    fn frame(&mut self, f: &Frame, dialect: Dialect) {
-        if f.body.len() < SHARED_BODY {
-            codec::encode_with(f, &mut self.buf, dialect);
-            return;
-        }
-        codec::encode_head_with(f, &mut self.buf, dialect);
-        self.chunks.push(self.buf.split().freeze());
-        self.chunks.push(f.body.clone());
-        self.buf.put_u8(0);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.chunks.is_empty() && self.buf.is_empty()
-    }
-
-    /// Writes everything, in order, and empties `self` (its buffer keeps its room).
-    async fn write_to<S: AsyncWrite + Unpin>(&mut self, stream: &mut S) -> std::io::Result<()> {
-        for c in self.chunks.drain(..) {
-            stream.write_all(&c).await?;
-        }
-        stream.write_all(&self.buf).await?;
-        self.buf.clear();
-        Ok(())
-    }
+/// A STOMP connection as the core's driver sees it: the codec's decoder, the session,
+/// and the RECEIPTs waiting in order for the disk or a throttled queue.
+struct Conn {
+    session: Session,
+    /// The frame at the front of the read buffer, parsed as far as it has arrived.
+    decoder: codec::Decoder,
+    actions: Vec<Action>,
+    /// RECEIPTs waiting for the disk or for a throttled queue, in order, and
+    /// flow-control holds (the core's one ordered reply queue).
+    receipts: ReplyQueue<Frame>,
+    handshake_deadline: Instant,
+    /// A SEND or BEGIN was seen: alarms hold this connection.
+    published: bool,
+    disconnecting: bool,
+    closing: bool,
+    was_connected: bool,
 }
 
-/// Encodes RECEIPTs that left the reply queue, in order; on a store failure, an ERROR
-/// and close instead (`true`: `actions` holds them).
-fn write_receipts(
-    ready: Vec<(Frame, Result<(), CoreError>)>,
-    session: &mut Session,
-    out: &mut Out,
-    actions: &mut Vec<Action>,
-) -> bool {
-    let dialect = session.dialect();
-    for (frame, stored) in ready {
-        if let Err(e) = stored {
-            tracing::warn!(error = %e, "store failed to make a message durable");
-            session.error_and_close(
-                "internal error",
-                &format!("the message could not be stored: {e}"),
-                actions,
-            );
-            return true;
+impl Conn {
+    fn new(session: Session, handshake_deadline: Instant) -> Conn {
+        Conn {
+            session,
+            decoder: codec::Decoder::default(),
+            actions: Vec::new(),
+            receipts: ReplyQueue::default(),
+            handshake_deadline,
+            published: false,
+            disconnecting: false,
+            closing: false,
+            was_connected: false,
         }
-        out.frame(&frame, dialect);
     }
-    false
-}
 
-async fn run<S>(stream: &mut S, session: &mut Session, ctx: &StompContext) -> Result<(), ServeError>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-{
-    let outbox = session.outbox().clone();
-    // Both buffers are let go while the connection waits (see `read_some`; `wbuf` when
-    // nothing more is to be sent), so an idle connection holds neither.
-    let mut rbuf = BytesMut::new();
-    // the frame at the front of rbuf, parsed as far as it has arrived
-    let mut decoder = codec::Decoder::default();
-    let mut wbuf = Out::default();
-    let mut actions: Vec<Action> = Vec::new();
-    let mut events = Vec::new();
-    // RECEIPTs waiting for the disk or for a throttled queue, in order, and flow-control
-    // holds (the core's one ordered reply queue)
-    let mut receipts: ReplyQueue<Frame> = ReplyQueue::default();
-
-    let mut disconnecting = false;
-    let mut closing = false;
-    let handshake_deadline = Instant::now() + ctx.handshake_timeout;
-    let mut last_read = Instant::now();
-    let mut last_write = Instant::now();
-    let mut was_connected = false;
-    let mut alarms = ctx.broker.alarms();
-    let mut blocked = alarms.borrow_and_update().any();
-    let mut published = false;
-
-    loop {
-        let more_events = if !closing && session.is_connected() {
-            if !was_connected {
-                was_connected = true;
-                let span = tracing::Span::current();
-                span.record("user", session.user());
-                span.record("vhost", session.vhost_name().unwrap_or(""));
-                tracing::debug!(version = session.version().as_str(), "connected");
-            }
-            events.clear();
-            outbox.drain(&mut events, BATCH);
-            for ev in events.drain(..) {
-                session.deliver(ev, &mut actions);
-            }
-            !outbox.is_empty()
-        } else {
-            false
-        };
-        let dialect = session.dialect();
-        if wbuf.buf.capacity() == 0 && !actions.is_empty() {
-            wbuf.buf.reserve(WBUF);
-        }
-        for a in actions.drain(..) {
+    /// Encodes what the session asked for; receipts keep their order behind any that
+    /// wait.
+    fn flush_actions(&mut self, out: &mut Out) {
+        let dialect = self.session.dialect();
+        for a in self.actions.drain(..) {
             match a {
-                Action::Send(f) => wbuf.frame(&f, dialect),
-                // keep order with what is already written unless a durable wait is ahead
+                Action::Send(f) => encode_frame(out, &f, dialect),
+                // keep order with what is already written unless a wait is ahead
                 Action::Receipt {
                     durable: None,
                     flow: None,
                     frame,
-                } if receipts.is_empty() => wbuf.frame(&frame, dialect),
+                } if self.receipts.is_empty() => encode_frame(out, &frame, dialect),
                 Action::Receipt {
                     durable,
                     flow,
                     frame,
-                } => receipts.push(frame, durable, flow),
-                Action::Hold(flow) => receipts.hold(flow),
-                Action::Disconnect => disconnecting = true,
-                Action::Close => closing = true,
+                } => self.receipts.push(frame, durable, flow),
+                Action::Hold(flow) => self.receipts.hold(flow),
+                Action::Disconnect => self.disconnecting = true,
+                Action::Close => self.closing = true,
             }
         }
-        if !closing && !receipts.is_empty() {
-            let mut ready = Vec::new();
-            receipts.take_ready(&mut ready, None);
-            if write_receipts(ready, session, &mut wbuf, &mut actions) {
-                continue;
-            }
-        }
-        if let Some(hold) = session.take_login_hold() {
-            // Slows password guessing down: one refusal per delay per source address
-            // and per user name, however many connections ask at once.
-            if !hold.is_zero() {
-                tokio::select! {
-                    _ = tokio::time::sleep(hold) => {}
-                    _ = ctx.shutdown.cancelled() => {}
-                }
-            }
-        }
-        if !wbuf.is_empty() {
-            if ctx.shutdown.is_cancelled() {
-                // last words (the shutdown ERROR): bounded, best effort
-                let _ = tokio::time::timeout(Duration::from_secs(1), wbuf.write_to(stream)).await;
-            } else {
-                tokio::select! {
-                    r = wbuf.write_to(stream) => r?,
-                    _ = ctx.shutdown.cancelled() => return Ok(()),
-                }
-            }
-            last_write = Instant::now();
-        }
-        if !more_events {
-            // going idle: let go of what a burst left allocated
-            wbuf = Out::default();
-            actions = Vec::new();
-            events = Vec::new();
-        }
-        if closing || (disconnecting && receipts.is_empty()) {
-            let _ = stream.flush().await;
-            return Ok(());
-        }
+    }
 
-        let (send_iv, recv_iv) = session.heartbeat();
-        let far = Instant::now() + Duration::from_secs(86_400);
-        let send_at = send_iv.map(|d| last_write + d).unwrap_or(far);
-        let silent_at = recv_iv.map(|d| last_read + d * 2).unwrap_or(far);
-        // While a resource alarm is raised, connections that publish are not read from
-        // (consumers keep draining); their silence then is ours, not a dead peer.
-        let alarm_blocked = blocked && published;
-        if alarm_blocked {
-            last_read = Instant::now();
+    /// Records the user and vhost in the connection's span once CONNECT is accepted.
+    fn note_connected(&mut self) {
+        if self.was_connected || !self.session.is_connected() {
+            return;
         }
-        let reading = !disconnecting
-            && receipts.len() < MAX_PENDING_RECEIPTS
-            && !receipts.is_holding()
-            && !alarm_blocked;
-        let connected = session.is_connected();
-        // One timer for the three deadlines (each `Sleep` in the `select!` below is
-        // 112 bytes of every connection's task, waiting or not).
-        let watch_silence = recv_iv.is_some() && !alarm_blocked;
-        let timer = [
-            send_iv.map(|_| send_at),
-            watch_silence.then_some(silent_at),
-            (!connected).then_some(handshake_deadline),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        self.was_connected = true;
+        let span = tracing::Span::current();
+        span.record("user", self.session.user());
+        span.record("vhost", self.session.vhost_name().unwrap_or(""));
+        tracing::debug!(version = self.session.version().as_str(), "connected");
+    }
+}
 
-        tokio::select! {
-            _ = ctx.shutdown.cancelled() => {
-                session.error_and_close("Server shutdown", "the broker is shutting down", &mut actions);
+impl Protocol for Conn {
+    type Frame = Frame;
+    type Reply = Frame;
+    type Error = ServeError;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Option<Frame> {
+        let limits = self.session.limits();
+        match self.decoder.decode(buf, &limits, self.session.dialect()) {
+            Ok(Some(frame)) => Some(frame),
+            Ok(None) => {
+                // a declared body: room for the frame at once (within the limits,
+                // checked), not doubled read by read; at most `RESERVE_AHEAD` before
+                // its bytes arrive, so a head alone cannot make the broker allocate a
+                // whole large frame
+                if let Some(n) = self.decoder.pending_len() {
+                    buf.reserve(n.saturating_sub(buf.len()).min(RESERVE_AHEAD));
+                }
+                None
             }
-            r = read_some(stream, &mut rbuf, WBUF), if reading => {
-                if r? == 0 {
-                    return Ok(());
-                }
-                last_read = Instant::now();
-                loop {
-                    let limits = session.limits();
-                    match decoder.decode(&mut rbuf, &limits, session.dialect()) {
-                        Ok(Some(frame)) => {
-                            tracing::trace!(command = %frame.command, "frame");
-                            // BEGIN too: a transaction buffers what it will publish
-                            published |= matches!(
-                                frame.command,
-                                crate::frame::Command::Send | crate::frame::Command::Begin
-                            );
-                            session.handle(frame, &mut actions);
-                            if actions.iter().any(|a| matches!(a, Action::Close | Action::Disconnect)) {
-                                break;
-                            }
-                        }
-                        Ok(None) => {
-                            // a declared body: room for the frame at once (within the
-                            // limits, checked), not doubled read by read; at most
-                            // `RESERVE_AHEAD` before its bytes arrive, so a head alone
-                            // cannot make the broker allocate a whole large frame
-                            if let Some(n) = decoder.pending_len() {
-                                rbuf.reserve(n.saturating_sub(rbuf.len()).min(RESERVE_AHEAD));
-                            }
-                            break;
-                        }
-                        Err(e) => {
-                            session.decode_error(&e, &mut actions);
-                            break;
-                        }
-                    }
-                }
-                if rbuf.is_empty() {
-                    // An empty buffer split from a frame that filled its allocation
-                    // still holds that allocation (a whole 64 MiB SEND, until the next
-                    // frame): let it go with the frame.
-                    rbuf = BytesMut::new();
-                }
-            }
-            r = alarms.changed() => {
-                if r.is_ok() {
-                    blocked = alarms.borrow_and_update().any();
-                }
-            }
-            _ = outbox.notified(), if connected && !more_events => {}
-            _ = std::future::ready(()), if connected && more_events => {}
-            done = receipts.ready(), if !receipts.is_empty() && !closing => {
-                write_receipts(done, session, &mut wbuf, &mut actions);
-            }
-            _ = sleep_until(timer.unwrap_or(far)), if timer.is_some() => {
-                let now = Instant::now();
-                if !connected && now >= handshake_deadline {
-                    tracing::debug!("no CONNECT within the handshake timeout; closing");
-                    return Ok(());
-                }
-                if watch_silence && now >= silent_at {
-                    tracing::debug!("no heart-beat from the peer within twice the interval; closing");
-                    return Ok(());
-                }
-                if send_iv.is_some() && now >= send_at {
-                    wbuf.buf.put_slice(HEARTBEAT);
-                }
+            Err(e) => {
+                self.session.decode_error(&e, &mut self.actions);
+                self.closing = true;
+                None
             }
         }
+    }
+
+    fn step(&mut self, frame: Frame, out: &mut Out) -> Result<(), ServeError> {
+        tracing::trace!(command = %frame.command, "frame");
+        // BEGIN too: a transaction buffers what it will publish
+        self.published |= matches!(frame.command, Command::Send | Command::Begin);
+        self.session.handle(frame, &mut self.actions);
+        self.flush_actions(out);
+        self.note_connected();
+        Ok(())
+    }
+
+    fn encode(&mut self, out: &mut Out) -> Result<(), ServeError> {
+        self.flush_actions(out);
+        Ok(())
+    }
+
+    fn outbox(&self) -> &Arc<Outbox> {
+        self.session.outbox()
+    }
+
+    fn delivery_room(&self) -> usize {
+        if self.session.is_connected() && !self.closing {
+            BATCH
+        } else {
+            0
+        }
+    }
+
+    fn deliver(&mut self, events: &mut Vec<OutEvent>, out: &mut Out) -> Result<(), ServeError> {
+        for ev in events.drain(..) {
+            self.session.deliver(ev, &mut self.actions);
+        }
+        self.flush_actions(out);
+        Ok(())
+    }
+
+    fn replies(&mut self) -> &mut ReplyQueue<Frame> {
+        &mut self.receipts
+    }
+
+    /// Encodes RECEIPTs that left the reply queue, in order; on a store failure, an
+    /// ERROR and close instead.
+    fn replied(
+        &mut self,
+        ready: Vec<(Frame, Result<(), CoreError>)>,
+        out: &mut Out,
+    ) -> Result<(), ServeError> {
+        let dialect = self.session.dialect();
+        for (frame, stored) in ready {
+            if let Err(e) = stored {
+                tracing::warn!(error = %e, "store failed to make a message durable");
+                self.session.error_and_close(
+                    "internal error",
+                    &format!("the message could not be stored: {e}"),
+                    &mut self.actions,
+                );
+                break;
+            }
+            encode_frame(out, &frame, dialect);
+        }
+        self.flush_actions(out);
+        Ok(())
+    }
+
+    fn max_replies(&self) -> usize {
+        MAX_PENDING_RECEIPTS
+    }
+
+    fn status(&self) -> Status {
+        if self.closing {
+            Status::Closed
+        } else if self.disconnecting {
+            Status::Draining
+        } else {
+            Status::Open
+        }
+    }
+
+    fn timing(&self) -> Timing {
+        let (send, recv) = self.session.heartbeat();
+        Timing {
+            heartbeat: send,
+            silence: recv.map(|d| d * 2),
+            deadline: (!self.session.is_connected()).then_some(self.handshake_deadline),
+        }
+    }
+
+    fn heartbeat(&mut self, out: &mut Out) -> Result<(), ServeError> {
+        out.buf().put_slice(HEARTBEAT);
+        Ok(())
+    }
+
+    fn deadline(&mut self) {
+        if !self.session.is_connected() && Instant::now() >= self.handshake_deadline {
+            tracing::debug!("no CONNECT within the handshake timeout; closing");
+            self.actions.clear();
+            self.closing = true;
+        }
+    }
+
+    fn shutdown(&mut self) {
+        self.session.error_and_close(
+            "Server shutdown",
+            "the broker is shutting down",
+            &mut self.actions,
+        );
+        self.closing = true;
+    }
+
+    fn has_published(&self) -> bool {
+        self.published
+    }
+
+    fn take_login_hold(&mut self) -> Option<Duration> {
+        self.session.take_login_hold()
+    }
+
+    fn release_buffers(&mut self) {
+        self.actions = Vec::new();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::Command;
+    use bytes::Bytes;
 
     /// A large body is written from the delivery's own `Bytes` (the same memory), not
     /// copied behind its head; the bytes on the wire are what `encode_with` makes.
@@ -427,11 +404,11 @@ mod tests {
             .with("subscription", "s")
             .with_body(body.clone());
         let mut out = Out::default();
-        out.frame(&small, Dialect::V12);
-        out.frame(&large, Dialect::V12);
-        out.frame(&small, Dialect::V12);
-        assert_eq!(out.chunks.len(), 2, "head bytes, then the body itself");
-        assert_eq!(out.chunks[1].as_ptr(), body.as_ptr(), "the same memory");
+        encode_frame(&mut out, &small, Dialect::V12);
+        encode_frame(&mut out, &large, Dialect::V12);
+        encode_frame(&mut out, &small, Dialect::V12);
+        assert_eq!(out.chunks().len(), 2, "head bytes, then the body itself");
+        assert_eq!(out.chunks()[1].as_ptr(), body.as_ptr(), "the same memory");
         let mut want = BytesMut::new();
         for f in [&small, &large, &small] {
             codec::encode_with(f, &mut want, Dialect::V12);

@@ -13,7 +13,8 @@
 //! - [`mapping`]: STOMP headers ⇄ core `Properties`, core errors → ERROR frames.
 //! - [`session`]: the sans-IO protocol state machine ([`Session`]): frames and core
 //!   deliveries in, [`Action`]s out.
-//! - [`driver`]: [`serve`], the one task per connection that does the I/O, timers and
+//! - [`driver`]: [`serve`], the one task per connection: the session under the core's
+//!   connection driver (`triad_core::driver`), which does the I/O, timers and
 //!   durability waits.
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]

@@ -1,4 +1,4 @@
-//! The protocol state of one MQTT session, without I/O: subscriptions with their
+//! The packet state of one MQTT session, without I/O: subscriptions with their
 //! granted QoS, outbound packet identifiers and in-flight messages, and the inbound
 //! QoS 2 identifiers held between PUBREC and PUBREL. Generic over the handle `T` that
 //! acks an outbound message in the core, so it is testable without a broker.
@@ -29,7 +29,7 @@ pub struct Carry {
 
 /// One session's protocol state.
 #[derive(Debug)]
-pub struct Session<T> {
+pub struct Packets<T> {
     /// Topic filter → granted QoS.
     pub subs: BTreeMap<String, u8>,
     next_id: u16,
@@ -37,9 +37,9 @@ pub struct Session<T> {
     carry: Carry,
 }
 
-impl<T> Default for Session<T> {
+impl<T> Default for Packets<T> {
     fn default() -> Self {
-        Session {
+        Packets {
             subs: BTreeMap::new(),
             next_id: 1,
             outbound: HashMap::new(),
@@ -59,13 +59,13 @@ pub enum PubRec<T> {
     Unknown,
 }
 
-impl<T> Session<T> {
+impl<T> Packets<T> {
     /// A session resuming `carry` with `subs`.
     pub fn resume(subs: BTreeMap<String, u8>, carry: Carry) -> Self {
-        Session {
+        Packets {
             subs,
             carry,
-            ..Session::default()
+            ..Packets::default()
         }
     }
 
@@ -167,7 +167,7 @@ mod tests {
 
     #[test]
     fn overlapping_filters_give_the_highest_qos() {
-        let mut s: Session<u64> = Session::default();
+        let mut s: Packets<u64> = Packets::default();
         s.subs.insert("a/+".into(), 0);
         s.subs.insert("a/#".into(), 2);
         s.subs.insert("#".into(), 1);
@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn qos1_and_qos2_outbound_flows() {
-        let mut s: Session<u64> = Session::default();
+        let mut s: Packets<u64> = Packets::default();
         let a = s.alloc_id().unwrap();
         s.sent(a, 1, Some(10));
         let b = s.alloc_id().unwrap();
@@ -209,7 +209,7 @@ mod tests {
 
     #[test]
     fn ids_wrap_and_skip_those_in_use() {
-        let mut s: Session<u64> = Session {
+        let mut s: Packets<u64> = Packets {
             next_id: u16::MAX,
             ..Default::default()
         };
@@ -220,11 +220,11 @@ mod tests {
 
     #[test]
     fn inbound_qos2_is_exactly_once_across_a_reconnect() {
-        let mut s: Session<u64> = Session::default();
+        let mut s: Packets<u64> = Packets::default();
         assert!(s.inbound_qos2(5));
         assert!(!s.inbound_qos2(5), "DUP resend before PUBREL");
         let (_, carry) = s.finish();
-        let mut s2: Session<u64> = Session::resume(BTreeMap::new(), carry);
+        let mut s2: Packets<u64> = Packets::resume(BTreeMap::new(), carry);
         assert!(!s2.inbound_qos2(5), "still held after reconnect");
         assert!(s2.on_pubrel(5));
         assert!(s2.inbound_qos2(5), "a new message may reuse the id");
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn finish_returns_unacked_in_id_order() {
-        let mut s: Session<u64> = Session::default();
+        let mut s: Packets<u64> = Packets::default();
         for t in [3u64, 1, 2] {
             let id = s.alloc_id().unwrap();
             s.sent(id, 1, Some(t));
