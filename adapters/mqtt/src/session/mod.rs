@@ -114,6 +114,8 @@ pub(crate) struct Session {
     /// Retention of an auto-declared `$stream` queue ([`crate::MqttLimits`]).
     stream_max_age: Duration,
     stream_max_bytes: u64,
+    /// [`crate::MqttLimits::index_topics`].
+    index_topics: bool,
     /// Shared subscriptions consumed: the `$share/...` filter (the consumer's tag) and
     /// the consumer of its group's queue. Empty (no allocation) for most clients.
     shared: Vec<(Arc<str>, ConsumerHandle)>,
@@ -202,6 +204,7 @@ impl Session {
             max_subscriptions: limits.max_subscriptions,
             stream_max_age: limits.stream_max_age,
             stream_max_bytes: limits.stream_max_bytes,
+            index_topics: limits.index_topics,
             shared: Vec::new(),
             streams: Vec::new(),
             published: false,
@@ -525,7 +528,13 @@ impl Session {
             headers: Some(headers),
             ..Default::default()
         };
-        let published = self.link.publish_checked(to, false, properties, payload)?;
+        // indexed by vhost and topic when configured: the management API's query by
+        // topic and time
+        let published = if self.index_topics {
+            self.link.publish_checked_indexed(to, properties, payload)?
+        } else {
+            self.link.publish_checked(to, false, properties, payload)?
+        };
         durables.extend(published.durable);
         self.state.stats.received.fetch_add(1, Ordering::Relaxed);
         Ok((durables, published.backpressure))
