@@ -521,13 +521,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_message_not_routed_is_due_again_a_second_later() {
+    /// A store on a temporary directory (kept alive by the first value) and vhost `/`'s
+    /// delay queue in it.
+    fn open_delayed() -> (tempfile::TempDir, triad_store::store::Store, Arc<Delayed>) {
         let dir = tempfile::tempdir().unwrap();
         let mut sc = triad_store::store::StoreConfig::new(dir.path());
         sc.segment_size = 1 << 20;
         let store = triad_store::store::Store::open(sc).unwrap();
         let d = Delayed::open(&store, "/", true).unwrap().unwrap();
+        (dir, store, d)
+    }
+
+    #[test]
+    fn a_message_not_routed_is_due_again_a_second_later() {
+        let (_dir, store, d) = open_delayed();
         let body = Bytes::from_static(b"m");
         d.store(&store, "", "q", &Properties::default(), &body, 0)
             .unwrap();
@@ -544,11 +551,7 @@ mod tests {
 
     #[test]
     fn an_add_wakes_the_scheduler_only_when_due_before_its_wake() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut sc = triad_store::store::StoreConfig::new(dir.path());
-        sc.segment_size = 1 << 20;
-        let store = triad_store::store::Store::open(sc).unwrap();
-        let d = Delayed::open(&store, "/", true).unwrap().unwrap();
+        let (_dir, store, d) = open_delayed();
         let body = Bytes::from_static(b"m");
         let props = Properties::default();
         d.store(&store, "", "q", &props, &body, 60_000).unwrap();
@@ -573,11 +576,7 @@ mod tests {
 
     #[test]
     fn removing_the_delay_queue_removes_its_timer_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut sc = triad_store::store::StoreConfig::new(dir.path());
-        sc.segment_size = 1 << 20;
-        let store = triad_store::store::Store::open(sc).unwrap();
-        let d = Delayed::open(&store, "/", true).unwrap().unwrap();
+        let (_dir, store, d) = open_delayed();
         let body = Bytes::from_static(b"m");
         d.store(&store, "", "q", &Properties::default(), &body, 0)
             .unwrap();

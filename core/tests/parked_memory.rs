@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use triad_core::{
     Broker, ConsumeRequest, CoreConfig, FieldTable, FieldValue, OutEvent, Outbox, Properties,
-    Publish, QueueDeclare,
+    Publish, Queue, QueueDeclare, Vhost,
 };
 use triad_store::store::{Store, StoreConfig};
 
@@ -46,6 +46,39 @@ fn open(dir: &Path) -> Arc<Broker> {
 
 const N: usize = 20_000;
 
+/// Declares durable queue `q` with a one-hour `x-retry-backoff` and publishes [`N`]
+/// persistent messages to it.
+fn backoff_queue_with_n(v: &Vhost) -> Arc<Queue> {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-retry-backoff",
+        FieldValue::LongString(Bytes::from_static(b"1h")),
+    );
+    v.declare_queue(QueueDeclare {
+        name: "q".into(),
+        durable: true,
+        arguments: args,
+        conn: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    for i in 0..N {
+        v.publish(Publish {
+            exchange: "".into(),
+            routing_key: "q".into(),
+            properties: Properties {
+                delivery_mode: Some(2),
+                ..Default::default()
+            },
+            body: Bytes::from(format!("m{i}")),
+            conn: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    v.queue("q").unwrap()
+}
+
 #[test]
 fn a_parked_message_costs_one_map_entry_of_heap_running_and_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -53,34 +86,7 @@ fn a_parked_message_costs_one_map_entry_of_heap_running_and_after_a_restart() {
     {
         let b = open(dir.path());
         let v = b.vhost("/").unwrap();
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-retry-backoff",
-            FieldValue::LongString(Bytes::from_static(b"1h")),
-        );
-        v.declare_queue(QueueDeclare {
-            name: "q".into(),
-            durable: true,
-            arguments: args,
-            conn: 1,
-            ..Default::default()
-        })
-        .unwrap();
-        let q = v.queue("q").unwrap();
-        for i in 0..N {
-            v.publish(Publish {
-                exchange: "".into(),
-                routing_key: "q".into(),
-                properties: Properties {
-                    delivery_mode: Some(2),
-                    ..Default::default()
-                },
-                body: Bytes::from(format!("m{i}")),
-                conn: 1,
-                ..Default::default()
-            })
-            .unwrap();
-        }
+        let q = backoff_queue_with_n(&v);
         let o = Outbox::new(N + 16);
         let c = v
             .consume(
@@ -127,34 +133,7 @@ fn a_parked_message_costs_one_map_entry_of_heap_running_and_after_a_restart() {
     {
         let b = open(dir2.path());
         let v = b.vhost("/").unwrap();
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-retry-backoff",
-            FieldValue::LongString(Bytes::from_static(b"1h")),
-        );
-        v.declare_queue(QueueDeclare {
-            name: "q".into(),
-            durable: true,
-            arguments: args,
-            conn: 1,
-            ..Default::default()
-        })
-        .unwrap();
-        let q = v.queue("q").unwrap();
-        for i in 0..N {
-            v.publish(Publish {
-                exchange: "".into(),
-                routing_key: "q".into(),
-                properties: Properties {
-                    delivery_mode: Some(2),
-                    ..Default::default()
-                },
-                body: Bytes::from(format!("m{i}")),
-                conn: 1,
-                ..Default::default()
-            })
-            .unwrap();
-        }
+        let q = backoff_queue_with_n(&v);
         let mut n = 0;
         while let Some(d) = v.get("q", false, 1).unwrap() {
             q.nack(&[d.offset], true);
