@@ -248,6 +248,9 @@ pub trait Protocol {
     }
     /// Going idle: let go of buffers kept between batches.
     fn release_buffers(&mut self) {}
+    /// Idle for a while ([`Outbox::note_idle`]): let go of the memory the last traffic
+    /// left for more of it (in-flight tables, the consumed queues' maps).
+    fn release_idle(&mut self) {}
 }
 
 /// What the driver keeps between wake-ups (buffers and clocks).
@@ -345,6 +348,15 @@ where
             l.out = Out::default();
             l.events = Vec::new();
             proto.release_buffers();
+            if outbox.take_release_request() {
+                // idle since the sweep asked (see `Outbox::note_idle`): let go of what
+                // the last traffic left allocated for more of it
+                outbox.release_idle();
+                proto.replies().release_idle();
+                proto.release_idle();
+            } else {
+                outbox.note_idle();
+            }
         }
         match proto.status() {
             Status::Closed => return Ok(End::Closed),

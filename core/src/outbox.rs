@@ -16,8 +16,9 @@
 //! `global = true`) shared by all consumers of a channel, with the same wake-up scheme.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -78,6 +79,49 @@ pub struct Outbox {
     inner: Mutex<Inner>,
     notify: tokio::sync::Notify,
     capacity: usize,
+    /// Where the connection stands with the idle sweep: [`QUIET`], [`LISTED`] or
+    /// [`ASKED`] (see [`Outbox::note_idle`]).
+    sweep: AtomicU8,
+}
+
+/// Nothing to let go, or not known yet: not in the sweep's list.
+const QUIET: u8 = 0;
+/// In the sweep's list, since the connection went idle after some traffic.
+const LISTED: u8 = 1;
+/// The sweep asked the connection to let go of what it keeps for traffic.
+const ASKED: u8 = 2;
+/// How often the sweep asks: a connection lets go of its traffic's memory between one
+/// and two periods after it went quiet, and a busy one about once per period.
+const SWEEP_PERIOD: Duration = Duration::from_secs(1);
+
+/// The outboxes of connections that went idle since the last sweep.
+static SWEEP: Mutex<Vec<Weak<Outbox>>> = Mutex::new(Vec::new());
+static SWEEPER: OnceLock<()> = OnceLock::new();
+
+/// The sweep: once per [`SWEEP_PERIOD`], asks each connection listed since the last one
+/// to let go of its traffic's memory, through its outbox's wake-up. One thread for the
+/// process, started by the first connection that goes idle.
+fn start_sweeper() {
+    SWEEPER.get_or_init(|| {
+        let spawned = std::thread::Builder::new()
+            .name("triad-idle-sweep".into())
+            .spawn(|| loop {
+                std::thread::sleep(SWEEP_PERIOD);
+                let listed = std::mem::take(&mut *SWEEP.lock().unwrap_or_else(|e| e.into_inner()));
+                for o in listed.iter().filter_map(Weak::upgrade) {
+                    if o.sweep
+                        .compare_exchange(LISTED, ASKED, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        o.notify.notify_one();
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            // connections then keep what their traffic left, as they did before the sweep
+            tracing::warn!(error = %e, "could not start the idle sweep thread");
+        }
+    });
 }
 
 impl std::fmt::Debug for Outbox {
@@ -93,6 +137,7 @@ impl Outbox {
             inner: Mutex::new(Inner::default()),
             notify: tokio::sync::Notify::new(),
             capacity: capacity.max(1),
+            sweep: AtomicU8::new(QUIET),
         })
     }
 
@@ -166,6 +211,50 @@ impl Outbox {
         drop(g);
         for q in wake.into_iter().filter_map(|w| w.upgrade()) {
             q.kick();
+        }
+    }
+
+    /// The connection has gone idle (nothing more to write): it is listed for the next
+    /// sweep, which wakes it through [`Outbox::notified`] with
+    /// [`Outbox::take_release_request`] true, between one and two [`SWEEP_PERIOD`]s
+    /// later. Per message this costs one atomic load: a connection is listed once per
+    /// period at most.
+    pub fn note_idle(self: &Arc<Self>) {
+        if self.sweep.load(Ordering::Acquire) != QUIET
+            || self
+                .sweep
+                .compare_exchange(QUIET, LISTED, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        start_sweeper();
+        SWEEP
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(self));
+    }
+
+    /// Whether the sweep asked this connection to let go of its traffic's memory (and
+    /// takes the request: the next [`Outbox::note_idle`] lists it again).
+    pub fn take_release_request(&self) -> bool {
+        self.sweep.load(Ordering::Acquire) == ASKED
+            && self
+                .sweep
+                .compare_exchange(ASKED, QUIET, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// Lets go of the event queue's memory if nothing is waiting (the connection is
+    /// idle): one delivery leaves room for four behind, about 0.5 KiB that an idle
+    /// connection would otherwise keep.
+    pub fn release_idle(&self) {
+        let mut g = self.lock();
+        if g.events.is_empty() && g.events.capacity() > 0 {
+            g.events = VecDeque::new();
+        }
+        if g.waiters.is_empty() && g.waiters.capacity() > 0 {
+            g.waiters = Vec::new();
         }
     }
 
@@ -281,5 +370,44 @@ impl Backpressure {
         for q in &self.queues {
             q.wait_flow().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An outbox noted idle is asked, by the sweep, within two periods, through its
+    /// wake-up; taking the request lets the next `note_idle` list it again.
+    #[tokio::test]
+    async fn the_sweep_asks_an_idle_connection_to_let_go() {
+        let o = Outbox::new(4);
+        assert!(!o.take_release_request(), "not before it went idle");
+        o.note_idle();
+        o.note_idle(); // listed once
+        tokio::time::timeout(SWEEP_PERIOD * 3, o.notified())
+            .await
+            .expect("the sweep wakes the connection");
+        assert!(o.take_release_request());
+        assert!(!o.take_release_request(), "taken once");
+        o.note_idle();
+        tokio::time::timeout(SWEEP_PERIOD * 3, o.notified())
+            .await
+            .expect("listed again after a request was taken");
+        assert!(o.take_release_request());
+    }
+
+    #[test]
+    fn release_idle_lets_go_of_an_empty_queue_only() {
+        let o = Outbox::new(4);
+        o.push_control(OutEvent::Cancelled { tag: "a".into() });
+        o.push_control(OutEvent::Cancelled { tag: "b".into() });
+        let mut got = Vec::new();
+        o.drain(&mut got, 1);
+        o.release_idle();
+        assert!(o.lock().events.capacity() > 0, "one event still waits");
+        o.drain(&mut got, 1);
+        o.release_idle();
+        assert_eq!(o.lock().events.capacity(), 0);
     }
 }

@@ -159,6 +159,13 @@ impl<T> ReplyQueue<T> {
         self.entries.is_empty()
     }
 
+    /// Lets go of the queue's memory if nothing waits (the connection is going idle).
+    pub fn release_idle(&mut self) {
+        if self.entries.is_empty() && self.entries.capacity() > 0 {
+            self.entries = VecDeque::new();
+        }
+    }
+
     /// Entries waiting (holds included).
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -77,6 +77,13 @@ pub struct Channel {
 }
 
 impl Channel {
+    /// Idle for a while: the consumed queues let go of what the last traffic left.
+    pub(crate) fn release_idle(&self) {
+        for c in self.consumers.values() {
+            c.release_idle();
+        }
+    }
+
     fn new(slot: Option<ChannelSlot>, entry: Option<ChannelEntry>) -> Channel {
         Channel {
             closing: false,

@@ -353,4 +353,10 @@ impl Protocol for Conn<'_> {
     fn release_buffers(&mut self) {
         self.session.release_buffers();
     }
+
+    fn release_idle(&mut self) {
+        for ch in self.session.channels.values() {
+            ch.release_idle();
+        }
+    }
 }

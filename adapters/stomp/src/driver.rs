@@ -385,6 +385,10 @@ impl Protocol for Conn {
     fn release_buffers(&mut self) {
         self.actions = Vec::new();
     }
+
+    fn release_idle(&mut self) {
+        self.session.release_idle();
+    }
 }
 
 #[cfg(test)]

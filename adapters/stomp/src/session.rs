@@ -1195,6 +1195,13 @@ impl Session {
         out.push(Action::Send(frame));
     }
 
+    /// Idle for a while: the consumed queues let go of what the last traffic left.
+    pub(crate) fn release_idle(&self) {
+        for s in self.subs.values() {
+            s.consumer.release_idle();
+        }
+    }
+
     /// The connection is gone: cancel consumers, requeue every unacked delivery (also
     /// those still in the outbox), drop exclusive queues. Idempotent.
     pub fn close(&mut self) {

@@ -656,4 +656,15 @@ impl Protocol for Session {
             self.wbuf = BytesMut::new();
         }
     }
+
+    fn release_idle(&mut self) {
+        self.packets.release_idle();
+        self.topic_cache = None;
+        if let Some(c) = &self.consumer {
+            c.release_idle();
+        }
+        for (_, c) in &self.shared {
+            c.release_idle();
+        }
+    }
 }

@@ -60,6 +60,14 @@ pub enum PubRec<T> {
 }
 
 impl<T> Packets<T> {
+    /// Lets go of the in-flight table's memory if nothing is in flight (the connection
+    /// is going idle): one QoS 1 delivery leaves a table for three more behind.
+    pub fn release_idle(&mut self) {
+        if self.outbound.is_empty() && self.outbound.capacity() > 0 {
+            self.outbound = HashMap::new();
+        }
+    }
+
     /// A session resuming `carry` with `subs`.
     pub fn resume(subs: BTreeMap<String, u8>, carry: Carry) -> Self {
         Packets {
@@ -180,6 +188,24 @@ mod tests {
             None,
             "a shared filter is not plain"
         );
+    }
+
+    #[test]
+    fn an_empty_in_flight_table_is_let_go_when_idle() {
+        let mut s: Packets<u64> = Packets::default();
+        let a = s.alloc_id().unwrap();
+        s.sent(a, 1, Some(10));
+        let b = s.alloc_id().unwrap();
+        s.sent(b, 1, Some(11));
+        assert_eq!(s.on_puback(a), Some(Some(10)));
+        s.release_idle();
+        assert!(
+            s.outbound.capacity() > 0,
+            "kept while a message is in flight"
+        );
+        assert_eq!(s.on_puback(b), Some(Some(11)));
+        s.release_idle();
+        assert_eq!(s.outbound.capacity(), 0);
     }
 
     #[test]
