@@ -74,6 +74,7 @@ pub(super) fn load_checkpoint(
         legacy,
     })
 }
+
 impl Inner {
     /// Flushes consume queues and index up to the log's end, journals the ack state of
     /// every queue whose state changed since the last checkpoint (one record for all of
@@ -222,6 +223,7 @@ fn read_checkpoint(path: &Path, repair: bool) -> Result<(u64, Snapshot)> {
         }),
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

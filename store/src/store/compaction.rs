@@ -42,6 +42,24 @@ impl Inner {
         let live = live_bytes(&qs, &sealed);
         let walk = u64::try_from(walk.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.live_walk_ns.store(walk, Ordering::Relaxed);
+        let deleted = self.delete_or_compact(&sealed, &live)?;
+        // Then the queues' own files (after the log: a sealed segment is what the pass
+        // is most often woken for).
+        self.trim_queue_files(&qs)?;
+        drop(qs);
+        self.index.delete_files_below(self.log.min_offset())?;
+        self.segments_deleted
+            .fetch_add(deleted as u64, Ordering::Relaxed);
+        if deleted > 0 {
+            tracing::debug!(segments = deleted, "store: retention deleted segments");
+        }
+        Ok(deleted)
+    }
+
+    /// A retention pass's work on the log: deletes each of the `sealed` segments that
+    /// holds no `live` bytes, compacts those whose live share is low; returns the
+    /// segments deleted.
+    fn delete_or_compact(&self, sealed: &[(u64, u64)], live: &[u64]) -> Result<usize> {
         // Segments left dead by an earlier pass's copies go only once those are on disk
         // (always so, unless that pass's flush failed).
         let copies_durable = self.flush.flushed() >= self.copied_to.load(Ordering::Acquire);
@@ -53,7 +71,7 @@ impl Inner {
             .cfg
             .segment_size
             .saturating_mul(COMPACT_SEGMENTS_PER_PASS);
-        for ((start, end), live) in sealed.iter().zip(&live) {
+        for ((start, end), live) in sealed.iter().zip(live) {
             if *live == 0 {
                 if copies_durable {
                     deleted += usize::from(self.log.delete_segment(*start)?);
@@ -89,15 +107,19 @@ impl Inner {
                 );
             }
         }
-        // Then the queues' own files (after the log: a sealed segment is what the pass
-        // is most often woken for).
-        // Shared-index segments with few live entries left: their queues move them on.
+        Ok(deleted)
+    }
+
+    /// A retention pass's work on the queues' own files: consume-queue files below each
+    /// ack head, and shared-index segments with few live entries left (their queues move
+    /// those entries on first).
+    fn trim_queue_files(&self, qs: &[Arc<QueueState>]) -> Result<()> {
         let victims = self
             .shared
             .as_ref()
             .map(|s| s.victims())
             .unwrap_or_default();
-        for q in &qs {
+        for q in qs {
             let head = q.ack().head();
             q.cq.delete_files_below(head)?;
             q.cq.relocate(&victims)?;
@@ -105,14 +127,7 @@ impl Inner {
         if let Some(sh) = &self.shared {
             sh.retire()?;
         }
-        drop(qs);
-        self.index.delete_files_below(self.log.min_offset())?;
-        self.segments_deleted
-            .fetch_add(deleted as u64, Ordering::Relaxed);
-        if deleted > 0 {
-            tracing::debug!(segments = deleted, "store: retention deleted segments");
-        }
-        Ok(deleted)
+        Ok(())
     }
 
     /// Copies the live records of the sealed segment at `start` to the end of the log

@@ -199,6 +199,7 @@ pub struct StoreStats {
     /// Segments deleted since the store opened (no queue needed them, or compacted).
     pub segments_deleted: u64,
 }
+
 /// The queues by id. Looked up several times per message: foldhash, not SipHash.
 type QueueMap = HashMap<QueueId, Arc<QueueState>, foldhash::fast::RandomState>;
 
@@ -279,6 +280,7 @@ fn now_ms() -> u64 {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
 impl Store {
     /// `Err(Fatal)` once a flush failed: the store takes no more writes and the broker
     /// must stop.

@@ -21,6 +21,7 @@ use crate::flush::Durable;
 use crate::journal::{MetaJournal, MetaOp};
 use crate::meta::MetaStore;
 
+/// A queue's registry record (the value of its `Q` key in the journal, JSON).
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub(super) struct QueueRecord {
     pub(super) id: QueueId,
@@ -170,6 +171,7 @@ pub(super) fn remove_orphans(root: &Path, reg: &Registry) -> Result<()> {
     }
     Ok(())
 }
+
 impl Inner {
     pub(super) fn create_queue(
         &self,
@@ -277,6 +279,7 @@ impl Inner {
         Ok(())
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

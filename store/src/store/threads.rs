@@ -28,8 +28,7 @@ impl Inner {
             spawn("store-warm", |i| i.log.warm_ahead())?,
         ])
     }
-}
-impl Inner {
+
     /// The flusher thread's flush (group commit, or async mode's interval): timed and
     /// sized for `/metrics`. Checkpoint and compaction flushes are not group commits and
     /// are not counted.
@@ -129,6 +128,7 @@ impl Inner {
         }
     }
 }
+
 /// In `async` flush mode, appends' [`Durable`]s (the confirms) wait once the unflushed
 /// bytes exceed this many times the flusher's `dirty_bytes` (64 MiB with the defaults).
 const ASYNC_BACKLOG_FLUSHES: u64 = 4;
