@@ -506,51 +506,25 @@ impl CommitLog {
                 truncated: false,
             });
         };
-        let mut pos = from.max(first.start());
-        let mut idx = segs
-            .iter()
-            .position(|s| pos < s.end())
-            .unwrap_or(segs.len().saturating_sub(1));
-        let mut stop_reason: Option<String> = None;
-        'segments: while let Some(seg) = segs.get(idx) {
-            let mut local = pos.saturating_sub(seg.start());
-            loop {
-                let Some(rest) = seg.slice(local, seg.len) else {
-                    stop_reason = Some("position past the segment end".into());
-                    break 'segments;
-                };
-                if rest.is_empty() {
-                    // exactly at the end of a full segment
-                    pos = seg.end();
-                    idx += 1;
-                    match segs.get(idx) {
-                        Some(next) if next.start() == pos => continue 'segments,
-                        _ => break 'segments,
-                    }
-                }
-                let d = record::decode(rest);
-                match &d {
-                    Decoded::Message { len, .. } | Decoded::Ack { len, .. } => {
-                        visit(pos, &d)?;
-                        pos += len;
-                        local += len;
-                    }
-                    Decoded::Padding => {
-                        pos = seg.end();
-                        idx += 1;
-                        match segs.get(idx) {
-                            Some(next) if next.start() == pos => continue 'segments,
-                            _ => break 'segments,
-                        }
-                    }
-                    Decoded::Empty => break 'segments,
-                    Decoded::Invalid(why) => {
-                        stop_reason = Some(why.clone());
-                        break 'segments;
-                    }
-                }
-            }
+        let pos = from.max(first.start());
+        let (pos, stop_reason) = scan_from(&segs, pos, &mut visit)?;
+        let truncated = self.check_after_end(&segs, pos, stop_reason.as_deref(), repair)?;
+        if let Some(reason) = &stop_reason {
+            tracing::info!(offset = pos, %reason, "commitlog: cut a torn tail");
         }
+        self.cut_after(&segs, pos, unclean, truncated)
+    }
+
+    /// Whether the log is cut at `pos`, the end the scan found (`stop_reason`: why it
+    /// stopped there, when at bad data). A later segment holding data means a sealed
+    /// segment is bad: an error unless `repair`, which cuts the log at `pos`.
+    fn check_after_end(
+        &self,
+        segs: &[Arc<Segment>],
+        pos: u64,
+        stop_reason: Option<&str>,
+        repair: bool,
+    ) -> Result<bool> {
         // `pos` is the end. Anything later that holds data means a sealed segment is bad.
         let later_data = segs
             .iter()
@@ -563,9 +537,7 @@ impl CommitLog {
                 .segment_for(pos)
                 .map(|s| (s.path().to_path_buf(), pos - s.start()))
                 .unwrap_or_else(|| (later.path().to_path_buf(), 0));
-            let reason = stop_reason
-                .clone()
-                .unwrap_or_else(|| "unwritten gap".to_string());
+            let reason = stop_reason.unwrap_or("unwritten gap");
             if !repair {
                 return Err(StoreError::Corrupt {
                     path,
@@ -583,9 +555,18 @@ impl CommitLog {
             );
             truncated = true;
         }
-        if let Some(reason) = &stop_reason {
-            tracing::info!(offset = pos, %reason, "commitlog: cut a torn tail");
-        }
+        Ok(truncated)
+    }
+
+    /// Cuts the log at `pos`: deletes the segments wholly after it and, after an unclean
+    /// shutdown or a cut, zeroes the rest of the segment it is in.
+    fn cut_after(
+        &self,
+        segs: &[Arc<Segment>],
+        pos: u64,
+        unclean: bool,
+        mut truncated: bool,
+    ) -> Result<Recovered> {
         // Drop segments wholly after the end, then clean the tail of the end segment.
         let doomed: Vec<Arc<Segment>> = segs.iter().filter(|s| s.start() > pos).cloned().collect();
         for s in &doomed {
@@ -854,6 +835,61 @@ impl CommitLog {
         }
         Ok(true)
     }
+}
+
+/// Visits every valid record of `segs` from `pos` (a record boundary) on; returns the
+/// end, one past the last valid record, and why the scan stopped there when it stopped
+/// at bad data.
+fn scan_from(
+    segs: &[Arc<Segment>],
+    mut pos: u64,
+    visit: &mut impl FnMut(u64, &Decoded<'_>) -> Result<()>,
+) -> Result<(u64, Option<String>)> {
+    let mut idx = segs
+        .iter()
+        .position(|s| pos < s.end())
+        .unwrap_or(segs.len().saturating_sub(1));
+    let mut stop_reason: Option<String> = None;
+    'segments: while let Some(seg) = segs.get(idx) {
+        let mut local = pos.saturating_sub(seg.start());
+        loop {
+            let Some(rest) = seg.slice(local, seg.len) else {
+                stop_reason = Some("position past the segment end".into());
+                break 'segments;
+            };
+            if rest.is_empty() {
+                // exactly at the end of a full segment
+                pos = seg.end();
+                idx += 1;
+                match segs.get(idx) {
+                    Some(next) if next.start() == pos => continue 'segments,
+                    _ => break 'segments,
+                }
+            }
+            let d = record::decode(rest);
+            match &d {
+                Decoded::Message { len, .. } | Decoded::Ack { len, .. } => {
+                    visit(pos, &d)?;
+                    pos += len;
+                    local += len;
+                }
+                Decoded::Padding => {
+                    pos = seg.end();
+                    idx += 1;
+                    match segs.get(idx) {
+                        Some(next) if next.start() == pos => continue 'segments,
+                        _ => break 'segments,
+                    }
+                }
+                Decoded::Empty => break 'segments,
+                Decoded::Invalid(why) => {
+                    stop_reason = Some(why.clone());
+                    break 'segments;
+                }
+            }
+        }
+    }
+    Ok((pos, stop_reason))
 }
 
 /// Zeroes (and flushes) every 4 KiB chunk of `seg` from `local` on that holds a non-zero

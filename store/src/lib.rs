@@ -4,8 +4,10 @@
 //! an entry in its [`consumequeue`] (in heap and the shared index [`smallcq`] while the
 //! queue holds few entries, in its own files of 20-byte entries once it holds more);
 //! message keys go to the [`index`]. Per-queue [`ack`] state records which entries were
-//! consumed, and the [`journal`] holds durable metadata (queue registry, topology, ack
-//! states as of the checkpoint) as an ordered log of changes plus snapshots.
+//! consumed, and the [`journal`] holds durable metadata as an ordered log of changes plus
+//! snapshots: the store's queue registry, ack states as of the checkpoint and delivery
+//! counts, and what the core keeps there (vhosts, users, topology, policies, stream
+//! offsets).
 //! [`store`] ties them together: one writer path, group commit ([`flush`]), checkpoints,
 //! crash recovery and retention. It knows nothing of protocols.
 //!
@@ -21,11 +23,15 @@
 //! - [`ack`]: ack head plus the set of acked entries above it.
 //! - [`flush`]: durability waiters and the flusher (sync = group commit, async = interval).
 //! - [`journal`]: the metadata journal: one record per change, group-committed, compacted
-//!   into snapshots (the store's queue registry and the core's topology live there).
-//! - [`meta`]: atomic JSON metadata files, as earlier versions kept metadata (read once
-//!   and moved into the journal).
+//!   into snapshots (the store's queue registry and ack states and the core's metadata
+//!   live there).
+//! - [`meta`]: atomic JSON metadata files, where earlier versions kept their metadata;
+//!   nothing is written there any more: the store and the core read what an earlier
+//!   version left once at start, move it into the journal and delete the file.
 //! - [`returns`]: per-message delivery counts, one journal record per returned message.
-//! - [`store`]: the [`Store`] itself.
+//! - [`store`]: the [`store::Store`] itself: opening and recovery, the writer path, the
+//!   queue registry, checkpoints, the flusher and maintenance threads, retention and
+//!   compaction, one submodule each.
 //! - [`timer`]: the timer wheel and log of delayed messages (derived from their queue).
 //! - [`file`], [`error`]: helpers.
 

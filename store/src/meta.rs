@@ -2,10 +2,11 @@
 //! temp file, fsync, rename, directory fsync. A reader sees the old or the new
 //! document, never a mix.
 //!
-//! Earlier versions kept their metadata here (the vhost list, one topology document per
-//! vhost). Metadata now lives in the [`crate::journal`]; the core reads these documents
-//! once at start, moves what they hold into the journal and deletes them. Nothing new
-//! is written here.
+//! Earlier versions kept their metadata here: the store's queue registry
+//! (`store-queues`), the core's vhost list (`vhosts`) and one topology document per
+//! vhost. Metadata now lives in the [`crate::journal`]; the store and the core read these
+//! documents once at start, move what they hold into the journal and delete them.
+//! Nothing new is written here.
 
 use std::path::{Path, PathBuf};
 
