@@ -24,6 +24,8 @@
 //!   into snapshots (the store's queue registry and the core's topology live there).
 //! - [`meta`]: atomic JSON metadata files, as earlier versions kept metadata (read once
 //!   and moved into the journal).
+//! - [`replica`]: replication's store side: the leader's sync gate and a follower's
+//!   copy of the log and journal written at the leader's offsets.
 //! - [`returns`]: per-message delivery counts, one journal record per returned message.
 //! - [`store`]: the [`Store`] itself.
 //! - [`timer`]: the timer wheel and log of delayed messages (derived from their queue).
@@ -46,6 +48,7 @@ pub mod index;
 pub mod journal;
 pub mod meta;
 pub mod record;
+pub mod replica;
 pub mod returns;
 pub mod smallcq;
 pub mod store;

@@ -102,6 +102,8 @@ pub struct StoreConfig {
     /// The metadata journal is compacted once past this size and twice its last snapshot
     /// (default [`crate::journal::COMPACT_MIN`]).
     pub meta_compact_bytes: u64,
+    /// Replication (issue 18): the leader's gate; `None` without `[cluster]`.
+    pub replica: Option<Arc<crate::replica::ReplicaGate>>,
 }
 
 impl StoreConfig {
@@ -118,6 +120,7 @@ impl StoreConfig {
             retention_interval: Duration::from_secs(10),
             repair: false,
             meta_compact_bytes: crate::journal::COMPACT_MIN,
+            replica: None,
         }
     }
 }
@@ -538,6 +541,9 @@ impl Store {
 
         let writer = log.writer()?;
         let flush = FlushShared::new(recovered.end);
+        if let Some(gate) = &cfg.replica {
+            flush.set_gate(gate.clone()); // replication (issue 18)
+        }
         let inner = Arc::new(Inner {
             cfg: cfg.clone(),
             log,
@@ -642,6 +648,11 @@ impl Store {
     /// The metadata journal: every durable metadata change is one record in it.
     pub fn journal(&self) -> &MetaJournal {
         &self.inner.journal
+    }
+
+    /// The commitlog, for replication (issue 18) to read raw bytes from.
+    pub fn commitlog(&self) -> &CommitLog {
+        &self.inner.log
     }
 
     /// The data directory.
