@@ -189,7 +189,12 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         .thread_name("triad-worker")
         .build()
         .context("cannot start the async runtime")?;
-    let served = runtime.block_on(serve(Arc::clone(&config), Arc::clone(&broker), tls));
+    let served = runtime.block_on(serve(
+        Arc::clone(&config),
+        Arc::clone(&broker),
+        tls,
+        leader.as_ref().map(|l| l.gate()),
+    ));
     drop(leader);
     drop(broker);
     // Tasks that outlived the grace period are dropped here, releasing what they hold.
@@ -241,6 +246,7 @@ async fn serve(
     config: Arc<Config>,
     broker: Arc<triad_core::Broker>,
     tls: Option<Arc<TlsConfigs>>,
+    replica_gate: Option<Arc<triad_store::replica::ReplicaGate>>,
 ) -> anyhow::Result<()> {
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
@@ -270,6 +276,11 @@ async fn serve(
     mqtt.spawn_sys(SYS_INTERVAL, shutdown.clone());
     if let Some(after) = config.mqtt.session_expiry {
         mqtt.spawn_session_expiry(after.get(), shutdown.clone());
+    }
+    // Replication: from here on (sync mode) confirms wait for replicas; the start-up
+    // records above did not.
+    if let Some(g) = replica_gate {
+        g.arm();
     }
     let conn_limit = match config.limits.max_connections {
         0 => None,

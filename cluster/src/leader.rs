@@ -107,6 +107,11 @@ impl Leader {
         })
     }
 
+    /// The gate this leader moves.
+    pub fn gate(&self) -> Arc<ReplicaGate> {
+        self.shared.gate.clone()
+    }
+
     /// The replication listener's bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
@@ -171,6 +176,9 @@ impl Shared {
         }
         let gone = self.lock().remove(&id);
         if let Some(f) = gone {
+            if f.in_sync {
+                tracing::warn!(node = %f.node, "replication: replica left the in-sync set (disconnected)");
+            }
             tracing::info!(node = %f.node, %peer, "replication: follower disconnected");
         }
         self.recompute();

@@ -93,6 +93,7 @@ fn sync_mode_confirms_with_a_follower_and_refuses_without_one() {
     let f = tempfile::tempdir().unwrap();
     let gate = ReplicaGate::new(true);
     let store = leader_store(l.path(), &gate);
+    gate.arm();
     let mut leader = Leader::start(
         store.clone(),
         gate.clone(),

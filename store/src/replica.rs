@@ -43,6 +43,10 @@ struct GateState {
 pub struct ReplicaGate {
     /// Whether durabilities wait for replicas (`replication.mode = sync`).
     sync: bool,
+    /// Set by [`ReplicaGate::arm`] once the broker has started: until then durabilities
+    /// do not wait (the broker's own start-up records, such as an MQTT state migration,
+    /// must not need followers that have not connected yet; no client is served before).
+    armed: std::sync::atomic::AtomicBool,
     /// The highest commitlog end appended (for the senders).
     written: AtomicU64,
     /// Senders waiting in [`ReplicaGate::wait_appended`].
@@ -60,6 +64,7 @@ impl ReplicaGate {
     pub fn new(sync: bool) -> Arc<ReplicaGate> {
         Arc::new(ReplicaGate {
             sync,
+            armed: std::sync::atomic::AtomicBool::new(false),
             written: AtomicU64::new(0),
             sleepers: AtomicUsize::new(0),
             state: Mutex::new(GateState {
@@ -79,6 +84,16 @@ impl ReplicaGate {
     /// Whether durabilities wait on this gate.
     pub fn is_sync(&self) -> bool {
         self.sync
+    }
+
+    /// From now on (sync mode) durabilities wait for replicas: call before serving
+    /// clients.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn gates(&self) -> bool {
+        self.sync && self.armed.load(Ordering::SeqCst)
     }
 
     /// The store appended up to `end` (called on every append).
@@ -149,7 +164,7 @@ impl ReplicaGate {
     }
 
     fn verdict(&self, st: &GateState, offset: u64) -> Option<Result<()>> {
-        if !self.sync || st.replicated >= offset {
+        if !self.gates() || st.replicated >= offset {
             return Some(Ok(()));
         }
         st.refusing
@@ -159,11 +174,11 @@ impl ReplicaGate {
 
     /// Whether `offset` is replicated enough (never blocks).
     pub fn reached(&self, offset: u64) -> bool {
-        !self.sync || self.lock().replicated >= offset
+        !self.gates() || self.lock().replicated >= offset
     }
 
     pub(crate) fn poll(&self, offset: u64, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        if !self.sync {
+        if !self.gates() {
             return Poll::Ready(Ok(()));
         }
         let mut st = self.lock();
@@ -608,6 +623,9 @@ mod tests {
     #[test]
     fn the_sync_gate_refuses_while_too_few_are_in_sync_and_completes_at_the_quorum() {
         let g = ReplicaGate::new(true);
+        // not armed yet (the broker's start-up): nothing waits
+        g.wait(10).unwrap();
+        g.arm();
         assert!(matches!(g.wait(10), Err(StoreError::NotEnoughReplicas(_))));
         g.set(0, None);
         let t = {
