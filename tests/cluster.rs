@@ -323,3 +323,60 @@ fn sync_mode_nacks_without_enough_replicas_and_confirms_again_once_one_rejoins()
     assert_eq!(run(2_000, 100), (100, 0));
     fa.kill9();
 }
+
+/// The other two protocols' refusal when too few replicas are in sync: STOMP answers
+/// an ERROR instead of the RECEIPT and closes, MQTT closes the connection without a
+/// PUBACK (3.1.1 has no negative PUBACK). Neither confirms.
+#[test]
+fn sync_mode_without_replicas_refuses_stomp_receipts_and_mqtt_pubacks() {
+    use common::raw::{MqttClient, StompClient};
+    let leader = TestBroker::start_with_config(&leader_config(2));
+    let mut stomp = StompClient::connect(leader.stomp_addr(), T).unwrap();
+    stomp
+        .send(
+            "SEND",
+            &[
+                ("destination", "/queue/sq"),
+                ("persistent", "true"),
+                ("receipt", "r1"),
+            ],
+            b"hello",
+        )
+        .unwrap();
+    let f = stomp.read_frame().unwrap();
+    assert_eq!(f.command, "ERROR", "{f:?}");
+    assert!(
+        f.header("message")
+            .is_some_and(|m| m.contains("internal error")),
+        "{f:?}"
+    );
+    assert!(stomp.read_frame().is_err(), "closed after the ERROR");
+
+    // a persistent MQTT session needs a stored record: refused with CONNACK 3
+    // (server unavailable), not accepted and lost
+    let r = MqttClient::connect(leader.mqtt_addr(), "sub", false, T);
+    let err = r.err().expect("refused").to_string();
+    assert!(err.contains("body: [0, 3]"), "{err}");
+    // a durable queue bound to amq.topic, so the QoS 1 publish is stored
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let conn = connect(leader.amqp_addr()).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        declare_durable(&ch, "mq").await.unwrap();
+        ch.queue_bind(
+            "mq".into(),
+            "amq.topic".into(),
+            "t.x".into(),
+            QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    });
+    let mut publisher = MqttClient::connect(leader.mqtt_addr(), "pub", true, T).unwrap();
+    publisher.stream.set_read_timeout(Some(T)).unwrap();
+    publisher.publish("t/x", 1, 7, b"m").unwrap();
+    let r = publisher.read_until(0x40);
+    assert!(r.is_err(), "no PUBACK, the connection closed: {r:?}");
+    leader.wait_for_log("not enough replicas in sync", T);
+}

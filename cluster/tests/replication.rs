@@ -252,3 +252,80 @@ fn a_follower_with_another_segment_size_is_refused_with_the_reason() {
     .unwrap_err();
     assert!(err.to_string().contains("segment size"), "{err}");
 }
+
+/// Kafka's ISR in bytes: a connected follower that stops acknowledging leaves the
+/// in-sync set once it is `replica_lag_max` behind (the waiting confirms then fail
+/// rather than hang), and rejoins when its ack catches up.
+#[test]
+fn a_lagging_follower_leaves_the_in_sync_set_and_rejoins_when_caught_up() {
+    use bytes::BytesMut;
+    use std::io::{Read, Write};
+    use triad_cluster::codec::{self, Frame, VERSION};
+
+    let l = tempfile::tempdir().unwrap();
+    let gate = ReplicaGate::new(true);
+    let store = leader_store(l.path(), &gate);
+    gate.arm();
+    let leader = Leader::start(
+        store.clone(),
+        gate.clone(),
+        LeaderConfig {
+            node_id: "l".into(),
+            listen: "127.0.0.1:0".into(),
+            epoch: 0,
+            min_insync: 2,
+            replica_lag_max: 4096,
+        },
+    )
+    .unwrap();
+    let q = store.create_queue("/", "q", true).unwrap();
+    // a hand-made follower: says Hello, reads whatever comes, acks only when told
+    let mut sock = std::net::TcpStream::connect(leader.local_addr()).unwrap();
+    let mut out = BytesMut::new();
+    codec::encode(
+        &Frame::Hello {
+            version: VERSION,
+            node: "slow".into(),
+            epoch: 0,
+            log_end: 0,
+            journal_pos: 0,
+            segment_size: SEG,
+        },
+        &mut out,
+    );
+    sock.write_all(&out).unwrap();
+    let mut reader = sock.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 65536];
+        while matches!(reader.read(&mut b), Ok(n) if n > 0) {}
+    });
+    let ack = |sock: &mut std::net::TcpStream, log: u64| {
+        let mut out = BytesMut::new();
+        codec::encode(
+            &Frame::Ack {
+                log_durable: log,
+                journal_durable: 0,
+            },
+            &mut out,
+        );
+        sock.write_all(&out).unwrap();
+    };
+    eventually("in sync", || leader.followers().iter().any(|f| f.in_sync));
+    let mut last = None;
+    for i in 0..100 {
+        last = Some(publish(&store, q, i));
+    }
+    // never acked, more than 4 KiB behind: out of the set, and the wait fails
+    let err = last.unwrap().wait().unwrap_err();
+    assert!(matches!(err, StoreError::NotEnoughReplicas(_)), "{err}");
+    assert!(leader.followers().iter().all(|f| !f.in_sync));
+    // caught up: back in, and a confirm needs its ack again
+    ack(&mut sock, store.commitlog().end());
+    eventually("back in sync", || {
+        leader.followers().iter().any(|f| f.in_sync)
+    });
+    let d = publish(&store, q, 100);
+    assert!(!d.is_durable(), "waits for the follower");
+    ack(&mut sock, store.commitlog().end());
+    d.wait().unwrap();
+}
