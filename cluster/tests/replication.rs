@@ -329,3 +329,78 @@ fn a_lagging_follower_leaves_the_in_sync_set_and_rejoins_when_caught_up() {
     ack(&mut sock, store.commitlog().end());
     d.wait().unwrap();
 }
+
+/// The leader's retention deletes segments and its compaction copies live records
+/// forward; a follower keeps every byte it was shipped, and its directory, opened as a
+/// store, has exactly the leader's unacked messages (the copies repoint the entries in
+/// the replay, acks are replayed too).
+#[test]
+fn a_follower_of_a_compacting_leader_promotes_to_the_leaders_unacked_messages() {
+    let l = tempfile::tempdir().unwrap();
+    let f = tempfile::tempdir().unwrap();
+    let gate = ReplicaGate::new(false);
+    let store = leader_store(l.path(), &gate);
+    let leader = Leader::start(
+        store.clone(),
+        gate.clone(),
+        LeaderConfig {
+            node_id: "l".into(),
+            listen: "127.0.0.1:0".into(),
+            epoch: 0,
+            min_insync: 1,
+            replica_lag_max: 1 << 20,
+        },
+    )
+    .unwrap();
+    let mut fol = RunningFollower::start("f", &leader, f.path());
+    let q = store.create_queue("/", "q", true).unwrap();
+    for i in 0..600u32 {
+        publish(&store, q, i).wait().unwrap();
+    }
+    // everything but every tenth acked, then retention and compaction
+    let acked: Vec<u64> = (0..600u64).filter(|i| i % 10 != 0).collect();
+    store.ack(q, &acked).unwrap().wait().unwrap();
+    store.checkpoint().unwrap();
+    let segs_before = store.commitlog().segment_list().len();
+    store.run_retention().unwrap();
+    store.checkpoint().unwrap();
+    store.run_retention().unwrap();
+    let segs_after = store.commitlog().segment_list().len();
+    assert!(segs_after < segs_before, "{segs_before} -> {segs_after}");
+    // and more traffic after it
+    for i in 600..650u32 {
+        publish(&store, q, i).wait().unwrap();
+    }
+    let want: Vec<(u64, Vec<u8>)> = store
+        .unacked(q, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|o| {
+            let e = store.entry(q, o).unwrap();
+            (o, store.read(e.commit_offset).unwrap().body.to_vec())
+        })
+        .collect();
+    assert_eq!(want.len(), 60 + 50);
+    let (end, jpos) = (store.commitlog().end(), store.journal().position().0);
+    eventually("caught up", || {
+        fol.progress.log_durable.load(Ordering::SeqCst) == end
+            && fol.progress.journal_durable.load(Ordering::SeqCst) == jpos
+    });
+    fol.stop().unwrap();
+    drop(leader);
+    drop(store);
+    let mut cfg = StoreConfig::new(f.path());
+    cfg.segment_size = SEG;
+    let s = Store::open(cfg).unwrap();
+    let q2 = s.find_queue("/", "q").unwrap();
+    let got: Vec<(u64, Vec<u8>)> = s
+        .unacked(q2, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|o| {
+            let e = s.entry(q2, o).unwrap();
+            (o, s.read(e.commit_offset).unwrap().body.to_vec())
+        })
+        .collect();
+    assert_eq!(got, want);
+}
