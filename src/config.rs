@@ -64,6 +64,67 @@ pub struct Config {
     pub topic_permissions: Vec<TopicPermissionSection>,
     /// `[[vhosts]]`: vhosts created at startup besides `auth.default_vhost`.
     pub vhosts: Vec<VhostSection>,
+    /// `[cluster]`: this node's place in a replica group (absent: a standalone broker).
+    pub cluster: Option<ClusterSection>,
+    /// `[replication]`: the leader's replication settings (needs `[cluster]`).
+    pub replication: Option<ReplicationSection>,
+}
+
+/// `[cluster]` (issue 18, phase 1: a static leader and followers, no election yet).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// `leader` or `follower`.
+    pub role: ClusterRole,
+    /// This node's name in the group (1 to 255 bytes).
+    pub node_id: String,
+    /// A leader's replication listener, `HOST:PORT`.
+    pub listen: Option<String>,
+    /// A follower's leader: its replication listener, `HOST:PORT`.
+    pub leader: Option<String>,
+}
+
+/// A node's role, fixed by configuration in phase 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterRole {
+    /// Serves clients and ships its commitlog and journal to followers.
+    Leader,
+    /// Keeps a copy of the leader's commitlog and journal; serves no client.
+    Follower,
+}
+
+/// When a confirm may be sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicationMode {
+    /// After the leader's local fsync (followers catch up behind).
+    #[default]
+    Async,
+    /// After `min_insync` replicas, the leader included, have the record on disk.
+    Sync,
+}
+
+/// `[replication]`: a leader's settings.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicationSection {
+    pub mode: ReplicationMode,
+    /// Replicas (the leader included) that must be in sync, and in sync mode hold a
+    /// record on disk, before a publish is confirmed.
+    pub min_insync: u32,
+    /// A follower further behind than this leaves the in-sync set.
+    pub replica_lag_max: ByteSize,
+}
+
+impl Default for ReplicationSection {
+    fn default() -> Self {
+        ReplicationSection {
+            mode: ReplicationMode::Async,
+            min_insync: 2,
+            replica_lag_max: ByteSize::mib(64),
+        }
+    }
 }
 
 /// `[mqtt]`: MQTT settings beyond the listener and packet size.
@@ -669,6 +730,7 @@ impl Config {
             check_listen(Listeners::key(proto), self.listeners.addr(proto))?;
         }
         self.validate_tls()?;
+        self.validate_cluster()?;
 
         let s = &self.store;
         if s.data_dir.as_os_str().is_empty() {
@@ -857,6 +919,94 @@ impl Config {
 
     /// The `[tls]` keys that make no sense together; the files themselves are checked
     /// when they are loaded ([`crate::tls::server_config`]).
+    /// `[cluster]` and `[replication]`: every key works or is refused here.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let Some(c) = &self.cluster else {
+            if self.replication.is_some() {
+                return Err(invalid(
+                    "replication",
+                    "[replication]",
+                    "needs a [cluster] section (role = \"leader\")",
+                ));
+            }
+            return Ok(());
+        };
+        if c.node_id.is_empty() || c.node_id.len() > 255 {
+            return Err(invalid(
+                "cluster.node_id",
+                &c.node_id,
+                "must be 1 to 255 bytes",
+            ));
+        }
+        if self.tls.enabled() {
+            return Err(invalid(
+                "cluster",
+                "[cluster] with [tls]",
+                "replication has no TLS yet (issue 18, a later phase); a broker with TLS \
+                 configured cannot be in a cluster until then",
+            ));
+        }
+        match c.role {
+            ClusterRole::Leader => {
+                let listen = c.listen.as_deref().ok_or_else(|| {
+                    invalid(
+                        "cluster.listen",
+                        "",
+                        "a leader needs its replication listener",
+                    )
+                })?;
+                check_listen("cluster.listen", listen)?;
+                if let Some(l) = &c.leader {
+                    return Err(invalid(
+                        "cluster.leader",
+                        l,
+                        "is a follower's setting (this node's role is leader)",
+                    ));
+                }
+                let r = self.replication.clone().unwrap_or_default();
+                if r.min_insync == 0 {
+                    return Err(invalid(
+                        "replication.min_insync",
+                        r.min_insync,
+                        "must be at least 1 (the leader)",
+                    ));
+                }
+                if r.mode == ReplicationMode::Sync && self.store.flush == FlushKind::Async {
+                    return Err(invalid(
+                        "replication.mode",
+                        "sync",
+                        "needs store.flush = \"sync\" (a replica counts once the record is on its disk, the leader's included)",
+                    ));
+                }
+            }
+            ClusterRole::Follower => {
+                let leader = c.leader.as_deref().ok_or_else(|| {
+                    invalid(
+                        "cluster.leader",
+                        "",
+                        "a follower needs its leader's replication address",
+                    )
+                })?;
+                check_listen("cluster.leader", leader)?;
+                if let Some(l) = &c.listen {
+                    return Err(invalid(
+                        "cluster.listen",
+                        l,
+                        "is a leader's setting (this node's role is follower)",
+                    ));
+                }
+                if self.replication.is_some() {
+                    return Err(invalid(
+                        "replication",
+                        "[replication]",
+                        "is the leader's setting; a follower copies whatever its leader ships",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn validate_tls(&self) -> Result<(), ConfigError> {
         let t = &self.tls;
         let shown = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
@@ -1255,6 +1405,62 @@ mod tests {
         .limits;
         assert_eq!(l.stomp_frame_max(), 4 << 20);
         assert_eq!(l.mqtt_packet_max(), 128 << 10);
+    }
+
+    #[test]
+    fn cluster_keys_work_or_are_refused_by_name() {
+        let leader = "[cluster]\nrole = \"leader\"\nnode_id = \"a\"\nlisten = \"127.0.0.1:0\"\n";
+        let follower =
+            "[cluster]\nrole = \"follower\"\nnode_id = \"b\"\nleader = \"127.0.0.1:5680\"\n";
+        let ok = |t: &str| parse(t).expect("parses").validate().expect("valid");
+        ok(leader);
+        ok(follower);
+        ok(&format!(
+            "{leader}[replication]\nmode = \"sync\"\nmin_insync = 3\nreplica_lag_max = \"1 MiB\"\n"
+        ));
+        let refused = |t: &str, key: &str| {
+            let err = match parse(t) {
+                Err(e) => e.to_string(),
+                Ok(c) => c.validate().expect_err(t).to_string(),
+            };
+            assert!(err.contains(key), "{t}: {err}");
+        };
+        refused("[replication]\nmode = \"sync\"\n", "replication");
+        refused(&format!("{leader}etcd = \"x\"\n"), "etcd");
+        refused(
+            "[cluster]\nrole = \"leader\"\nnode_id = \"a\"\n",
+            "cluster.listen",
+        );
+        refused(
+            "[cluster]\nrole = \"follower\"\nnode_id = \"a\"\n",
+            "cluster.leader",
+        );
+        refused(&format!("{leader}leader = \"h:1\"\n"), "cluster.leader");
+        refused(&format!("{follower}listen = \"h:1\"\n"), "cluster.listen");
+        refused(
+            &format!("{follower}[replication]\nmode = \"sync\"\n"),
+            "replication",
+        );
+        refused(
+            &format!("{leader}[replication]\nmin_insync = 0\n"),
+            "replication.min_insync",
+        );
+        refused(
+            &format!("{leader}[replication]\nmode = \"sync\"\n[store]\nflush = \"async\"\n"),
+            "replication.mode",
+        );
+        refused(
+            &format!("{leader}[replication]\nmode = \"quorum\"\n"),
+            "quorum",
+        );
+        refused(
+            "[cluster]\nrole = \"leader\"\nnode_id = \"\"\nlisten = \"h:1\"\n",
+            "cluster.node_id",
+        );
+        refused(
+            &format!("{leader}[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n"),
+            "no TLS yet",
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //!
 //! Modules:
 //! - [`cli`]: command-line flags (an interface: scripts use these names).
+//! - [`cluster`]: replication: a leader's gate and listener, the follower mode.
 //! - [`config`]: the TOML configuration tree, its defaults and `validate()`.
 //! - [`units`]: human sizes (`"64 KiB"`) and durations (`"200ms"`) for the config.
 //! - [`listener`]: the accept loop every protocol shares (connection limit, accept
@@ -19,6 +20,7 @@
 
 pub mod adapters;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod counted;
 pub mod http;

@@ -148,6 +148,10 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
 }
 
 fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Result<()> {
+    // Replication (issue 18): a follower serves no client, it copies its leader's logs.
+    if triad::cluster::is_follower(&config) {
+        return triad::cluster::run_follower(&config);
+    }
     let config = Arc::new(config);
     let s = &config.store;
     info!(
@@ -160,9 +164,20 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         "opening store"
     );
     // Blocking (recovery may read the whole commitlog tail), so before the runtime.
-    let store = Store::open(config.store_config(cli.repair))
+    let gate = triad::cluster::leader_gate(&config);
+    let mut store_config = config.store_config(cli.repair);
+    store_config.replica = gate.clone();
+    let store = Store::open(store_config)
         .with_context(|| format!("cannot open the store in {}", s.data_dir.display()))?;
     let store = Arc::new(store);
+    let leader = match gate {
+        Some(g) => Some(triad::cluster::start_leader(
+            &config,
+            Arc::clone(&store),
+            g,
+        )?),
+        None => None,
+    };
     let core_config = config
         .core_config()
         .context("invalid users or permissions")?;
@@ -174,7 +189,13 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         .thread_name("triad-worker")
         .build()
         .context("cannot start the async runtime")?;
-    let served = runtime.block_on(serve(Arc::clone(&config), Arc::clone(&broker), tls));
+    let served = runtime.block_on(serve(
+        Arc::clone(&config),
+        Arc::clone(&broker),
+        tls,
+        leader.as_ref().map(|l| l.gate()),
+    ));
+    drop(leader);
     drop(broker);
     // Tasks that outlived the grace period are dropped here, releasing what they hold.
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -225,6 +246,7 @@ async fn serve(
     config: Arc<Config>,
     broker: Arc<triad_core::Broker>,
     tls: Option<Arc<TlsConfigs>>,
+    replica_gate: Option<Arc<triad_store::replica::ReplicaGate>>,
 ) -> anyhow::Result<()> {
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
@@ -254,6 +276,11 @@ async fn serve(
     mqtt.spawn_sys(SYS_INTERVAL, shutdown.clone());
     if let Some(after) = config.mqtt.session_expiry {
         mqtt.spawn_session_expiry(after.get(), shutdown.clone());
+    }
+    // Replication: from here on (sync mode) confirms wait for replicas; the start-up
+    // records above did not.
+    if let Some(g) = replica_gate {
+        g.arm();
     }
     let conn_limit = match config.limits.max_connections {
         0 => None,

@@ -892,6 +892,99 @@ fn scan_from(
     Ok((pos, stop_reason))
 }
 
+/// Replication (see [`crate::replica`]): the leader reads raw bytes at offsets, a
+/// follower writes them at the same offsets. Kept apart from the append path, which it
+/// does not touch.
+impl CommitLog {
+    /// The segment size this log was opened with (a follower's must be the leader's).
+    pub fn segment_size(&self) -> u64 {
+        self.segment_size
+    }
+
+    /// Up to `max` bytes of the log from `from`, zero copy from the mapping, never past
+    /// the published end nor across a segment's end (the next call continues there).
+    /// Empty at the end; `NotFound` when `from` lies in a segment no longer held
+    /// (retention or compaction deleted it) or below the first one.
+    pub fn read_raw(&self, from: u64, max: u64) -> Result<Bytes> {
+        let end = self.end();
+        if from >= end {
+            return Ok(Bytes::new());
+        }
+        let seg = self.segment_for(from).ok_or_else(|| {
+            StoreError::NotFound(format!(
+                "commitlog offset {from} is no longer held (first held: {})",
+                self.min_offset()
+            ))
+        })?;
+        let to = end.min(seg.end()).min(from.saturating_add(max.max(1)));
+        seg.bytes(from - seg.start(), to - from)
+            .ok_or_else(|| StoreError::Invalid(format!("commitlog range {from}..{to}")))
+    }
+
+    /// Writes `data` at `offset` as a follower copies the leader's log: `offset` must not
+    /// be past the end (a gap is refused); bytes below the end must equal what is there
+    /// (an overlap that differs is refused, one that agrees is skipped); the rest is
+    /// written and the end moved past it, creating segments (at the previous one's end)
+    /// as needed. Nothing is flushed: call [`CommitLog::flush`]. Only for a log that has
+    /// no other writer (a follower's); `recover` must have run.
+    pub fn write_raw(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let end = self.end();
+        if offset > end {
+            return Err(StoreError::Invalid(format!(
+                "replicated bytes at {offset} leave a gap after the end {end}"
+            )));
+        }
+        let stop = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| StoreError::Invalid("offset overflows".into()))?;
+        // the overlap with what is there must agree
+        let mut at = offset;
+        while at < end.min(stop) {
+            let seg = self.segment_for(at).ok_or_else(|| {
+                StoreError::Invalid(format!("replicated bytes at {at}: segment not held"))
+            })?;
+            let to = end.min(stop).min(seg.end());
+            let have = seg
+                .slice(at - seg.start(), to - seg.start())
+                .unwrap_or_default();
+            let want = data
+                .get((at - offset) as usize..(to - offset) as usize)
+                .unwrap_or_default();
+            if have != want {
+                return Err(StoreError::Invalid(format!(
+                    "replicated bytes at {at}..{to} differ from the log's"
+                )));
+            }
+            at = to;
+        }
+        while at < stop {
+            let seg = match self.segment_for(at) {
+                Some(s) => s,
+                None => {
+                    let last_end = self.segments().values().next_back().map(|s| s.end());
+                    if last_end.is_some_and(|e| e != at) {
+                        return Err(StoreError::Invalid(format!(
+                            "replicated bytes at {at} do not start where the last segment ends"
+                        )));
+                    }
+                    self.create_segment(at)?
+                }
+            };
+            let to = stop.min(seg.end());
+            let dst = seg
+                .slice_mut(at - seg.start(), to - seg.start())
+                .ok_or_else(|| StoreError::Invalid("replicated bytes outside a segment".into()))?;
+            dst.copy_from_slice(
+                data.get((at - offset) as usize..(to - offset) as usize)
+                    .unwrap_or_default(),
+            );
+            at = to;
+            self.end.store(at, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
 /// Zeroes (and flushes) every 4 KiB chunk of `seg` from `local` on that holds a non-zero
 /// byte; returns whether there was one. A chunk is compared whole with a zero chunk (one
 /// `memcmp`, also in debug builds, where a byte-by-byte scan of a 1 GiB segment took

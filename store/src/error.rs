@@ -38,6 +38,10 @@ pub enum StoreError {
     TooLarge { size: u64, max: u64 },
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// Replication (`replication.mode = sync`): fewer than `min_insync` replicas are in
+    /// sync, so the record cannot be confirmed (it may still be kept).
+    #[error("not enough replicas in sync: {0}")]
+    NotEnoughReplicas(String),
 }
 
 impl StoreError {

@@ -22,6 +22,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::error::{Result, StoreError};
+use crate::replica::ReplicaGate;
 
 /// How appends are made durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -173,6 +174,9 @@ pub struct FlushShared {
     done: Condvar,
     /// The flushes' durations and sizes.
     pub stats: FlushStats,
+    /// Replication (issue 18): told of every append; in sync mode a durability also
+    /// waits for it. Unset without `[cluster]`.
+    gate: std::sync::OnceLock<Arc<ReplicaGate>>,
 }
 
 impl FlushShared {
@@ -196,6 +200,9 @@ impl FlushShared {
     /// `kick_at` bytes are unflushed (0: always, for group commit). Returns the offset
     /// flushed so far.
     pub fn appended(&self, end: u64, kick_at: u64) -> u64 {
+        if let Some(g) = self.gate.get() {
+            g.appended(end);
+        }
         let mut st = self.lock();
         if end > st.written {
             st.written = end;
@@ -325,6 +332,19 @@ impl FlushShared {
         self.work.notify_all();
     }
 
+    /// Makes durabilities also wait for `gate` (replication; set once, at open).
+    pub fn set_gate(&self, gate: Arc<ReplicaGate>) {
+        let _ = self.gate.set(gate);
+    }
+
+    /// Replication's part of a durability: `Ok` at once without a gate.
+    fn poll_gate(&self, offset: u64, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        match self.gate.get() {
+            Some(g) => g.poll(offset, cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+
     /// Asks the flusher for `offset` (under the state lock).
     fn want(&self, st: &mut State, offset: u64) {
         if offset > st.wanted && offset > st.flushed {
@@ -405,7 +425,13 @@ impl Durable {
     /// Blocks the calling thread until durable.
     pub fn wait(self) -> Result<()> {
         match &self.shared {
-            Some(s) => s.wait(self.offset),
+            Some(s) => {
+                s.wait(self.offset)?;
+                match s.gate.get() {
+                    Some(g) => g.wait(self.offset),
+                    None => Ok(()),
+                }
+            }
             None => Ok(()),
         }
     }
@@ -413,7 +439,9 @@ impl Durable {
     /// Whether it is durable already (never blocks).
     pub fn is_durable(&self) -> bool {
         match &self.shared {
-            Some(s) => s.flushed() >= self.offset,
+            Some(s) => {
+                s.flushed() >= self.offset && s.gate.get().is_none_or(|g| g.reached(self.offset))
+            }
             None => true,
         }
     }
@@ -423,7 +451,10 @@ impl Future for Durable {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         match &self.shared {
-            Some(s) => s.poll_offset(self.offset, cx),
+            Some(s) => match s.poll_offset(self.offset, cx) {
+                Poll::Ready(Ok(())) => s.poll_gate(self.offset, cx),
+                other => other,
+            },
             None => Poll::Ready(Ok(())),
         }
     }

@@ -679,6 +679,89 @@ impl Drop for MetaJournal {
     }
 }
 
+/// What the leader ships of its journal from a follower's position (see
+/// [`MetaJournal::read_raw`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawJournal {
+    /// Record bytes starting at `pos` (possibly cut mid-record: the follower writes them
+    /// raw, and its recovery cuts an incomplete tail).
+    Records { pos: u64, bytes: Vec<u8> },
+    /// The follower's position was compacted away: the whole snapshot file at `pos`;
+    /// records follow from `pos`.
+    Snapshot { pos: u64, bytes: Vec<u8> },
+}
+
+/// Replication (see [`crate::replica`]): reading the journal's raw bytes by position.
+impl MetaJournal {
+    /// Up to `max` bytes of records from journal position `from`, or, when `from` lies
+    /// before the newest snapshot, that snapshot. `Ok(None)` when `from` is the end.
+    /// An error when `from` is past the end (a follower ahead of its leader). Reads the
+    /// files under the journal lock (a compaction cannot remove them meanwhile).
+    pub fn read_raw(&self, from: u64, max: usize) -> Result<Option<RawJournal>> {
+        use std::os::unix::fs::FileExt;
+        let st = self.shared.lock();
+        if from > st.pos {
+            return Err(StoreError::Invalid(format!(
+                "journal position {from} is past this journal's end {}",
+                st.pos
+            )));
+        }
+        if from == st.pos {
+            return Ok(None);
+        }
+        if from < st.snap_base {
+            let path = self.shared.dir.join(snapshot_name(st.snap_base));
+            let bytes = std::fs::read(&path).map_err(StoreError::at(&path))?;
+            return Ok(Some(RawJournal::Snapshot {
+                pos: st.snap_base,
+                bytes,
+            }));
+        }
+        // the file holding `from`: the newest journal starting at or before it
+        let files = list_journals(&self.shared.dir)?;
+        let base = files
+            .iter()
+            .copied()
+            .filter(|&p| p <= from && p >= st.snap_base)
+            .max()
+            .ok_or_else(|| corrupt(&self.shared.dir, from, "no journal file holds it"))?;
+        // a read stops at the end of its file (the next file starts there)
+        let file_end = files
+            .iter()
+            .copied()
+            .filter(|&p| p > base && p <= st.pos)
+            .min()
+            .unwrap_or(st.pos);
+        let path = self.shared.dir.join(journal_name(base));
+        let file = File::open(&path).map_err(StoreError::at(&path))?;
+        let len = (file_end - from).min(max.max(1) as u64) as usize;
+        let mut bytes = vec![0u8; len];
+        let mut got = 0usize;
+        while got < len {
+            let n = file
+                .read_at(
+                    bytes.get_mut(got..).unwrap_or_default(),
+                    from - base + got as u64,
+                )
+                .map_err(StoreError::at(&path))?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        bytes.truncate(got);
+        if bytes.is_empty() {
+            return Err(corrupt(&path, from - base, "journal file ends early"));
+        }
+        Ok(Some(RawJournal::Records { pos: from, bytes }))
+    }
+}
+
+/// Names of the journal's files, for a follower writing its copy.
+pub(crate) fn file_names(pos: u64) -> (String, String) {
+    (journal_name(pos), snapshot_name(pos))
+}
+
 fn remove(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),

@@ -28,6 +28,8 @@
 //! - [`meta`]: atomic JSON metadata files, where earlier versions kept their metadata;
 //!   nothing is written there any more: the store and the core read what an earlier
 //!   version left once at start, move it into the journal and delete the file.
+//! - [`replica`]: replication's store side: the leader's sync gate and a follower's
+//!   copy of the log and journal written at the leader's offsets.
 //! - [`returns`]: per-message delivery counts, one journal record per returned message.
 //! - [`store`]: the [`store::Store`] itself: opening and recovery, the writer path, the
 //!   queue registry, checkpoints, the flusher and maintenance threads, retention and
@@ -52,6 +54,7 @@ pub mod index;
 pub mod journal;
 pub mod meta;
 pub mod record;
+pub mod replica;
 pub mod returns;
 pub mod smallcq;
 pub mod store;

@@ -117,6 +117,8 @@ pub struct StoreConfig {
     /// The metadata journal is compacted once past this size and twice its last snapshot
     /// (default [`crate::journal::COMPACT_MIN`]).
     pub meta_compact_bytes: u64,
+    /// Replication (issue 18): the leader's gate; `None` without `[cluster]`.
+    pub replica: Option<Arc<crate::replica::ReplicaGate>>,
 }
 
 impl StoreConfig {
@@ -133,6 +135,7 @@ impl StoreConfig {
             retention_interval: Duration::from_secs(10),
             repair: false,
             meta_compact_bytes: crate::journal::COMPACT_MIN,
+            replica: None,
         }
     }
 }
@@ -315,6 +318,11 @@ impl Store {
     /// The metadata journal: every durable metadata change is one record in it.
     pub fn journal(&self) -> &MetaJournal {
         &self.inner.journal
+    }
+
+    /// The commitlog, for replication (issue 18) to read raw bytes from.
+    pub fn commitlog(&self) -> &CommitLog {
+        &self.inner.log
     }
 
     /// The data directory.

@@ -134,6 +134,10 @@ struct Opened {
 impl Inner {
     fn new(cfg: StoreConfig, o: Opened) -> Result<Inner> {
         let writer = o.log.writer()?;
+        let flush = FlushShared::new(o.end);
+        if let Some(gate) = &cfg.replica {
+            flush.set_gate(gate.clone()); // replication (issue 18)
+        }
         Ok(Inner {
             cfg,
             log: o.log,
@@ -144,7 +148,7 @@ impl Inner {
             shared: o.shared,
             meta: o.meta,
             journal: o.journal,
-            flush: FlushShared::new(o.end),
+            flush,
             checkpoint: Mutex::new(o.checkpoint),
             copied_to: AtomicU64::new(0),
             live_walk_ns: AtomicU64::new(0),

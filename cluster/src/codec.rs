@@ -1,0 +1,395 @@
+//! The replication protocol's frames (ARCHITECTURE.md, "Replication").
+//!
+//! A frame is `u32 length` (of what follows, big-endian), `u8 kind`, then the payload;
+//! integers are big-endian, strings `u16 length` + UTF-8, data runs to the frame's end.
+//! The follower speaks first (`Hello`); the leader answers `Welcome` or `Refused`, then
+//! pushes `Journal`, `Snapshot`, `Log` and `Heartbeat`; the follower answers `Ack`.
+//! [`decode`] checks the declared length against its limit before buffering anything.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// `Hello`'s magic.
+pub const MAGIC: &[u8; 4] = b"TRPL";
+/// The protocol version this build speaks.
+pub const VERSION: u16 = 1;
+/// The default largest frame (a data chunk is at most [`MAX_CHUNK`]).
+pub const MAX_FRAME: usize = (1 << 20) + 64;
+/// The largest piece of log, journal or snapshot one frame carries.
+pub const MAX_CHUNK: usize = 1 << 20;
+/// The longest node id.
+pub const MAX_NODE_ID: usize = 255;
+
+const HELLO: u8 = 1;
+const WELCOME: u8 = 2;
+const REFUSED: u8 = 3;
+const LOG: u8 = 4;
+const JOURNAL: u8 = 5;
+const SNAPSHOT: u8 = 6;
+const HEARTBEAT: u8 = 7;
+const ACK: u8 = 8;
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Follower → leader, first: who it is and what it holds durably.
+    Hello {
+        version: u16,
+        node: String,
+        epoch: u64,
+        log_end: u64,
+        journal_pos: u64,
+        segment_size: u64,
+    },
+    /// Leader → follower: accepted; shipping starts from the Hello's positions.
+    Welcome { node: String, epoch: u64 },
+    /// Leader → follower: not accepted, and why (then the leader closes).
+    Refused { reason: String },
+    /// Commitlog bytes at `offset`.
+    Log { offset: u64, data: Bytes },
+    /// Metadata-journal bytes at position `pos`.
+    Journal { pos: u64, data: Bytes },
+    /// A piece (`offset` of `total` bytes) of the journal snapshot at position `pos`.
+    Snapshot {
+        pos: u64,
+        offset: u64,
+        total: u64,
+        data: Bytes,
+    },
+    /// Leader → follower when idle: the leader's ends (the follower acks).
+    Heartbeat { log_end: u64, journal_pos: u64 },
+    /// Follower → leader: what it holds on disk.
+    Ack {
+        log_durable: u64,
+        journal_durable: u64,
+    },
+}
+
+/// A violation: the connection is closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame of {0} bytes is over the limit of {1}")]
+    TooLarge(usize, usize),
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    #[error("malformed {0} frame")]
+    Malformed(&'static str),
+    #[error("not a replication peer (bad magic)")]
+    BadMagic,
+}
+
+/// Encodes `f` onto `out`.
+pub fn encode(f: &Frame, out: &mut BytesMut) {
+    let start = out.len();
+    out.put_u32(0);
+    match f {
+        Frame::Hello {
+            version,
+            node,
+            epoch,
+            log_end,
+            journal_pos,
+            segment_size,
+        } => {
+            out.put_u8(HELLO);
+            out.put_slice(MAGIC);
+            out.put_u16(*version);
+            put_str(out, node);
+            out.put_u64(*epoch);
+            out.put_u64(*log_end);
+            out.put_u64(*journal_pos);
+            out.put_u64(*segment_size);
+        }
+        Frame::Welcome { node, epoch } => {
+            out.put_u8(WELCOME);
+            put_str(out, node);
+            out.put_u64(*epoch);
+        }
+        Frame::Refused { reason } => {
+            out.put_u8(REFUSED);
+            put_str(out, reason);
+        }
+        Frame::Log { offset, data } => {
+            out.put_u8(LOG);
+            out.put_u64(*offset);
+            out.put_slice(data);
+        }
+        Frame::Journal { pos, data } => {
+            out.put_u8(JOURNAL);
+            out.put_u64(*pos);
+            out.put_slice(data);
+        }
+        Frame::Snapshot {
+            pos,
+            offset,
+            total,
+            data,
+        } => {
+            out.put_u8(SNAPSHOT);
+            out.put_u64(*pos);
+            out.put_u64(*offset);
+            out.put_u64(*total);
+            out.put_slice(data);
+        }
+        Frame::Heartbeat {
+            log_end,
+            journal_pos,
+        } => {
+            out.put_u8(HEARTBEAT);
+            out.put_u64(*log_end);
+            out.put_u64(*journal_pos);
+        }
+        Frame::Ack {
+            log_durable,
+            journal_durable,
+        } => {
+            out.put_u8(ACK);
+            out.put_u64(*log_durable);
+            out.put_u64(*journal_durable);
+        }
+    }
+    let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
+    if let Some(h) = out.get_mut(start..start + 4) {
+        h.copy_from_slice(&len.to_be_bytes());
+    }
+}
+
+/// A string of at most `u16::MAX` bytes (longer ones are cut at a character boundary).
+fn put_str(out: &mut BytesMut, s: &str) {
+    let mut n = s.len().min(u16::MAX as usize);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    out.put_u16(n as u16);
+    out.put_slice(s.as_bytes().get(..n).unwrap_or_default());
+}
+
+/// Decodes one frame from the front of `buf`: `Ok(None)` when more bytes are needed.
+pub fn decode(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>, DecodeError> {
+    let Some(head) = buf.first_chunk::<4>() else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes(*head) as usize;
+    if len > max {
+        return Err(DecodeError::TooLarge(len, max));
+    }
+    if len == 0 {
+        return Err(DecodeError::Malformed("empty"));
+    }
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return Ok(None);
+    }
+    buf.advance(4);
+    let mut p = buf.split_to(len).freeze();
+    let kind = p.get_u8();
+    let f = match kind {
+        HELLO => {
+            let what = "hello";
+            if take(&mut p, 4, what)?.as_ref() != MAGIC {
+                return Err(DecodeError::BadMagic);
+            }
+            let version = u16_(&mut p, what)?;
+            let node = str_(&mut p, what)?;
+            if node.len() > MAX_NODE_ID {
+                return Err(DecodeError::Malformed("hello (node id too long)"));
+            }
+            Frame::Hello {
+                version,
+                node,
+                epoch: u64_(&mut p, what)?,
+                log_end: u64_(&mut p, what)?,
+                journal_pos: u64_(&mut p, what)?,
+                segment_size: u64_(&mut p, what)?,
+            }
+        }
+        WELCOME => Frame::Welcome {
+            node: str_(&mut p, "welcome")?,
+            epoch: u64_(&mut p, "welcome")?,
+        },
+        REFUSED => Frame::Refused {
+            reason: str_(&mut p, "refused")?,
+        },
+        LOG => Frame::Log {
+            offset: u64_(&mut p, "log")?,
+            data: std::mem::take(&mut p),
+        },
+        JOURNAL => Frame::Journal {
+            pos: u64_(&mut p, "journal")?,
+            data: std::mem::take(&mut p),
+        },
+        SNAPSHOT => Frame::Snapshot {
+            pos: u64_(&mut p, "snapshot")?,
+            offset: u64_(&mut p, "snapshot")?,
+            total: u64_(&mut p, "snapshot")?,
+            data: std::mem::take(&mut p),
+        },
+        HEARTBEAT => Frame::Heartbeat {
+            log_end: u64_(&mut p, "heartbeat")?,
+            journal_pos: u64_(&mut p, "heartbeat")?,
+        },
+        ACK => Frame::Ack {
+            log_durable: u64_(&mut p, "ack")?,
+            journal_durable: u64_(&mut p, "ack")?,
+        },
+        k => return Err(DecodeError::UnknownKind(k)),
+    };
+    if !p.is_empty() {
+        return Err(DecodeError::Malformed("trailing bytes"));
+    }
+    Ok(Some(f))
+}
+
+fn take(p: &mut Bytes, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
+    if p.len() < n {
+        return Err(DecodeError::Malformed(what));
+    }
+    Ok(p.split_to(n))
+}
+
+fn u16_(p: &mut Bytes, what: &'static str) -> Result<u16, DecodeError> {
+    let b = take(p, 2, what)?;
+    let mut a = [0u8; 2];
+    a.copy_from_slice(&b);
+    Ok(u16::from_be_bytes(a))
+}
+
+fn u64_(p: &mut Bytes, what: &'static str) -> Result<u64, DecodeError> {
+    let b = take(p, 8, what)?;
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b);
+    Ok(u64::from_be_bytes(a))
+}
+
+fn str_(p: &mut Bytes, what: &'static str) -> Result<String, DecodeError> {
+    let n = u16_(p, what)? as usize;
+    let b = take(p, n, what)?;
+    String::from_utf8(b.to_vec()).map_err(|_| DecodeError::Malformed(what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Frame> {
+        vec![
+            Frame::Hello {
+                version: VERSION,
+                node: "f1".into(),
+                epoch: 3,
+                log_end: 1 << 40,
+                journal_pos: 77,
+                segment_size: 4 << 20,
+            },
+            Frame::Welcome {
+                node: "leader-é".into(),
+                epoch: 3,
+            },
+            Frame::Refused {
+                reason: "offset gone".into(),
+            },
+            Frame::Log {
+                offset: 4096,
+                data: Bytes::from_static(b"abc"),
+            },
+            Frame::Log {
+                offset: 0,
+                data: Bytes::new(),
+            },
+            Frame::Journal {
+                pos: 9,
+                data: Bytes::from(vec![7u8; 1000]),
+            },
+            Frame::Snapshot {
+                pos: 10,
+                offset: 5,
+                total: 20,
+                data: Bytes::from_static(b"xyz"),
+            },
+            Frame::Heartbeat {
+                log_end: 1,
+                journal_pos: 2,
+            },
+            Frame::Ack {
+                log_durable: u64::MAX,
+                journal_durable: 0,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_frame_round_trips_whole_and_split_at_every_byte() {
+        let mut wire = BytesMut::new();
+        for f in all() {
+            encode(&f, &mut wire);
+        }
+        let wire = wire.freeze();
+        // whole
+        let mut buf = BytesMut::from(&wire[..]);
+        let mut got = Vec::new();
+        while let Some(f) = decode(&mut buf, MAX_FRAME).unwrap() {
+            got.push(f);
+        }
+        assert_eq!(got, all());
+        assert!(buf.is_empty());
+        // fed one byte at a time: the same frames, `None` in between
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        for b in wire.iter() {
+            buf.put_u8(*b);
+            while let Some(f) = decode(&mut buf, MAX_FRAME).unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(got, all());
+    }
+
+    #[test]
+    fn violations_are_errors_not_waits() {
+        // declared length over the limit: refused before buffering
+        let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0xff][..]);
+        assert!(matches!(
+            decode(&mut buf, MAX_FRAME),
+            Err(DecodeError::TooLarge(..))
+        ));
+        let mut buf = BytesMut::from(&[0, 0, 0, 0][..]);
+        assert!(decode(&mut buf, MAX_FRAME).is_err());
+        let mut buf = BytesMut::from(&[0, 0, 0, 1, 99][..]);
+        assert_eq!(
+            decode(&mut buf, MAX_FRAME),
+            Err(DecodeError::UnknownKind(99))
+        );
+        // short fixed fields
+        let mut buf = BytesMut::from(&[0, 0, 0, 3, ACK, 1, 2][..]);
+        assert!(matches!(
+            decode(&mut buf, MAX_FRAME),
+            Err(DecodeError::Malformed(_))
+        ));
+        // trailing bytes after a fixed frame
+        let mut out = BytesMut::new();
+        encode(
+            &Frame::Heartbeat {
+                log_end: 1,
+                journal_pos: 2,
+            },
+            &mut out,
+        );
+        out.put_u8(0);
+        out[3] += 1;
+        assert!(decode(&mut out, MAX_FRAME).is_err());
+        // somebody else's protocol
+        let mut out = BytesMut::new();
+        encode(&all()[0], &mut out);
+        out[5] = b'X';
+        assert_eq!(decode(&mut out, MAX_FRAME), Err(DecodeError::BadMagic));
+        // a string that is not UTF-8
+        let mut out = BytesMut::new();
+        encode(
+            &Frame::Refused {
+                reason: "ab".into(),
+            },
+            &mut out,
+        );
+        out[7] = 0xff;
+        assert!(decode(&mut out, MAX_FRAME).is_err());
+    }
+}

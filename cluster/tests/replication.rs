@@ -1,0 +1,406 @@
+//! A leader store, its replication listener and followers in one process, over loopback
+//! TCP: what the follower acks is on its disk, sync mode confirms only with enough
+//! replicas, and the follower's directory opens as a store holding every confirmed
+//! message.
+
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use triad_cluster::follower::{self, FollowerConfig, Progress};
+use triad_cluster::leader::{Leader, LeaderConfig};
+use triad_store::record::NewMessage;
+use triad_store::replica::ReplicaGate;
+use triad_store::store::{Store, StoreConfig};
+use triad_store::StoreError;
+
+const SEG: u64 = 16 << 10;
+
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn leader_store(dir: &Path, gate: &Arc<ReplicaGate>) -> Arc<Store> {
+    let mut cfg = StoreConfig::new(dir);
+    cfg.segment_size = SEG;
+    cfg.replica = Some(gate.clone());
+    Arc::new(Store::open(cfg).unwrap())
+}
+
+struct RunningFollower {
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+    thread: Option<std::thread::JoinHandle<Result<(), follower::FollowerError>>>,
+}
+
+impl RunningFollower {
+    fn start(node: &str, leader: &Leader, dir: &Path) -> RunningFollower {
+        let cfg = FollowerConfig {
+            node_id: node.into(),
+            leader: leader.local_addr().to_string(),
+            data_dir: dir.to_path_buf(),
+            segment_size: SEG,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
+        let thread = {
+            let (stop, progress) = (stop.clone(), progress.clone());
+            std::thread::spawn(move || follower::run(&cfg, &stop, &progress))
+        };
+        RunningFollower {
+            stop,
+            progress,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(&mut self) -> Result<(), follower::FollowerError> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for RunningFollower {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+fn publish(store: &Store, q: u32, i: u32) -> triad_store::flush::Durable {
+    let body = format!("message {i}").into_bytes();
+    store
+        .append(&NewMessage {
+            queues: &[q],
+            body: &body,
+            ..Default::default()
+        })
+        .unwrap()
+        .durable
+}
+
+#[test]
+fn sync_mode_confirms_with_a_follower_and_refuses_without_one() {
+    let l = tempfile::tempdir().unwrap();
+    let f = tempfile::tempdir().unwrap();
+    let gate = ReplicaGate::new(true);
+    let store = leader_store(l.path(), &gate);
+    gate.arm();
+    let mut leader = Leader::start(
+        store.clone(),
+        gate.clone(),
+        LeaderConfig {
+            node_id: "l".into(),
+            listen: "127.0.0.1:0".into(),
+            epoch: 0,
+            min_insync: 2,
+            replica_lag_max: 1 << 20,
+        },
+    )
+    .unwrap();
+    let q = store.create_queue("/", "q", true).unwrap();
+    // no follower: refused, never confirmed
+    let err = publish(&store, q, 0).wait().unwrap_err();
+    assert!(matches!(err, StoreError::NotEnoughReplicas(_)), "{err}");
+
+    let mut fol = RunningFollower::start("f1", &leader, f.path());
+    eventually("the follower in sync", || {
+        leader.followers().iter().any(|s| s.in_sync)
+    });
+    // enough for several segments: padding and rolls are shipped too
+    for i in 1..=2000u32 {
+        let d = publish(&store, q, i);
+        if i % 100 == 0 {
+            d.wait().unwrap();
+        }
+    }
+    let last = publish(&store, q, 2001);
+    let want = last.offset();
+    last.wait().unwrap();
+    assert!(
+        fol.progress.log_durable.load(Ordering::SeqCst) >= want,
+        "a confirm means the follower has it on disk"
+    );
+    assert!(store.commitlog().segment_list().len() > 3);
+
+    // the follower goes away: the next confirm fails instead of being given
+    fol.stop().unwrap();
+    eventually("the follower gone", || leader.followers().is_empty());
+    let err = publish(&store, q, 2002).wait().unwrap_err();
+    assert!(matches!(err, StoreError::NotEnoughReplicas(_)), "{err}");
+    leader.stop();
+    drop(leader);
+    let end = store.commitlog().end();
+    drop(store);
+
+    // promotion: the follower's directory opens as a store; every confirmed message
+    // (1..=2001, with 0 and 2002 possibly there too) is in the queue, in order
+    let mut cfg = StoreConfig::new(f.path());
+    cfg.segment_size = SEG;
+    let promoted = Store::open(cfg).unwrap();
+    let q2 = promoted.find_queue("/", "q").expect("queue replicated");
+    let n = promoted.queue_next_offset(q2).unwrap();
+    let mut bodies = Vec::new();
+    for i in 0..n {
+        let e = promoted.entry(q2, i).unwrap();
+        let r = promoted.read(e.commit_offset).unwrap();
+        bodies.push(String::from_utf8(r.body.to_vec()).unwrap());
+    }
+    for i in 1..=2001u32 {
+        assert!(
+            bodies.contains(&format!("message {i}")),
+            "confirmed message {i} missing"
+        );
+    }
+    assert!(promoted.commitlog().end() <= end);
+}
+
+#[test]
+fn a_follower_behind_a_compacted_journal_gets_the_snapshot_and_a_second_one_catches_up() {
+    let l = tempfile::tempdir().unwrap();
+    let f1 = tempfile::tempdir().unwrap();
+    let f2 = tempfile::tempdir().unwrap();
+    let gate = ReplicaGate::new(false);
+    let store = leader_store(l.path(), &gate);
+    let leader = Leader::start(
+        store.clone(),
+        gate.clone(),
+        LeaderConfig {
+            node_id: "l".into(),
+            listen: "127.0.0.1:0".into(),
+            epoch: 0,
+            min_insync: 1,
+            replica_lag_max: 1 << 20,
+        },
+    )
+    .unwrap();
+    let mut a = RunningFollower::start("a", &leader, f1.path());
+    let mut qs = Vec::new();
+    for i in 0..50 {
+        qs.push(store.create_queue("/", &format!("q{i}"), true).unwrap());
+    }
+    for (i, q) in qs.iter().enumerate() {
+        publish(&store, *q, i as u32).wait().unwrap();
+    }
+    // the journal compacts: a follower that starts now cannot get its first records
+    store.journal().compact().unwrap();
+    let mut b = RunningFollower::start("b", &leader, f2.path());
+    let end = store.commitlog().end();
+    let jpos = store.journal().position().0;
+    for fol in [&a, &b] {
+        eventually("caught up", || {
+            fol.progress.log_durable.load(Ordering::SeqCst) == end
+                && fol.progress.journal_durable.load(Ordering::SeqCst) == jpos
+        });
+    }
+    a.stop().unwrap();
+    b.stop().unwrap();
+    drop(leader);
+    drop(store);
+    for d in [f1.path(), f2.path()] {
+        let mut cfg = StoreConfig::new(d);
+        cfg.segment_size = SEG;
+        let s = Store::open(cfg).unwrap();
+        for i in 0..50 {
+            let q = s.find_queue("/", &format!("q{i}")).expect("queue");
+            let e = s.entry(q, 0).unwrap();
+            assert_eq!(
+                s.read(e.commit_offset).unwrap().body.as_ref(),
+                format!("message {i}").as_bytes()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_follower_with_another_segment_size_is_refused_with_the_reason() {
+    let l = tempfile::tempdir().unwrap();
+    let f = tempfile::tempdir().unwrap();
+    let gate = ReplicaGate::new(false);
+    let store = leader_store(l.path(), &gate);
+    let leader = Leader::start(
+        store,
+        gate,
+        LeaderConfig {
+            node_id: "l".into(),
+            listen: "127.0.0.1:0".into(),
+            epoch: 0,
+            min_insync: 1,
+            replica_lag_max: 1 << 20,
+        },
+    )
+    .unwrap();
+    let cfg = FollowerConfig {
+        node_id: "f".into(),
+        leader: leader.local_addr().to_string(),
+        data_dir: f.path().to_path_buf(),
+        segment_size: SEG * 2,
+    };
+    let err = follower::run(
+        &cfg,
+        &AtomicBool::new(false),
+        &Arc::new(Progress::default()),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("segment size"), "{err}");
+}
+
+/// Kafka's ISR in bytes: a connected follower that stops acknowledging leaves the
+/// in-sync set once it is `replica_lag_max` behind (the waiting confirms then fail
+/// rather than hang), and rejoins when its ack catches up.
+#[test]
+fn a_lagging_follower_leaves_the_in_sync_set_and_rejoins_when_caught_up() {
+    use bytes::BytesMut;
+    use std::io::{Read, Write};
+    use triad_cluster::codec::{self, Frame, VERSION};
+
+    let l = tempfile::tempdir().unwrap();
+    let gate = ReplicaGate::new(true);
+    let store = leader_store(l.path(), &gate);
+    gate.arm();
+    let leader = Leader::start(
+        store.clone(),
+        gate.clone(),
+        LeaderConfig {
+            node_id: "l".into(),
+            listen: "127.0.0.1:0".into(),
+            epoch: 0,
+            min_insync: 2,
+            replica_lag_max: 4096,
+        },
+    )
+    .unwrap();
+    let q = store.create_queue("/", "q", true).unwrap();
+    // a hand-made follower: says Hello, reads whatever comes, acks only when told
+    let mut sock = std::net::TcpStream::connect(leader.local_addr()).unwrap();
+    let mut out = BytesMut::new();
+    codec::encode(
+        &Frame::Hello {
+            version: VERSION,
+            node: "slow".into(),
+            epoch: 0,
+            log_end: 0,
+            journal_pos: 0,
+            segment_size: SEG,
+        },
+        &mut out,
+    );
+    sock.write_all(&out).unwrap();
+    let mut reader = sock.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 65536];
+        while matches!(reader.read(&mut b), Ok(n) if n > 0) {}
+    });
+    let ack = |sock: &mut std::net::TcpStream, log: u64| {
+        let mut out = BytesMut::new();
+        codec::encode(
+            &Frame::Ack {
+                log_durable: log,
+                journal_durable: 0,
+            },
+            &mut out,
+        );
+        sock.write_all(&out).unwrap();
+    };
+    eventually("in sync", || leader.followers().iter().any(|f| f.in_sync));
+    let mut last = None;
+    for i in 0..100 {
+        last = Some(publish(&store, q, i));
+    }
+    // never acked, more than 4 KiB behind: out of the set, and the wait fails
+    let err = last.unwrap().wait().unwrap_err();
+    assert!(matches!(err, StoreError::NotEnoughReplicas(_)), "{err}");
+    assert!(leader.followers().iter().all(|f| !f.in_sync));
+    // caught up: back in, and a confirm needs its ack again
+    ack(&mut sock, store.commitlog().end());
+    eventually("back in sync", || {
+        leader.followers().iter().any(|f| f.in_sync)
+    });
+    let d = publish(&store, q, 100);
+    assert!(!d.is_durable(), "waits for the follower");
+    ack(&mut sock, store.commitlog().end());
+    d.wait().unwrap();
+}
+
+/// The leader's retention deletes segments and its compaction copies live records
+/// forward; a follower keeps every byte it was shipped, and its directory, opened as a
+/// store, has exactly the leader's unacked messages (the copies repoint the entries in
+/// the replay, acks are replayed too).
+#[test]
+fn a_follower_of_a_compacting_leader_promotes_to_the_leaders_unacked_messages() {
+    let l = tempfile::tempdir().unwrap();
+    let f = tempfile::tempdir().unwrap();
+    let gate = ReplicaGate::new(false);
+    let store = leader_store(l.path(), &gate);
+    let leader = Leader::start(
+        store.clone(),
+        gate.clone(),
+        LeaderConfig {
+            node_id: "l".into(),
+            listen: "127.0.0.1:0".into(),
+            epoch: 0,
+            min_insync: 1,
+            replica_lag_max: 1 << 20,
+        },
+    )
+    .unwrap();
+    let mut fol = RunningFollower::start("f", &leader, f.path());
+    let q = store.create_queue("/", "q", true).unwrap();
+    for i in 0..600u32 {
+        publish(&store, q, i).wait().unwrap();
+    }
+    // everything but every tenth acked, then retention and compaction
+    let acked: Vec<u64> = (0..600u64).filter(|i| i % 10 != 0).collect();
+    store.ack(q, &acked).unwrap().wait().unwrap();
+    store.checkpoint().unwrap();
+    let segs_before = store.commitlog().segment_list().len();
+    store.run_retention().unwrap();
+    store.checkpoint().unwrap();
+    store.run_retention().unwrap();
+    let segs_after = store.commitlog().segment_list().len();
+    assert!(segs_after < segs_before, "{segs_before} -> {segs_after}");
+    // and more traffic after it
+    for i in 600..650u32 {
+        publish(&store, q, i).wait().unwrap();
+    }
+    let want: Vec<(u64, Vec<u8>)> = store
+        .unacked(q, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|o| {
+            let e = store.entry(q, o).unwrap();
+            (o, store.read(e.commit_offset).unwrap().body.to_vec())
+        })
+        .collect();
+    assert_eq!(want.len(), 60 + 50);
+    let (end, jpos) = (store.commitlog().end(), store.journal().position().0);
+    eventually("caught up", || {
+        fol.progress.log_durable.load(Ordering::SeqCst) == end
+            && fol.progress.journal_durable.load(Ordering::SeqCst) == jpos
+    });
+    fol.stop().unwrap();
+    drop(leader);
+    drop(store);
+    let mut cfg = StoreConfig::new(f.path());
+    cfg.segment_size = SEG;
+    let s = Store::open(cfg).unwrap();
+    let q2 = s.find_queue("/", "q").unwrap();
+    let got: Vec<(u64, Vec<u8>)> = s
+        .unacked(q2, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|o| {
+            let e = s.entry(q2, o).unwrap();
+            (o, s.read(e.commit_offset).unwrap().body.to_vec())
+        })
+        .collect();
+    assert_eq!(got, want);
+}

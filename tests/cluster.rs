@@ -1,0 +1,382 @@
+//! Replication, phase 1 (issue 18), with the real binary: a leader and two followers
+//! configured statically (`[cluster] role = leader|follower`), confirmed publishing in
+//! `replication.mode = sync`, `kill -9` of the leader, and each follower's data directory
+//! started as a standalone broker: every confirmed message is there (duplicates counted).
+//! And sync mode without enough replicas nacks, never confirms falsely.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::amqp::{connect, declare_durable, drain};
+use common::{ephemeral_listen_args, parse_listening, triad_command, TestBroker, TEST_CONFIG};
+use lapin::options::*;
+use lapin::{BasicProperties, Confirmation};
+use triad_core::testing::eventually_blocking;
+
+const T: Duration = Duration::from_secs(30);
+
+/// A `triad` process the harness's `TestBroker` does not fit: a follower (no client
+/// listener) or a broker on a directory it did not make. Killed on drop; its output is
+/// printed when the test fails.
+struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Proc {
+    fn start(name: &str, data_dir: &Path, config: &Path, extra: &[&str]) -> Proc {
+        let mut child = triad_command()
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--config")
+            .arg(config)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn triad");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut readers = Vec::new();
+        let out: [Box<dyn std::io::Read + Send>; 2] = [
+            Box::new(child.stdout.take().unwrap()),
+            Box::new(child.stderr.take().unwrap()),
+        ];
+        for o in out {
+            let log = log.clone();
+            readers.push(std::thread::spawn(move || {
+                for line in BufReader::new(o).lines() {
+                    let Ok(line) = line else { break };
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            }));
+        }
+        Proc {
+            name: name.to_owned(),
+            child: Some(child),
+            log,
+            readers,
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn wait_for_log(&mut self, needle: &str) {
+        let deadline = Instant::now() + T;
+        while !self.log().contains(needle) {
+            if let Some(c) = self.child.as_mut() {
+                if let Some(status) = c.try_wait().unwrap() {
+                    panic!("{} exited ({status}) before logging {needle:?}", self.name);
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not log {needle:?} within {T:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The address of a `listening proto=<proto>` line.
+    fn addr(&self, proto: &str) -> SocketAddr {
+        self.log()
+            .lines()
+            .filter_map(parse_listening)
+            .find(|(p, _)| p == proto)
+            .map(|(_, a)| a)
+            .unwrap_or_else(|| panic!("{} has no {proto} listener", self.name))
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!("----- {} -----\n{}-----", self.name, self.log());
+        }
+    }
+}
+
+fn leader_config(min_insync: u32) -> String {
+    format!(
+        "{TEST_CONFIG}\n[cluster]\nrole = \"leader\"\nnode_id = \"l\"\nlisten = \"127.0.0.1:0\"\n\
+         [replication]\nmode = \"sync\"\nmin_insync = {min_insync}\nreplica_lag_max = \"16 MiB\"\n"
+    )
+}
+
+/// A follower of `leader` in a fresh directory under `root`.
+fn follower(root: &Path, name: &str, leader: SocketAddr) -> (Proc, PathBuf) {
+    let config = root.join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "{TEST_CONFIG}\n[cluster]\nrole = \"follower\"\nnode_id = \"{name}\"\nleader = \"{leader}\"\n"
+        ),
+    )
+    .unwrap();
+    let data = root.join(name);
+    let mut p = Proc::start(name, &data, &config, &[]);
+    p.wait_for_log("follower: connected to the leader");
+    (p, data)
+}
+
+fn in_sync_count(leader: &TestBroker) -> usize {
+    let log = leader.log();
+    log.matches("joined the in-sync set").count() - log.matches("left the in-sync set").count()
+}
+
+/// Publishes persistent messages numbered from `start` with confirms (64 in flight);
+/// records each confirmed number, and each nacked one in `nacked`. Stops at the first
+/// connection error (the leader was killed) or after `count`.
+async fn publish(
+    addr: SocketAddr,
+    queue: &str,
+    start: u64,
+    count: u64,
+    confirmed: Arc<Mutex<BTreeSet<u64>>>,
+    nacked: Arc<Mutex<BTreeSet<u64>>>,
+) {
+    let Ok(conn) = connect(addr).await.map_err(|_| ()) else {
+        return;
+    };
+    let ch = conn.create_channel().await.unwrap();
+    declare_durable(&ch, queue).await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut pending = VecDeque::new();
+    for i in start..start + count {
+        let Ok(c) = ch
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &i.to_le_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+        else {
+            return;
+        };
+        pending.push_back((i, c));
+        while pending.len() > 64 || (i + 1 == start + count && !pending.is_empty()) {
+            let Some((n, c)) = pending.pop_front() else {
+                break;
+            };
+            match c.await {
+                Ok(Confirmation::Ack(_)) => {
+                    confirmed.lock().unwrap().insert(n);
+                }
+                Ok(Confirmation::Nack(_)) => {
+                    nacked.lock().unwrap().insert(n);
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+fn numbers(bodies: &[Vec<u8>]) -> Vec<u64> {
+    bodies
+        .iter()
+        .map(|b| u64::from_le_bytes(b.as_slice().try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn every_message_confirmed_in_sync_mode_survives_kill_9_of_the_leader_on_each_follower() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    // min_insync = 3: a confirm means both followers have the message on disk
+    let mut leader = TestBroker::start_with_config(&leader_config(3));
+    let repl = leader.addr("replication");
+    let (mut fa, dir_a) = follower(root.path(), "fa", repl);
+    let (mut fb, dir_b) = follower(root.path(), "fb", repl);
+    eventually_blocking("both followers in sync", T, || in_sync_count(&leader) == 2);
+
+    // a first batch, all confirmed, then one still in flight when the leader dies
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    let addr = leader.amqp_addr();
+    rt.block_on(publish(
+        addr,
+        "rq",
+        0,
+        2_000,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 2_000, "all confirmed");
+    let publisher = {
+        let (c, n) = (confirmed.clone(), nacked.clone());
+        rt.spawn(async move { publish(addr, "rq", 1_000_000, 1_000_000, c, n).await })
+    };
+    eventually_blocking("more confirms in flight", T, || {
+        confirmed.lock().unwrap().len() > 2_500
+    });
+    leader.kill9();
+    rt.block_on(async {
+        let _ = tokio::time::timeout(Duration::from_secs(10), publisher).await;
+    });
+    let confirmed = confirmed.lock().unwrap().clone();
+    assert!(
+        nacked.lock().unwrap().is_empty(),
+        "nothing nacked while both were in sync"
+    );
+    // each follower, promoted by hand: stopped, its directory opened as a broker
+    fa.kill9();
+    fb.kill9();
+    for (name, dir) in [("fa", &dir_a), ("fb", &dir_b)] {
+        let config = root.path().join(format!("{name}-standalone.toml"));
+        std::fs::write(&config, TEST_CONFIG).unwrap();
+        let mut b = Proc::start(
+            &format!("{name} standalone"),
+            dir,
+            &config,
+            &ephemeral_listen_args(),
+        );
+        b.wait_for_log("broker ready");
+        let got = numbers(&rt.block_on(drain(b.addr("amqp"), "rq", T)));
+        let got_set: BTreeSet<u64> = got.iter().copied().collect();
+        let missing: Vec<_> = confirmed.difference(&got_set).take(10).collect();
+        assert!(
+            missing.is_empty(),
+            "{name}: confirmed messages missing (first few): {missing:?}"
+        );
+        let duplicates = got.len() - got_set.len();
+        eprintln!(
+            "{name}: {} confirmed, {} consumed, {duplicates} duplicates, {} unconfirmed extra",
+            confirmed.len(),
+            got.len(),
+            got_set.difference(&confirmed).count()
+        );
+        assert_eq!(duplicates, 0, "{name}: duplicates");
+    }
+}
+
+#[test]
+fn sync_mode_nacks_without_enough_replicas_and_confirms_again_once_one_rejoins() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let leader = TestBroker::start_with_config(&leader_config(2));
+    let addr = leader.amqp_addr();
+    let run = |start: u64, count: u64| {
+        let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+        let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+        rt.block_on(publish(
+            addr,
+            "nq",
+            start,
+            count,
+            confirmed.clone(),
+            nacked.clone(),
+        ));
+        let c = confirmed.lock().unwrap().len();
+        let n = nacked.lock().unwrap().len();
+        (c, n)
+    };
+    // no follower yet: every publish is nacked
+    assert_eq!(run(0, 50), (0, 50));
+    let repl = leader.addr("replication");
+    let (mut fa, dir_a) = follower(root.path(), "fa", repl);
+    let (mut fb, _) = follower(root.path(), "fb", repl);
+    eventually_blocking("both in sync", T, || in_sync_count(&leader) == 2);
+    assert_eq!(run(100, 200), (200, 0));
+    // both followers stopped: nacks, never a false confirm
+    fa.kill9();
+    fb.kill9();
+    eventually_blocking("both gone", T, || {
+        leader.log().matches("follower disconnected").count() == 2
+    });
+    assert_eq!(run(1_000, 100), (0, 100));
+    // one comes back (the same directory): confirms again
+    let config = root.path().join("fa.toml");
+    let mut fa = Proc::start("fa again", &dir_a, &config, &[]);
+    fa.wait_for_log("follower: connected to the leader");
+    eventually_blocking("fa in sync again", T, || in_sync_count(&leader) == 1);
+    assert_eq!(run(2_000, 100), (100, 0));
+    fa.kill9();
+}
+
+/// The other two protocols' refusal when too few replicas are in sync: STOMP answers
+/// an ERROR instead of the RECEIPT and closes, MQTT closes the connection without a
+/// PUBACK (3.1.1 has no negative PUBACK). Neither confirms.
+#[test]
+fn sync_mode_without_replicas_refuses_stomp_receipts_and_mqtt_pubacks() {
+    use common::raw::{MqttClient, StompClient};
+    let leader = TestBroker::start_with_config(&leader_config(2));
+    let mut stomp = StompClient::connect(leader.stomp_addr(), T).unwrap();
+    stomp
+        .send(
+            "SEND",
+            &[
+                ("destination", "/queue/sq"),
+                ("persistent", "true"),
+                ("receipt", "r1"),
+            ],
+            b"hello",
+        )
+        .unwrap();
+    let f = stomp.read_frame().unwrap();
+    assert_eq!(f.command, "ERROR", "{f:?}");
+    assert!(
+        f.header("message")
+            .is_some_and(|m| m.contains("internal error")),
+        "{f:?}"
+    );
+    assert!(stomp.read_frame().is_err(), "closed after the ERROR");
+
+    // a persistent MQTT session needs a stored record: refused with CONNACK 3
+    // (server unavailable), not accepted and lost
+    let r = MqttClient::connect(leader.mqtt_addr(), "sub", false, T);
+    let err = r.err().expect("refused").to_string();
+    assert!(err.contains("body: [0, 3]"), "{err}");
+    // a durable queue bound to amq.topic, so the QoS 1 publish is stored
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let conn = connect(leader.amqp_addr()).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        declare_durable(&ch, "mq").await.unwrap();
+        ch.queue_bind(
+            "mq".into(),
+            "amq.topic".into(),
+            "t.x".into(),
+            QueueBindOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    });
+    let mut publisher = MqttClient::connect(leader.mqtt_addr(), "pub", true, T).unwrap();
+    publisher.stream.set_read_timeout(Some(T)).unwrap();
+    publisher.publish("t/x", 1, 7, b"m").unwrap();
+    let r = publisher.read_until(0x40);
+    assert!(r.is_err(), "no PUBACK, the connection closed: {r:?}");
+    leader.wait_for_log("not enough replicas in sync", T);
+}
