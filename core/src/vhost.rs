@@ -356,6 +356,8 @@ pub struct Vhost {
     rate: std::sync::Mutex<Option<crate::stats::RateSample>>,
     /// Half messages ([`crate::txn`]).
     txn: crate::txn::Txn,
+    /// The broker's clock ([`crate::clock`]).
+    clock: crate::Clock,
     /// Delayed messages ([`crate::delayed`]), once the vhost has had one.
     delayed: std::sync::Mutex<Option<Arc<crate::delayed::Delayed>>>,
 }
@@ -393,11 +395,12 @@ impl Vhost {
         max_message_size: usize,
         max_queues: usize,
         txn: crate::txn::TxnConfig,
+        clock: crate::Clock,
     ) -> Result<Arc<Vhost>, CoreError> {
         import_legacy_doc(&store, name)?;
         let journal = store.journal();
         let policies = crate::policy::Policies::load(journal, name)?;
-        let txn = crate::txn::Txn::open(store.clone(), name, txn)?;
+        let txn = crate::txn::Txn::open(store.clone(), name, txn, clock.clone())?;
         let vh = Arc::new_cyclic(|me| Vhost {
             name: name.to_string(),
             store: store.clone(),
@@ -414,6 +417,7 @@ impl Vhost {
             exchange_stats: Default::default(),
             rate: Default::default(),
             txn,
+            clock: clock.clone(),
             delayed: Default::default(),
         });
         let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
@@ -447,6 +451,7 @@ impl Vhost {
                     arguments,
                     args,
                     window,
+                    clock: clock.clone(),
                 },
                 store.clone(),
                 Arc::downgrade(&vh),
@@ -497,7 +502,7 @@ impl Vhost {
                 journal.commit(dropped)?;
             }
         }
-        if let Some(d) = crate::delayed::Delayed::open(&store, name, false)? {
+        if let Some(d) = crate::delayed::Delayed::open(&store, name, false, &clock)? {
             *vh.delayed.lock().unwrap_or_else(|e| e.into_inner()) = Some(d.clone());
             crate::delayed::spawn(&vh, d);
         }
@@ -867,6 +872,7 @@ impl Vhost {
                     arguments: d.arguments.clone(),
                     args,
                     window: self.window,
+                    clock: self.clock.clone(),
                 },
                 self.store.clone(),
                 self.me.clone(),
@@ -1315,8 +1321,9 @@ impl Vhost {
             match &*slot {
                 Some(d) => d.clone(),
                 None => {
-                    let d = crate::delayed::Delayed::open(&self.store, &self.name, true)?
-                        .ok_or_else(|| CoreError::Internal("no delay queue".into()))?;
+                    let d =
+                        crate::delayed::Delayed::open(&self.store, &self.name, true, &self.clock)?
+                            .ok_or_else(|| CoreError::Internal("no delay queue".into()))?;
                     *slot = Some(d.clone());
                     if let Some(me) = self.me.upgrade() {
                         crate::delayed::spawn(&me, d.clone());
@@ -1408,6 +1415,11 @@ impl Vhost {
 
     pub(crate) fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// The broker's clock.
+    pub fn clock(&self) -> &crate::Clock {
+        &self.clock
     }
 
     pub(crate) fn check_size(&self, p: &Publish) -> Result<(), CoreError> {

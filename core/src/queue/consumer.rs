@@ -2,7 +2,6 @@
 //! one that gets the next message.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::{lock, After, Consumer, ConsumerId, Queue, State};
 use crate::error::CoreError;
@@ -187,7 +186,7 @@ impl Queue {
             st.filtered += usize::from(req.filter.is_some());
             st.filter_epoch = st.filter_epoch.wrapping_add(1).max(1);
             st.had_consumers = true;
-            st.last_used = Instant::now();
+            st.last_used = self.clock.instant();
             handle = ConsumerHandle { queue: me, id, tag };
             self.dispatch(&mut st, &mut after);
             self.flow_check(&mut st, &mut after);
@@ -223,7 +222,7 @@ impl Queue {
                 .map(|c| self.credit_of(c.prefetch))
                 .sum();
             if st.consumers.len() != before {
-                st.last_used = Instant::now();
+                st.last_used = self.clock.instant();
                 after.cancelled_all = st.consumers.is_empty() && st.had_consumers && !st.deleted;
             }
             // Single active consumer: the active one went, the next registered takes

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::{now_ms, After, Entry, Queue};
+use super::{After, Entry, Queue};
 use crate::message::Properties;
 use crate::value::{FieldTable, FieldValue};
 
@@ -87,7 +87,7 @@ impl Queue {
             "queue",
             FieldValue::LongString(Bytes::from(self.name.clone())),
         );
-        entry.insert("time", FieldValue::Timestamp(now_ms() / 1000));
+        entry.insert("time", FieldValue::Timestamp(self.clock.now_ms() / 1000));
         entry.insert(
             "exchange",
             FieldValue::LongString(Bytes::from(exchange.to_string())),

@@ -8,7 +8,7 @@ use triad_store::commitlog::StoredRecord;
 
 use super::returns::with_delivery_count;
 use super::tag::{tag_len, TAG_HAS_TTL, TAG_PERSISTENT};
-use super::{lock, now_ms, After, Consumer, Entry, Queue, State, Unacked};
+use super::{lock, After, Consumer, Entry, Queue, State, Unacked};
 use crate::envelope;
 use crate::message::Properties;
 use crate::outbox::{Delivery, OutEvent};
@@ -319,7 +319,7 @@ impl Queue {
         let (rec, exchange, routing_key, properties) = self.load(off, &e, after)?;
         if self
             .expiry(st.args.message_ttl, e.tag, &rec, &properties)
-            .is_some_and(|t| t <= now_ms())
+            .is_some_and(|t| t <= self.clock.now_ms())
         {
             self.drop_entry(off, e, "expired", after);
             return None;

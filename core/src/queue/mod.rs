@@ -61,7 +61,7 @@ pub(crate) use tag::make_tag;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use triad_store::commitlog::StoredRecord;
 use triad_store::returns::Returned;
@@ -76,11 +76,10 @@ use crate::ConnectionId;
 /// Identifies a consumer within its queue.
 pub type ConsumerId = u64;
 
+/// Milliseconds since the Unix epoch by the system clock, for timestamps (expiry
+/// decisions read the broker's [`crate::Clock`] instead).
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    crate::clock::system_now_ms()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -237,6 +236,8 @@ pub struct Queue {
     /// Set for a stream queue (`x-queue-type=stream`), which keeps its own state
     /// ([`crate::stream`]): the methods below hand over to it.
     stream: Option<crate::stream::Stream>,
+    /// The broker's clock, which expiry decisions read.
+    clock: crate::Clock,
 }
 
 impl std::fmt::Debug for Queue {
@@ -259,6 +260,7 @@ pub(crate) struct QueueSpec {
     pub arguments: FieldTable,
     pub args: QueueArgs,
     pub window: usize,
+    pub clock: crate::Clock,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -408,7 +410,7 @@ impl Queue {
     }
 
     pub(crate) fn touch(&self) {
-        lock(&self.state).last_used = Instant::now();
+        lock(&self.state).last_used = self.clock.instant();
     }
 
     fn me(&self) -> Option<Arc<Queue>> {
@@ -482,7 +484,7 @@ impl Queue {
             if st.deleted {
                 return None;
             }
-            st.last_used = Instant::now();
+            st.last_used = self.clock.instant();
             out = self.take_next(&mut st, &mut after, None).map(|m| {
                 let off = m.offset;
                 let _ = self.store.mark_delivered(self.id, off);

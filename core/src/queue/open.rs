@@ -4,13 +4,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
 
 use triad_store::store::Store;
 
 use super::limits::refuses_when_full;
 use super::tag::{tag_len, TAG_PERSISTENT};
-use super::{now_ms, Applied, Entry, Queue, QueueSpec, State};
+use super::{Applied, Entry, Queue, QueueSpec, State};
 use crate::error::CoreError;
 use crate::vhost::Vhost;
 
@@ -74,7 +73,7 @@ fn restore_returns(
     f: &mut Found,
 ) -> Result<(), CoreError> {
     let mut stale = Vec::new();
-    let now = now_ms();
+    let now = spec.clock.now_ms();
     for r in store.take_returns(spec.id) {
         let off = r.offset;
         if off < next && !store.is_acked(spec.id, off).unwrap_or(true) {
@@ -161,7 +160,7 @@ impl Queue {
             rr: 0,
             next_consumer: 1,
             had_consumers: false,
-            last_used: Instant::now(),
+            last_used: spec.clock.instant(),
             deleted: false,
             throttled: false,
             credit: 0,
@@ -193,6 +192,7 @@ impl Queue {
             tick_wanted: AtomicBool::new(state.parked.is_some()),
             state: Mutex::new(state),
             stream,
+            clock: spec.clock,
         }))
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use triad_store::returns::Returned;
 
 use super::tag::{tag_len, TAG_PERSISTENT};
-use super::{lock, now_ms, After, Entry, Queue, QueueArgs, State, MAX_DELIVERY_LIMIT};
+use super::{lock, After, Entry, Queue, QueueArgs, State, MAX_DELIVERY_LIMIT};
 use crate::message::Properties;
 use crate::value::FieldValue;
 
@@ -49,7 +49,7 @@ impl Queue {
         let ready_at = st.args.retry_backoff.as_ref().map(|steps| {
             let i = (e.returns as usize).saturating_sub(1);
             let wait = steps.get(i).or(steps.last()).copied().unwrap_or(0);
-            now_ms().saturating_add(wait)
+            self.clock.now_ms().saturating_add(wait)
         });
         if self.store_count(&st.args, e) {
             e.count_stored = true;
@@ -87,7 +87,7 @@ impl Queue {
         let Some(parked) = st.parked.as_mut() else {
             return false;
         };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut due = Vec::new();
         while let Some(entry) = parked.first_entry() {
             if entry.key().0 > now {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use triad_store::commitlog::StoredRecord;
 
 use super::tag::{tag_len, TAG_HAS_TTL};
-use super::{lock, now_ms, After, Queue, State};
+use super::{lock, After, Queue, State};
 use crate::envelope;
 use crate::message::Properties;
 
@@ -42,7 +42,7 @@ impl Queue {
     }
 
     pub(super) fn expire_head(&self, st: &mut State, after: &mut After) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         loop {
             self.fill(st);
             let Some((&key, &e)) = st.ready.iter().next() else {
@@ -82,7 +82,7 @@ impl Queue {
     /// `x-expires`.
     pub(crate) fn tick(&self) -> bool {
         if let Some(s) = &self.stream {
-            s.tick(now_ms());
+            s.tick(self.clock.now_ms());
             return false;
         }
         let mut after = After::default();
@@ -100,7 +100,9 @@ impl Queue {
             }
             self.flow_check(&mut st, &mut after);
             expired = st.args.expires.is_some_and(|ms| {
-                st.consumers.is_empty() && st.last_used.elapsed() >= Duration::from_millis(ms)
+                st.consumers.is_empty()
+                    && self.clock.instant().saturating_duration_since(st.last_used)
+                        >= Duration::from_millis(ms)
             });
         }
         self.finish(after);
