@@ -90,6 +90,9 @@ pub struct CoreConfig {
     pub default_password: Option<(String, String)>,
     /// Half messages' check-back ([`crate::txn`]).
     pub txn: crate::txn::TxnConfig,
+    /// What expiry decisions read the time from (TTL, `x-expires`, retry back-off,
+    /// delays, check-backs, stream age): the system clock but in tests.
+    pub clock: crate::Clock,
 }
 
 impl Default for CoreConfig {
@@ -108,6 +111,7 @@ impl Default for CoreConfig {
             queue_window: 2048,
             default_password: None,
             txn: crate::txn::TxnConfig::default(),
+            clock: crate::Clock::system(),
         }
     }
 }
@@ -340,6 +344,7 @@ impl Broker {
                 cfg.max_message_size,
                 cfg.max_queues_per_vhost,
                 cfg.txn,
+                cfg.clock.clone(),
             )?;
             vhosts.insert(name.clone(), vh);
         }
@@ -653,6 +658,7 @@ impl Broker {
             self.cfg.max_message_size,
             self.cfg.max_queues_per_vhost,
             self.cfg.txn,
+            self.cfg.clock.clone(),
         )?;
         self.store
             .journal()

@@ -173,6 +173,8 @@ pub(crate) struct Delayed {
     path: std::path::PathBuf,
     wheel: Mutex<Wheel>,
     wake: Condvar,
+    /// The broker's clock: due times are by it.
+    clock: crate::Clock,
 }
 
 impl std::fmt::Debug for Delayed {
@@ -188,6 +190,7 @@ impl Delayed {
         store: &Store,
         vhost: &str,
         create: bool,
+        clock: &crate::Clock,
     ) -> Result<Option<Arc<Delayed>>, CoreError> {
         let qid = match store.find_queue(vhost, DELAY_QUEUE) {
             Some(id) => id,
@@ -206,9 +209,19 @@ impl Delayed {
             }),
             path,
             wake: Condvar::new(),
+            clock: clock.clone(),
         };
         d.refill(store)?;
-        Ok(Some(Arc::new(d)))
+        let d = Arc::new(d);
+        // a manual clock moved forward: the scheduler looks at the wheel again
+        let weak = Arc::downgrade(&d);
+        clock.on_advance(move || {
+            if let Some(d) = weak.upgrade() {
+                d.lock().epoch += 1;
+                d.wake.notify_all();
+            }
+        });
+        Ok(Some(d))
     }
 
     fn lock(&self) -> MutexGuard<'_, Wheel> {
@@ -262,7 +275,7 @@ impl Delayed {
         body: &Bytes,
         delay_ms: u64,
     ) -> Result<triad_store::store::Appended, CoreError> {
-        let due = now_ms().saturating_add(delay_ms);
+        let due = self.clock.now_ms().saturating_add(delay_ms);
         let env = crate::envelope::encode(exchange, routing_key, props)?;
         let appended = store.append(&NewMessage {
             queues: &[self.qid],
@@ -344,7 +357,7 @@ impl Delayed {
         if offsets.is_empty() {
             return Ok(());
         }
-        let due = now_ms().saturating_add(RETRY_MS);
+        let due = self.clock.now_ms().saturating_add(RETRY_MS);
         let items: Vec<(u64, u64)> = offsets.iter().map(|off| (due, *off)).collect();
         let mut w = self.lock();
         if w.removed {
@@ -392,7 +405,7 @@ impl Delayed {
     /// wheel was at `epoch`.
     fn sleep(&self, until: u64, epoch: u64) {
         let w = self.lock();
-        let wait = Duration::from_millis(until.saturating_sub(now_ms())).min(MAX_SLEEP);
+        let wait = Duration::from_millis(until.saturating_sub(self.clock.now_ms())).min(MAX_SLEEP);
         if wait.is_zero() || w.epoch != epoch {
             return;
         }
@@ -412,7 +425,7 @@ pub(crate) fn spawn(vh: &Arc<Vhost>, d: Arc<Delayed>) {
         let Some(vh) = weak.upgrade() else {
             return;
         };
-        let (next, epoch) = match d.take_due(now_ms()) {
+        let (next, epoch) = match d.take_due(d.clock.now_ms()) {
             Ok(due) => {
                 if !due.offsets.is_empty() {
                     let left = vh.fire_delayed(&d, &due.offsets);
@@ -434,7 +447,7 @@ pub(crate) fn spawn(vh: &Arc<Vhost>, d: Arc<Delayed>) {
                 if let Err(e) = d.refill(vh.store()) {
                     tracing::error!(vhost = %name, error = %e, "rebuilding the timer log failed");
                 }
-                (now_ms().saturating_add(RETRY_MS), d.lock().epoch)
+                (d.clock.now_ms().saturating_add(RETRY_MS), d.lock().epoch)
             }
         };
         drop(vh);
@@ -528,7 +541,9 @@ mod tests {
         let mut sc = triad_store::store::StoreConfig::new(dir.path());
         sc.segment_size = 1 << 20;
         let store = triad_store::store::Store::open(sc).unwrap();
-        let d = Delayed::open(&store, "/", true).unwrap().unwrap();
+        let d = Delayed::open(&store, "/", true, &crate::Clock::system())
+            .unwrap()
+            .unwrap();
         (dir, store, d)
     }
 

@@ -16,6 +16,7 @@
 //! - [`error`]: [`CoreError`], one variant per condition the adapters map.
 //! - [`alarm`]: memory and disk [`Alarms`] that block publishers.
 //! - [`broker`]: the [`Broker`]: users, vhosts, connections, timers.
+//! - [`clock`]: the [`Clock`] expiry decisions read (system, or manual in tests).
 //! - [`auth`]: users, permissions and topic permissions changed at run time, persisted
 //!   in the metadata journal and seeded from the configuration.
 //! - [`conns`]: the registry of open connections (listing, closing from outside).
@@ -69,6 +70,7 @@ pub mod access;
 pub mod alarm;
 pub mod auth;
 pub mod broker;
+pub mod clock;
 pub mod conns;
 pub mod delayed;
 pub mod direct_reply;
@@ -104,6 +106,7 @@ pub use alarm::Alarms;
 pub use broker::{
     Broker, ChannelSlot, ConnectionId, ConnectionSlot, CoreConfig, User, UserConfig, UserLimits,
 };
+pub use clock::Clock;
 pub use direct_reply::{DirectReply, ReplyConsumer};
 pub use durability::Durability;
 pub use error::{CoreError, ResourceKind};

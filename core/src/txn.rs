@@ -198,6 +198,8 @@ struct State {
 /// A vhost's half messages; see the module docs.
 pub struct Txn {
     cfg: TxnConfig,
+    /// The broker's clock: when check-backs are due.
+    clock: crate::Clock,
     store: Arc<Store>,
     queue: QueueId,
     state: Mutex<State>,
@@ -221,10 +223,16 @@ enum Due {
 impl Txn {
     /// Opens vhost `vhost`'s half queue and recovers its pending half messages: every
     /// unacked entry, except those whose commit's copy is in the log (acked now).
-    pub(crate) fn open(store: Arc<Store>, vhost: &str, cfg: TxnConfig) -> Result<Txn, CoreError> {
+    pub(crate) fn open(
+        store: Arc<Store>,
+        vhost: &str,
+        cfg: TxnConfig,
+        clock: crate::Clock,
+    ) -> Result<Txn, CoreError> {
         let queue = store.create_queue(vhost, HALF_QUEUE, true)?;
         let txn = Txn {
             cfg,
+            clock,
             store,
             queue,
             state: Mutex::new(State::default()),
@@ -234,7 +242,7 @@ impl Txn {
     }
 
     fn recover(&self, vhost: &str) -> Result<(), CoreError> {
-        let due = now_ms().saturating_add(self.timeout_ms());
+        let due = self.clock.now_ms().saturating_add(self.timeout_ms());
         let mut committed = Vec::new();
         let mut dropped = Vec::new();
         let mut checks: HashMap<u64, u32> = self
@@ -421,7 +429,7 @@ impl Txn {
         let Some(&(_, logical)) = appended.queue_offsets.first() else {
             return Err(CoreError::Internal("half message not queued".into()));
         };
-        let due = now_ms().saturating_add(self.timeout_ms());
+        let due = self.clock.now_ms().saturating_add(self.timeout_ms());
         st.by_id.insert(id.into(), logical);
         st.by_offset.insert(
             logical,
@@ -477,7 +485,7 @@ impl Txn {
     /// Puts back a half message [`Txn::take`] took whose commit failed.
     fn put_back(&self, id: &str, logical: u64, checks: u32) {
         if let Ok(Some((entry, _))) = self.store.read_queue(self.queue, logical) {
-            let due = now_ms().saturating_add(self.timeout_ms());
+            let due = self.clock.now_ms().saturating_add(self.timeout_ms());
             let mut st = self.lock();
             st.by_id.insert(id.into(), logical);
             st.by_offset.insert(
@@ -539,7 +547,7 @@ impl Txn {
 
     /// Sends the checks that are due and rolls back what had its last check.
     pub(crate) fn tick(&self, vh: &Vhost) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut work = Vec::new();
         // check counts to store, and those of rolled-back messages to forget
         let (mut counted, mut forget) = (Vec::new(), Vec::new());

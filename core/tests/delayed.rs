@@ -8,16 +8,28 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use triad_core::{
-    Broker, CoreConfig, CoreError, Delivery, FieldTable, FieldValue, Properties, Publish,
+    Broker, Clock, CoreConfig, CoreError, Delivery, FieldTable, FieldValue, Properties, Publish,
     QueueDeclare, Vhost,
 };
 use triad_store::store::{Store, StoreConfig};
 
 fn open(dir: &Path) -> Arc<Broker> {
+    open_clocked(dir, Clock::system())
+}
+
+/// A broker whose expiry decisions read `clock`.
+fn open_clocked(dir: &Path, clock: Clock) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 1 << 20;
     let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(store, CoreConfig::default()).unwrap()
+    Broker::open(
+        store,
+        CoreConfig {
+            clock,
+            ..CoreConfig::default()
+        },
+    )
+    .unwrap()
 }
 
 fn declare(v: &Vhost, name: &str) {
@@ -67,7 +79,8 @@ fn get_within(v: &Vhost, q: &str, timeout: Duration) -> Option<Delivery> {
 #[test]
 fn a_fired_message_carries_the_negative_delay_and_republishing_it_does_not_delay_it() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path());
+    let clock = Clock::manual();
+    let b = open_clocked(dir.path(), clock.clone());
     let v = b.vhost("/").unwrap();
     declare(&v, "q");
     for (i, x) in [FieldValue::I32(300), FieldValue::from("300")]
@@ -80,6 +93,8 @@ fn a_fired_message_carries_the_negative_delay_and_republishing_it_does_not_delay
             v.get("q", true, 1).unwrap().is_none(),
             "not before its delay"
         );
+        // the scheduler fires it once the clock reaches its due time, woken by the move
+        clock.advance(Duration::from_millis(300));
         let d = get_within(&v, "q", Duration::from_secs(10)).expect("fired");
         let h = d.properties.headers.clone().unwrap();
         assert_eq!(

@@ -5,19 +5,32 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use triad_core::{
-    Broker, ConsumeRequest, CoreConfig, Delivery, ExchangeDef, ExchangeKind, FieldTable,
+    Broker, Clock, ConsumeRequest, CoreConfig, Delivery, ExchangeDef, ExchangeKind, FieldTable,
     FieldValue, OutEvent, Outbox, Properties, Publish, QueueDeclare, Vhost,
 };
 use triad_store::store::{Store, StoreConfig};
 
 fn open(dir: &Path) -> Arc<Broker> {
+    open_clocked(dir, Clock::system())
+}
+
+/// A broker whose expiry decisions (the retry back-off) read `clock`.
+fn open_clocked(dir: &Path, clock: Clock) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 1 << 20;
     let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(store, CoreConfig::default()).unwrap()
+    Broker::open(
+        store,
+        CoreConfig {
+            clock,
+            ..CoreConfig::default()
+        },
+    )
+    .unwrap()
 }
 
 fn declare(v: &Vhost, name: &str, durable: bool, args: FieldTable) {
@@ -289,7 +302,8 @@ fn declare_equivalence_includes_the_delivery_limit() {
 #[test]
 fn with_a_retry_backoff_a_returned_message_waits_its_step_and_the_limit_defaults_to_16() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path());
+    let clock = Clock::manual();
+    let b = open_clocked(dir.path(), clock.clone());
     let v = b.vhost("/").unwrap();
     let mut args = FieldTable::default();
     args.insert(
@@ -304,24 +318,20 @@ fn with_a_retry_backoff_a_returned_message_waits_its_step_and_the_limit_defaults
     let o = Outbox::new(16);
     let _c = consume(&v, "q", &o);
     let d = one(&o);
-    let returned_at = std::time::Instant::now();
+    let returned_at = clock.now_ms();
     d.queue.nack(&[d.offset], true);
     // parked, not ready: nothing delivered at once
     assert!(drain(&o).is_empty());
     assert_eq!(q.parked_count(), 1);
     assert_eq!(q.message_count(), 0);
-    // the broker's periodic tick makes it ready once its step is over
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let d = loop {
-        b.tick();
-        let mut ds = drain(&o);
-        if let Some(d) = ds.pop() {
-            break d;
-        }
-        assert!(std::time::Instant::now() < deadline, "never came back");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    assert!(returned_at.elapsed() >= std::time::Duration::from_millis(300));
+    // the broker's periodic tick makes it ready once its step is over, not before
+    clock.advance(Duration::from_millis(299));
+    b.tick();
+    assert!(drain(&o).is_empty(), "not before its 300 ms step");
+    clock.advance(Duration::from_millis(1));
+    b.tick();
+    let d = drain(&o).pop().expect("ready again once its step is over");
+    assert!(clock.now_ms() - returned_at >= 300);
     assert_eq!(count(&d), Some(1));
     assert_eq!(q.parked_count(), 0);
 }
@@ -384,9 +394,10 @@ fn a_backing_off_message_still_waits_its_step_after_a_restart() {
         "x-retry-backoff",
         FieldValue::LongString(Bytes::from_static(b"3s")),
     );
+    let clock = Clock::manual();
     let returned_at;
     {
-        let b = open(dir.path());
+        let b = open_clocked(dir.path(), clock.clone());
         let v = b.vhost("/").unwrap();
         declare(&v, "q", true, args.clone());
         publish(&v, "q", "m");
@@ -395,7 +406,7 @@ fn a_backing_off_message_still_waits_its_step_after_a_restart() {
         let c = consume(&v, "q", &o);
         let d = one(&o);
         assert_eq!(d.body.as_ref(), b"m");
-        returned_at = std::time::Instant::now();
+        returned_at = clock.now_ms();
         d.queue.nack(&[d.offset], true);
         assert_eq!(v.queue("q").unwrap().parked_count(), 1);
         c.cancel();
@@ -404,7 +415,7 @@ fn a_backing_off_message_still_waits_its_step_after_a_restart() {
         drop(b);
         drop(store);
     }
-    let b = open(dir.path());
+    let b = open_clocked(dir.path(), clock.clone());
     let v = b.vhost("/").unwrap();
     let q = v.queue("q").unwrap();
     assert_eq!(q.parked_count(), 1, "still backing off after the restart");
@@ -414,19 +425,16 @@ fn a_backing_off_message_still_waits_its_step_after_a_restart() {
     let n = one(&o);
     assert_eq!(n.body.as_ref(), b"n");
     n.queue.ack(&[n.offset]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    let d = loop {
-        b.tick();
-        if let Some(d) = drain(&o).pop() {
-            break d;
-        }
-        assert!(std::time::Instant::now() < deadline, "never came back");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    clock.advance(Duration::from_millis(2_999));
+    b.tick();
+    assert!(drain(&o).is_empty(), "not before its 3 s step");
+    clock.advance(Duration::from_millis(1));
+    b.tick();
+    let d = drain(&o).pop().expect("ready again once its step is over");
     assert!(
-        returned_at.elapsed() >= std::time::Duration::from_secs(3),
-        "came back {:?} after its return, before its 3 s step",
-        returned_at.elapsed()
+        clock.now_ms() - returned_at >= 3_000,
+        "came back {} ms after its return, before its 3 s step",
+        clock.now_ms() - returned_at
     );
     assert_eq!(d.body.as_ref(), b"m");
     assert_eq!(count(&d), Some(1));

@@ -9,15 +9,29 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::json;
 use triad_core::policy::{Policy, PolicyDoc};
-use triad_core::{Broker, CoreConfig, FieldTable, FieldValue, Properties, Publish, QueueDeclare};
+use triad_core::{
+    Broker, Clock, CoreConfig, FieldTable, FieldValue, Properties, Publish, QueueDeclare,
+};
 use triad_store::store::{Store, StoreConfig};
 
 fn open(dir: &Path) -> Arc<Broker> {
+    open_clocked(dir, Clock::system())
+}
+
+/// A broker whose expiry decisions read `clock`.
+fn open_clocked(dir: &Path, clock: Clock) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 1 << 20;
     c.cq_entries_per_file = 1024;
     let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(store, CoreConfig::default()).unwrap()
+    Broker::open(
+        store,
+        CoreConfig {
+            clock,
+            ..CoreConfig::default()
+        },
+    )
+    .unwrap()
 }
 
 fn declare(b: &Broker, name: &str, args: FieldTable) {
@@ -165,7 +179,8 @@ fn a_deleted_vhost_takes_its_policies_with_it() {
 #[test]
 fn a_policy_ttl_and_expiry_are_enforced_by_the_tick() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path());
+    let clock = Clock::manual();
+    let b = open_clocked(dir.path(), clock.clone());
     let v = b.vhost("/").unwrap();
     declare(&b, "ttl.q", FieldTable::new());
     declare(&b, "gone.q", FieldTable::new());
@@ -174,6 +189,9 @@ fn a_policy_ttl_and_expiry_are_enforced_by_the_tick() {
         .unwrap();
     v.set_policy(policy("gone", r"^gone\.", 0, json!({"expires": 1})))
         .unwrap();
+    // past the 1 ms TTL and expiry (with a margin: the store stamps messages by the
+    // system clock, a moment after the manual clock was made)
+    clock.advance(std::time::Duration::from_secs(60));
     triad_core::testing::eventually_blocking(
         "messages expired and the unused queue deleted",
         std::time::Duration::from_secs(10),

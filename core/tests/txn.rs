@@ -11,13 +11,18 @@ use bytes::Bytes;
 use triad_core::testing::eventually_blocking;
 use triad_core::txn::{commit_key, TxnConfig, HALF_QUEUE, TXN_EXCHANGE, TXN_HEADER};
 use triad_core::{
-    Broker, CoreConfig, CoreError, Credentials, ExchangeDef, ExchangeKind, FieldTable, Link, Peer,
-    Permission, Properties, Protocol, Publish, QueueDeclare, ResourceKind, UserConfig,
+    Broker, Clock, CoreConfig, CoreError, Credentials, ExchangeDef, ExchangeKind, FieldTable, Link,
+    Peer, Permission, Properties, Protocol, Publish, QueueDeclare, ResourceKind, UserConfig,
 };
 use triad_store::record::{NewMessage, FLAG_PERSISTENT};
 use triad_store::store::{Store, StoreConfig};
 
 fn open(dir: &Path, txn: TxnConfig) -> Arc<Broker> {
+    open_clocked(dir, txn, Clock::system())
+}
+
+/// A broker whose check-backs are due by `clock`.
+fn open_clocked(dir: &Path, txn: TxnConfig, clock: Clock) -> Arc<Broker> {
     let mut sc = StoreConfig::new(dir);
     sc.segment_size = 1 << 20;
     let store = Arc::new(Store::open(sc).unwrap());
@@ -30,6 +35,7 @@ fn open(dir: &Path, txn: TxnConfig) -> Arc<Broker> {
         ],
         permissions: vec![Permission::full("guest", "/"), bob],
         txn,
+        clock,
         ..CoreConfig::default()
     };
     Broker::open(store, cfg).unwrap()
@@ -299,7 +305,8 @@ fn unresolved_half_messages_get_checks_at_their_reply_to_then_are_rolled_back() 
         check_timeout: Duration::from_millis(100),
         check_max: 2,
     };
-    let b = open(dir.path(), cfg);
+    let clock = Clock::manual();
+    let b = open_clocked(dir.path(), cfg, clock.clone());
     topology(&b);
     let link = login(&b, "guest");
     wait(half(&link, "c1", "unanswered").unwrap());
@@ -308,6 +315,8 @@ fn unresolved_half_messages_get_checks_at_their_reply_to_then_are_rolled_back() 
         "two checks and the rollback",
         Duration::from_secs(10),
         || {
+            // each look is one check timeout later
+            clock.advance(cfg.check_timeout);
             b.tick();
             while let Some(d) = link.get("replies", true).unwrap() {
                 checks.push(d);
@@ -484,9 +493,12 @@ fn a_half_messages_check_count_survives_a_reopen() {
         check_timeout: Duration::from_millis(100),
         check_max: 3,
     };
+    let clock = Clock::manual();
     let collect = |b: &Broker, link: &Link, until: &dyn Fn(&[i64]) -> bool| {
         let mut seen = Vec::new();
         eventually_blocking("checks", Duration::from_secs(10), || {
+            // each look is one check timeout later
+            clock.advance(cfg.check_timeout);
             b.tick();
             while let Some(d) = link.get("replies", true).unwrap() {
                 let h = d.properties.headers.as_ref().unwrap();
@@ -497,7 +509,7 @@ fn a_half_messages_check_count_survives_a_reopen() {
         seen
     };
     {
-        let b = open(dir.path(), cfg);
+        let b = open_clocked(dir.path(), cfg, clock.clone());
         topology(&b);
         let link = login(&b, "guest");
         wait(half(&link, "h", "unanswered").unwrap());
@@ -508,7 +520,7 @@ fn a_half_messages_check_count_survives_a_reopen() {
         drop(b);
         drop(store);
     }
-    let b = open(dir.path(), cfg);
+    let b = open_clocked(dir.path(), cfg, clock.clone());
     let link = login(&b, "guest");
     assert!(b.vhost("/").unwrap().txn().is_pending("h"));
     let seen = collect(&b, &link, &|_| !b.vhost("/").unwrap().txn().is_pending("h"));

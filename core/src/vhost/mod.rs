@@ -11,6 +11,13 @@
 //!
 //! Lock order: `topology` before `queues`; a queue's own lock is never held while either
 //! is taken.
+//!
+//! Modules: this one holds the vhost, its topology and queue operations and its opening;
+//! `publish` the publish path (routing, storing, handing to queues, delayed messages,
+//! direct replies, dead-lettering); `journal` the journal keys and documents.
+
+mod journal;
+mod publish;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
@@ -35,6 +42,7 @@ use crate::reserved;
 use crate::routing::{Destination, ExchangeDef, ExchangeKind, Topology};
 use crate::value::FieldTable;
 use crate::{envelope, ConnectionId};
+use journal::*;
 
 /// `queue.declare`.
 #[derive(Debug, Clone, Default)]
@@ -147,167 +155,6 @@ fn with_topic_key<R>(vhost: &str, routing_key: &str, f: impl FnOnce(Option<&[u8]
     }
 }
 
-/// A vhost's topology as an earlier version kept it: one document rewritten on every
-/// change. Read once at start, moved into the journal, then removed.
-#[derive(Serialize, Deserialize, Default)]
-struct VhostDoc {
-    exchanges: Vec<ExchangeDoc>,
-    queues: Vec<QueueDoc>,
-    bindings: Vec<BindingDoc>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct ExchangeDoc {
-    name: String,
-    kind: String,
-    auto_delete: bool,
-    internal: bool,
-    arguments: String,
-}
-
-#[derive(Serialize, Deserialize)]
-struct QueueDoc {
-    name: String,
-    auto_delete: bool,
-    arguments: String,
-}
-
-#[derive(Serialize, Deserialize)]
-struct BindingDoc {
-    source: String,
-    destination: String,
-    to_exchange: bool,
-    key: String,
-    arguments: String,
-}
-
-fn table_to_hex(t: &FieldTable) -> String {
-    let mut b = Vec::new();
-    if put_table(&mut b, t, 0).is_err() {
-        return String::new();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn table_from_hex(s: &str) -> Result<FieldTable, CoreError> {
-    if s.is_empty() {
-        return Ok(FieldTable::default());
-    }
-    let bytes: Option<Vec<u8>> = (0..s.len())
-        .step_by(2)
-        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
-        .collect();
-    let bytes = bytes.ok_or(CoreError::InvalidEncoding("bad hex in a stored table"))?;
-    Reader::new(&bytes).table(0)
-}
-
-/// The metadata document name of a vhost (earlier versions).
-pub(crate) fn doc_name(vhost: &str) -> String {
-    let hex: String = vhost.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("vhost-{hex}")
-}
-
-const TAG_EXCHANGE: u8 = b'X';
-const TAG_QUEUE: u8 = b'q';
-const TAG_BINDING: u8 = b'B';
-
-fn exchange_key(vhost: &str, name: &str) -> Vec<u8> {
-    KeyBuilder::new(TAG_EXCHANGE)
-        .part(vhost.as_bytes())
-        .part(name.as_bytes())
-        .build()
-}
-
-fn queue_key(vhost: &str, name: &str) -> Vec<u8> {
-    KeyBuilder::new(TAG_QUEUE)
-        .part(vhost.as_bytes())
-        .part(name.as_bytes())
-        .build()
-}
-
-/// The prefix of every binding leading to `dest`.
-fn bindings_to_prefix(vhost: &str, dest: &Destination) -> KeyBuilder {
-    let (kind, name): (&[u8], &str) = match dest {
-        Destination::Queue(q) => (b"q", q),
-        Destination::Exchange(x) => (b"x", x),
-    };
-    KeyBuilder::new(TAG_BINDING)
-        .part(vhost.as_bytes())
-        .part(kind)
-        .part(name.as_bytes())
-}
-
-fn binding_key(
-    vhost: &str,
-    source: &str,
-    dest: &Destination,
-    key: &str,
-    args: &FieldTable,
-) -> Vec<u8> {
-    let mut a = Vec::new();
-    if put_table(&mut a, args, 0).is_err() {
-        a.clear();
-    }
-    bindings_to_prefix(vhost, dest)
-        .part(source.as_bytes())
-        .part(key.as_bytes())
-        .part(&a)
-        .build()
-}
-
-/// Journal operations for exchanges a deletion cascaded to: each one's record and the
-/// bindings leading to it (auto-delete exchanges are deleted once they have no bindings
-/// of their own left, so none start from them).
-fn deleted_exchange_ops(vhost: &str, deleted: &[String], ops: &mut Vec<MetaOp>) {
-    for x in deleted {
-        ops.push(MetaOp::delete(exchange_key(vhost, x)));
-        ops.push(MetaOp::delete_prefix(
-            bindings_to_prefix(vhost, &Destination::exchange(x.clone())).build(),
-        ));
-    }
-}
-
-fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
-    serde_json::to_vec(v).unwrap_or_default()
-}
-
-fn from_json<T: serde::de::DeserializeOwned>(v: &[u8]) -> Result<T, CoreError> {
-    serde_json::from_slice(v).map_err(|_| CoreError::InvalidEncoding("bad stored topology record"))
-}
-
-/// Moves an earlier version's topology document of `vhost` into the journal.
-fn import_legacy_doc(store: &Store, vhost: &str) -> Result<(), CoreError> {
-    let Some(doc) = store.meta().get::<VhostDoc>(&doc_name(vhost))? else {
-        return Ok(());
-    };
-    let mut ops = Vec::new();
-    for x in &doc.exchanges {
-        ops.push(MetaOp::put(exchange_key(vhost, &x.name), to_json(x)));
-    }
-    for q in &doc.queues {
-        ops.push(MetaOp::put(queue_key(vhost, &q.name), to_json(q)));
-    }
-    for b in &doc.bindings {
-        let dest = if b.to_exchange {
-            Destination::exchange(b.destination.clone())
-        } else {
-            Destination::queue(b.destination.clone())
-        };
-        let args = table_from_hex(&b.arguments)?;
-        ops.push(MetaOp::put(
-            binding_key(vhost, &b.source, &dest, &b.key, &args),
-            Vec::new(),
-        ));
-    }
-    store.journal().commit(ops)?;
-    store.meta().delete(&doc_name(vhost))?;
-    tracing::info!(
-        vhost,
-        "moved the vhost's topology document into the metadata journal"
-    );
-    Ok(())
-}
-
 /// Queues by name, looked up on every publish: seeded foldhash rather than SipHash.
 type QueueMap = HashMap<String, Arc<Queue>, foldhash::fast::RandomState>;
 
@@ -356,6 +203,8 @@ pub struct Vhost {
     rate: std::sync::Mutex<Option<crate::stats::RateSample>>,
     /// Half messages ([`crate::txn`]).
     txn: crate::txn::Txn,
+    /// The broker's clock ([`crate::clock`]).
+    clock: crate::Clock,
     /// Delayed messages ([`crate::delayed`]), once the vhost has had one.
     delayed: std::sync::Mutex<Option<Arc<crate::delayed::Delayed>>>,
 }
@@ -393,11 +242,12 @@ impl Vhost {
         max_message_size: usize,
         max_queues: usize,
         txn: crate::txn::TxnConfig,
+        clock: crate::Clock,
     ) -> Result<Arc<Vhost>, CoreError> {
         import_legacy_doc(&store, name)?;
         let journal = store.journal();
         let policies = crate::policy::Policies::load(journal, name)?;
-        let txn = crate::txn::Txn::open(store.clone(), name, txn)?;
+        let txn = crate::txn::Txn::open(store.clone(), name, txn, clock.clone())?;
         let vh = Arc::new_cyclic(|me| Vhost {
             name: name.to_string(),
             store: store.clone(),
@@ -414,23 +264,61 @@ impl Vhost {
             exchange_stats: Default::default(),
             rate: Default::default(),
             txn,
+            clock: clock.clone(),
             delayed: Default::default(),
         });
-        let vhost_prefix = |tag: u8| KeyBuilder::new(tag).part(name.as_bytes()).build();
-        {
-            let mut topo = vh.topology_mut();
-            for (_, v) in journal.scan(&vhost_prefix(TAG_EXCHANGE))? {
-                let x: ExchangeDoc = from_json(&v)?;
-                let mut def = ExchangeDef::new(x.name.clone(), x.kind.parse::<ExchangeKind>()?);
-                def.durable = true;
-                def.auto_delete = x.auto_delete;
-                def.internal = x.internal;
-                def.arguments = table_from_hex(&x.arguments)?;
-                topo.declare_exchange(def)?;
+        vh.load_exchanges()?;
+        let wanted = vh.load_queues()?;
+        // store queues of this vhost that the topology does not know: a crash between
+        // registering one and journaling the vhost's record of it
+        for info in store.queues() {
+            if info.vhost == name
+                && !wanted.contains(&info.id)
+                && info.name != crate::txn::HALF_QUEUE
+                && info.name != crate::delayed::DELAY_QUEUE
+            {
+                store.delete_queue(info.id)?;
             }
         }
+        vh.load_bindings()?;
+        if let Some(d) = crate::delayed::Delayed::open(&store, name, false, &clock)? {
+            *vh.delayed.lock().unwrap_or_else(|e| e.into_inner()) = Some(d.clone());
+            crate::delayed::spawn(&vh, d);
+        }
+        Ok(vh)
+    }
+
+    /// The journal key prefix of this vhost's records of one kind.
+    fn journal_prefix(&self, tag: u8) -> Vec<u8> {
+        KeyBuilder::new(tag).part(self.name.as_bytes()).build()
+    }
+
+    /// Declares the durable exchanges the journal holds (at open).
+    fn load_exchanges(&self) -> Result<(), CoreError> {
+        let mut topo = self.topology_mut();
+        for (_, v) in self
+            .store
+            .journal()
+            .scan(&self.journal_prefix(TAG_EXCHANGE))?
+        {
+            let x: ExchangeDoc = from_json(&v)?;
+            let mut def = ExchangeDef::new(x.name.clone(), x.kind.parse::<ExchangeKind>()?);
+            def.durable = true;
+            def.auto_delete = x.auto_delete;
+            def.internal = x.internal;
+            def.arguments = table_from_hex(&x.arguments)?;
+            topo.declare_exchange(def)?;
+        }
+        Ok(())
+    }
+
+    /// Opens the durable queues the journal holds (at open); returns their store ids.
+    fn load_queues(
+        &self,
+    ) -> Result<std::collections::HashSet<triad_store::store::QueueId>, CoreError> {
+        let (name, store) = (self.name.as_str(), &self.store);
         let mut wanted = std::collections::HashSet::new();
-        for (_, v) in journal.scan(&vhost_prefix(TAG_QUEUE))? {
+        for (_, v) in store.journal().scan(&self.journal_prefix(TAG_QUEUE))? {
             let q: QueueDoc = from_json(&v)?;
             let arguments = table_from_hex(&q.arguments)?;
             let args = QueueArgs::parse_stored(&q.name, &arguments)?;
@@ -446,67 +334,59 @@ impl Vhost {
                     auto_delete: q.auto_delete,
                     arguments,
                     args,
-                    window,
+                    window: self.window,
+                    clock: self.clock.clone(),
                 },
                 store.clone(),
-                Arc::downgrade(&vh),
+                self.me.clone(),
             )?;
-            if let Some(p) = vh.policies.for_queue(&q.name) {
+            if let Some(p) = self.policies.for_queue(&q.name) {
                 queue.apply_policy(Some(p));
             }
             if let Some(s) = queue.stream() {
                 s.load_offsets()?;
             }
-            vh.queues_mut().insert(q.name.clone(), queue);
+            self.queues_mut().insert(q.name.clone(), queue);
         }
-        // store queues of this vhost that the topology does not know: a crash between
-        // registering one and journaling the vhost's record of it
-        for info in store.queues() {
-            if info.vhost == name
-                && !wanted.contains(&info.id)
-                && info.name != crate::txn::HALF_QUEUE
-                && info.name != crate::delayed::DELAY_QUEUE
-            {
-                store.delete_queue(info.id)?;
+        Ok(wanted)
+    }
+
+    /// Adds the bindings the journal holds (at open, after the queues); a stored binding
+    /// the topology refuses is dropped from the journal with a warning.
+    fn load_bindings(&self) -> Result<(), CoreError> {
+        let name = self.name.as_str();
+        let journal = self.store.journal();
+        let queues = self.queues_read();
+        let lookup = |n: &str| queues.contains_key(n);
+        let mut topo = self.topology_mut();
+        let mut dropped = Vec::new();
+        let mut bad = None;
+        // visited in place: a copy of 1,000,000 binding keys would double the peak
+        journal.visit(&self.journal_prefix(TAG_BINDING), &mut |k, _| {
+            if bad.is_some() {
+                return;
             }
-        }
-        {
-            let queues = vh.queues_read();
-            let lookup = |n: &str| queues.contains_key(n);
-            let mut topo = vh.topology_mut();
-            let mut dropped = Vec::new();
-            let mut bad = None;
-            // visited in place: a copy of 1,000,000 binding keys would double the peak
-            journal.visit(&vhost_prefix(TAG_BINDING), &mut |k, _| {
-                if bad.is_some() {
-                    return;
+            match Self::load_binding(&mut topo, k, &lookup) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(vhost = name, error = %e, "dropping a stored binding");
+                    dropped.push(MetaOp::delete(k.to_vec()));
                 }
-                match Self::load_binding(&mut topo, k, &lookup) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(vhost = name, error = %e, "dropping a stored binding");
-                        dropped.push(MetaOp::delete(k.to_vec()));
-                    }
-                    Err(e) => bad = Some(e),
-                }
-            })?;
-            if let Some(e) = bad {
-                return Err(e);
+                Err(e) => bad = Some(e),
             }
-            if !dropped.is_empty() {
-                journal.commit(dropped)?;
-            }
+        })?;
+        if let Some(e) = bad {
+            return Err(e);
         }
-        if let Some(d) = crate::delayed::Delayed::open(&store, name, false)? {
-            *vh.delayed.lock().unwrap_or_else(|e| e.into_inner()) = Some(d.clone());
-            crate::delayed::spawn(&vh, d);
+        if !dropped.is_empty() {
+            journal.commit(dropped)?;
         }
-        Ok(vh)
+        Ok(())
     }
 
     /// Adds the binding stored under journal key `k` to `topo`. The outer error is a
     /// malformed key; the inner one a binding the topology refuses (dropped).
-    fn load_binding(
+    pub(super) fn load_binding(
         topo: &mut Topology,
         k: &[u8],
         lookup: &dyn crate::routing::QueueLookup,
@@ -539,24 +419,30 @@ impl Vhost {
         &self.name
     }
 
-    fn topology_read(&self) -> RwLockReadGuard<'_, Topology> {
+    pub(super) fn topology_read(&self) -> RwLockReadGuard<'_, Topology> {
         self.topology.read().unwrap_or_else(|e| e.into_inner())
     }
-    fn topology_mut(&self) -> RwLockWriteGuard<'_, Topology> {
+
+    pub(super) fn topology_mut(&self) -> RwLockWriteGuard<'_, Topology> {
         self.topology.write().unwrap_or_else(|e| e.into_inner())
     }
-    fn queues_read(&self) -> RwLockReadGuard<'_, QueueMap> {
+
+    pub(super) fn queues_read(&self) -> RwLockReadGuard<'_, QueueMap> {
         self.queues.read().unwrap_or_else(|e| e.into_inner())
     }
-    fn queues_mut(&self) -> RwLockWriteGuard<'_, QueueMap> {
+
+    pub(super) fn queues_mut(&self) -> RwLockWriteGuard<'_, QueueMap> {
         self.queues.write().unwrap_or_else(|e| e.into_inner())
     }
-    fn exclusive_mut(&self) -> std::sync::MutexGuard<'_, HashMap<ConnectionId, Vec<Arc<Queue>>>> {
+
+    pub(super) fn exclusive_mut(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ConnectionId, Vec<Arc<Queue>>>> {
         self.exclusive.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Appends `ops` to the metadata journal (call under the lock that guards the change).
-    fn journal(&self, ops: Vec<MetaOp>) -> Result<Durability, CoreError> {
+    pub(super) fn journal(&self, ops: Vec<MetaOp>) -> Result<Durability, CoreError> {
         if ops.is_empty() {
             return Ok(Durability::ready());
         }
@@ -564,13 +450,13 @@ impl Vhost {
     }
 
     /// Waits for a journal record (call after releasing the locks).
-    fn durable(done: Durability) -> Result<(), CoreError> {
+    pub(super) fn durable(done: Durability) -> Result<(), CoreError> {
         done.wait()?;
         Ok(())
     }
 
     /// Whether bindings from / to this exchange are journaled.
-    fn exchange_is_durable(topo: &Topology, name: &str) -> bool {
+    pub(super) fn exchange_is_durable(topo: &Topology, name: &str) -> bool {
         topo.exchange(name).is_some_and(|x| x.durable)
     }
 
@@ -650,7 +536,7 @@ impl Vhost {
 
     /// Adds a binding and journals it when both ends are durable; returns what the reply
     /// waits for.
-    fn bind(
+    pub(super) fn bind(
         &self,
         source: &str,
         dest: Destination,
@@ -688,7 +574,7 @@ impl Vhost {
 
     /// Removes a binding and journals its removal and that of any auto-delete exchange
     /// it cascaded to.
-    fn unbind(
+    pub(super) fn unbind(
         &self,
         source: &str,
         dest: &Destination,
@@ -712,7 +598,11 @@ impl Vhost {
         Self::durable(done)
     }
 
-    fn queue_for(&self, name: &str, conn: ConnectionId) -> Result<Arc<Queue>, CoreError> {
+    pub(super) fn queue_for(
+        &self,
+        name: &str,
+        conn: ConnectionId,
+    ) -> Result<Arc<Queue>, CoreError> {
         let q = self
             .queues_read()
             .get(name)
@@ -722,7 +612,7 @@ impl Vhost {
         Ok(q)
     }
 
-    fn check_exclusive(&self, q: &Queue, conn: ConnectionId) -> Result<(), CoreError> {
+    pub(super) fn check_exclusive(&self, q: &Queue, conn: ConnectionId) -> Result<(), CoreError> {
         match q.exclusive_owner() {
             Some(owner) if owner != conn => Err(CoreError::ResourceLocked(format!(
                 "cannot obtain exclusive access to locked queue '{}' in vhost '{}'. It could be \
@@ -754,13 +644,13 @@ impl Vhost {
 
     /// Everything journaled so far is durable once this completes: what a reply about an
     /// entity that already exists waits for (its record may still be in flight).
-    fn journaled_so_far(&self) -> Durability {
+    pub(super) fn journaled_so_far(&self) -> Durability {
         self.store.journal().durable_end().into()
     }
 
     /// The reply to a declare of a queue that exists: it may only go once whatever was
     /// journaled before (the queue's own record among it) is on disk.
-    fn declared(&self, name: String, q: &Queue) -> (QueueDeclareOk, Durability) {
+    pub(super) fn declared(&self, name: String, q: &Queue) -> (QueueDeclareOk, Durability) {
         let ok = QueueDeclareOk {
             name,
             message_count: q.message_count(),
@@ -867,6 +757,7 @@ impl Vhost {
                     arguments: d.arguments.clone(),
                     args,
                     window: self.window,
+                    clock: self.clock.clone(),
                 },
                 self.store.clone(),
                 self.me.clone(),
@@ -895,7 +786,7 @@ impl Vhost {
         ))
     }
 
-    fn check_equivalent(&self, q: &Queue, d: &QueueDeclare) -> Result<(), CoreError> {
+    pub(super) fn check_equivalent(&self, q: &Queue, d: &QueueDeclare) -> Result<(), CoreError> {
         let inequivalent = |what: &str, got: String, have: String| {
             Err(CoreError::PreconditionFailed(format!(
                 "inequivalent arg '{what}' for queue '{}' in vhost '{}': received '{got}' but current is '{have}'",
@@ -1033,7 +924,7 @@ impl Vhost {
     }
 
     /// Takes a queue out of the vhost, its bindings and the store.
-    fn remove_queue(&self, q: &Arc<Queue>) -> u32 {
+    pub(super) fn remove_queue(&self, q: &Arc<Queue>) -> u32 {
         // Both locks are held until the record is appended, so that a declare of the same
         // name (queues lock) or a bind to it (topology lock) journals after it.
         let done = {
@@ -1119,481 +1010,13 @@ impl Vhost {
         &self.txn
     }
 
-    /// Routes a message to its queues: names, resolved to queue objects.
-    pub(crate) fn route(
-        &self,
-        exchange: &str,
-        key: &str,
-        props: &Properties,
-    ) -> Result<Vec<Arc<Queue>>, CoreError> {
-        let topo = self.topology_read();
-        let queues = self.queues_read();
-        let lookup = |n: &str| queues.contains_key(n);
-        let names = topo.route_message(exchange, key, props, &lookup)?;
-        // no exchange routes to the broker's own queues (see `publish_reserved`)
-        Ok(names
-            .iter()
-            .filter(|n| !reserved::is_reserved_queue(n))
-            .filter_map(|n| queues.get(n).cloned())
-            .collect())
-    }
-
-    /// Publishes to the broker's own queue `p.routing_key` ([`crate::reserved`]), which
-    /// no exchange routes to; `p.exchange` must be the default one.
-    pub fn publish_reserved(&self, p: Publish) -> Result<Published, CoreError> {
-        if !p.exchange.is_empty() || !reserved::is_reserved_queue(&p.routing_key) {
-            return Err(CoreError::Internal(format!(
-                "'{}' is not a reserved queue",
-                p.routing_key
-            )));
-        }
-        if p.body.len() > self.max_message_size {
-            return Err(CoreError::PreconditionFailed(format!(
-                "message size {} is larger than configured max size {}",
-                p.body.len(),
-                self.max_message_size
-            )));
-        }
-        let q = self.queue_for(&p.routing_key, p.conn)?;
-        self.publish_to(
-            vec![q],
-            "",
-            &p.routing_key,
-            p.properties,
-            &p.body,
-            Some(p.conn),
-        )
-    }
-
-    /// The vhost's direct reply-to names.
-    pub fn direct_replies(&self) -> &Arc<crate::direct_reply::Registry> {
-        &self.replies
-    }
-
-    /// The vhost's per-exchange publish counters ([`crate::exchange_stats`]).
-    pub fn exchange_stats(&self) -> &crate::exchange_stats::ExchangeStats {
-        &self.exchange_stats
-    }
-
-    /// A publish to the default exchange with a direct reply-to name as routing key: to
-    /// that channel's consumer, or nowhere (unroutable) when it is gone.
-    fn publish_reply(&self, p: Publish) -> Result<Published, CoreError> {
-        self.check_size(&p)?;
-        let routed = self.replies.deliver(&p.routing_key, p.properties, &p.body);
-        Ok(Published {
-            routed,
-            rejected: false,
-            durable: None,
-            backpressure: None,
-            queues: 0,
-        })
-    }
-
-    fn is_reply(p: &Publish) -> bool {
-        p.exchange.is_empty() && p.routing_key.starts_with(crate::direct_reply::REPLY_PREFIX)
-    }
-
-    /// `basic.publish` (and STOMP SEND, MQTT PUBLISH).
-    pub fn publish(&self, p: Publish) -> Result<Published, CoreError> {
-        self.publish_keyed(p, false)
-    }
-
-    /// [`Vhost::publish`], the stored message also indexed under [`topic_key`] of this
-    /// vhost and its routing key (MQTT's publishes: found by topic and time). A delayed
-    /// publish is not indexed (it is routed when due).
-    pub fn publish_topic_indexed(&self, p: Publish) -> Result<Published, CoreError> {
-        self.publish_keyed(p, true)
-    }
-
-    fn publish_keyed(&self, p: Publish, index_topic: bool) -> Result<Published, CoreError> {
-        if Self::is_reply(&p) {
-            return self.publish_reply(p);
-        }
-        // the broker's own `$SYS` publishes are not client traffic
-        if !reserved::is_reserved_topic(&p.exchange, &p.routing_key) {
-            self.published.add(1);
-        }
-        if let Some(ms) = crate::delayed::requested_delay(p.properties.headers.as_ref())? {
-            return self.publish_delayed(&p, ms);
-        }
-        let targets = self.check_and_route(&p)?;
-        if index_topic && !targets.is_empty() {
-            return with_topic_key(&self.name, &p.routing_key, |key| {
-                self.publish_to_keyed(
-                    targets,
-                    &p.exchange,
-                    &p.routing_key,
-                    p.properties,
-                    &p.body,
-                    Some(p.conn),
-                    key,
-                )
-            });
-        }
-        self.publish_to(
-            targets,
-            &p.exchange,
-            &p.routing_key,
-            p.properties,
-            &p.body,
-            Some(p.conn),
-        )
-    }
-
-    /// A transaction's publishes (AMQP `tx.commit`, STOMP `COMMIT`), all or nothing as
-    /// far as the publisher can cause it: every message is checked and routed (its delay
-    /// read) before the first is stored, so one whose exchange is gone, that is too large
-    /// or whose `x-delay` is bad stores none.
-    pub fn publish_all(&self, batch: Vec<Publish>) -> Result<Vec<Published>, CoreError> {
-        /// Where a checked message goes in phase 2.
-        enum Plan {
-            Reply,
-            Delayed(u64),
-            Now(Vec<Arc<Queue>>),
-        }
-        self.published.add(batch.len() as u64);
-        let mut routed = Vec::with_capacity(batch.len());
-        for p in batch {
-            if Self::is_reply(&p) {
-                self.check_size(&p)?;
-                routed.push((p, Plan::Reply));
-                continue;
-            }
-            if let Some(ms) = crate::delayed::requested_delay(p.properties.headers.as_ref())? {
-                self.check_delayed(&p)?;
-                routed.push((p, Plan::Delayed(ms)));
-                continue;
-            }
-            let targets = self.check_and_route(&p)?;
-            routed.push((p, Plan::Now(targets)));
-        }
-        routed
-            .into_iter()
-            .map(|(p, plan)| match plan {
-                Plan::Reply => self.publish_reply(p),
-                Plan::Delayed(ms) => self.store_delayed(&p, ms),
-                Plan::Now(targets) => self.publish_to(
-                    targets,
-                    &p.exchange,
-                    &p.routing_key,
-                    p.properties,
-                    &p.body,
-                    Some(p.conn),
-                ),
-            })
-            .collect()
-    }
-
-    /// What a delayed publish is checked for: its size, and that its exchange exists
-    /// and is not internal (where it goes is decided when it is due).
-    fn check_delayed(&self, p: &Publish) -> Result<(), CoreError> {
-        self.check_size(p)?;
-        let topo = self.topology_read();
-        let x = topo
-            .exchange(&p.exchange)
-            .ok_or_else(|| CoreError::exchange_not_found(&p.exchange))?;
-        if x.internal {
-            return Err(CoreError::AccessRefused(format!(
-                "cannot publish to internal exchange '{}'",
-                p.exchange
-            )));
-        }
-        Ok(())
-    }
-
-    /// A publish with `x-delay` / `x-delay-level` ([`crate::delayed`]): stored in the
-    /// delay queue now (its exchange must exist), routed when it is due.
-    fn publish_delayed(&self, p: &Publish, delay_ms: u64) -> Result<Published, CoreError> {
-        self.check_delayed(p)?;
-        self.store_delayed(p, delay_ms)
-    }
-
-    /// Stores a checked delayed publish ([`Vhost::check_delayed`]) in the delay queue.
-    fn store_delayed(&self, p: &Publish, delay_ms: u64) -> Result<Published, CoreError> {
-        let d = {
-            let mut slot = self.delayed.lock().unwrap_or_else(|e| e.into_inner());
-            match &*slot {
-                Some(d) => d.clone(),
-                None => {
-                    let d = crate::delayed::Delayed::open(&self.store, &self.name, true)?
-                        .ok_or_else(|| CoreError::Internal("no delay queue".into()))?;
-                    *slot = Some(d.clone());
-                    if let Some(me) = self.me.upgrade() {
-                        crate::delayed::spawn(&me, d.clone());
-                    }
-                    d
-                }
-            }
-        };
-        let appended = d.store(
-            &self.store,
-            &p.exchange,
-            &p.routing_key,
-            &p.properties,
-            &p.body,
-            delay_ms,
-        )?;
-        Ok(Published {
-            // where it goes is decided when it is due
-            routed: true,
-            rejected: false,
-            durable: Some(appended.durable.into()),
-            backpressure: None,
-            queues: 0,
-        })
-    }
-
-    /// Routes delayed messages that are due (queue offsets in `d`'s queue) through
-    /// their exchanges, then acks them in the delay queue. A routed message's `x-delay`
-    /// is the negative of its delay, as the delayed-message plugin sets it, so a consumer
-    /// that republishes it with the same headers does not delay it again. Returns the
-    /// offsets not routed (routing one failed: it and the ones after it), for the
-    /// scheduler to try again.
-    pub(crate) fn fire_delayed(&self, d: &crate::delayed::Delayed, due: &[u64]) -> Vec<u64> {
-        let qid = d.queue_id();
-        let mut done = 0;
-        for off in due {
-            let Some(e) = self.store.entry(qid, *off) else {
-                done += 1;
-                continue;
-            };
-            let rec = match self.store.read_entry(qid, *off, e.commit_offset) {
-                Ok(r) => r,
-                Err(err) => {
-                    tracing::warn!(vhost = %self.name, error = %err, "dropping an unreadable delayed message");
-                    done += 1;
-                    continue;
-                }
-            };
-            let Ok((exchange, routing_key, mut props)) = envelope::decode(&rec.properties) else {
-                tracing::warn!(vhost = %self.name, "dropping a delayed message with undecodable properties");
-                done += 1;
-                continue;
-            };
-            crate::delayed::mark_fired(&mut props);
-            let targets = match self.route(&exchange, &routing_key, &props) {
-                Ok(t) => t,
-                Err(err) => {
-                    tracing::debug!(vhost = %self.name, exchange, error = %err, "delayed message's exchange is gone; dropped");
-                    done += 1;
-                    continue;
-                }
-            };
-            // connection 0: the broker (not a dead-lettering, which `None` would mean)
-            if let Err(err) =
-                self.publish_to(targets, &exchange, &routing_key, props, &rec.body, Some(0))
-            {
-                tracing::warn!(vhost = %self.name, error = %err, "routing a delayed message failed; it and the ones after it are tried again in a second");
-                break;
-            }
-            done += 1;
-        }
-        let (acked, left) = due.split_at(done.min(due.len()));
-        if !acked.is_empty() {
-            if let Err(err) = self.store.ack(qid, acked) {
-                tracing::warn!(vhost = %self.name, error = %err, "acking delayed messages failed");
-            }
-        }
-        left.to_vec()
-    }
-
-    /// Delayed messages waiting for their time.
-    pub fn delayed_pending(&self) -> u64 {
-        self.delayed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, |d| d.pending())
-    }
-
     pub(crate) fn store(&self) -> &Arc<Store> {
         &self.store
     }
 
-    pub(crate) fn check_size(&self, p: &Publish) -> Result<(), CoreError> {
-        if p.body.len() > self.max_message_size {
-            return Err(CoreError::PreconditionFailed(format!(
-                "message size {} is larger than configured max size {}",
-                p.body.len(),
-                self.max_message_size
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_and_route(&self, p: &Publish) -> Result<Vec<Arc<Queue>>, CoreError> {
-        self.check_size(p)?;
-        self.route(&p.exchange, &p.routing_key, &p.properties)
-    }
-
-    /// That a publish to `exchange` would be routed (it exists and is not internal),
-    /// without routing it: what storing a half message ([`crate::txn`]) checks.
-    pub(crate) fn check_publishable(&self, exchange: &str) -> Result<(), CoreError> {
-        let topo = self.topology_read();
-        if topo.check_exchange(exchange)?.internal {
-            return Err(CoreError::AccessRefused(format!(
-                "cannot publish to internal exchange '{exchange}'"
-            )));
-        }
-        Ok(())
-    }
-
-    /// A committed half message ([`crate::txn`]): routed as published, its copy indexed
-    /// under `commit_key` too.
-    pub(crate) fn publish_committed(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        props: Properties,
-        body: &Bytes,
-        commit_key: &[u8],
-        conn: ConnectionId,
-    ) -> Result<Published, CoreError> {
-        self.published.add(1);
-        let targets = self.route(exchange, routing_key, &props)?;
-        self.publish_to_keyed(
-            targets,
-            exchange,
-            routing_key,
-            props,
-            body,
-            Some(conn),
-            Some(commit_key),
-        )
-    }
-
-    fn publish_to(
-        &self,
-        targets: Vec<Arc<Queue>>,
-        exchange: &str,
-        routing_key: &str,
-        props: Properties,
-        body: &Bytes,
-        publisher: Option<ConnectionId>,
-    ) -> Result<Published, CoreError> {
-        self.publish_to_keyed(targets, exchange, routing_key, props, body, publisher, None)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn publish_to_keyed(
-        &self,
-        targets: Vec<Arc<Queue>>,
-        exchange: &str,
-        routing_key: &str,
-        props: Properties,
-        body: &Bytes,
-        publisher: Option<ConnectionId>,
-        extra_key: Option<&[u8]>,
-    ) -> Result<Published, CoreError> {
-        if targets.is_empty() {
-            return Ok(Published {
-                routed: false,
-                rejected: false,
-                durable: None,
-                backpressure: None,
-                queues: 0,
-            });
-        }
-        let mut rejected = false;
-        let targets: Vec<Arc<Queue>> = targets
-            .into_iter()
-            .filter(|q| {
-                let r = q.rejects(body.len());
-                rejected |= r;
-                !r
-            })
-            .collect();
-        if targets.is_empty() {
-            return Ok(Published {
-                routed: true,
-                rejected,
-                durable: None,
-                backpressure: None,
-                queues: 0,
-            });
-        }
-        let persistent = props.delivery_mode == Some(2);
-        let has_ttl = props.expiration.is_some();
-        let tag = make_tag(body.len(), props.priority.unwrap_or(0), has_ttl, persistent)
-            | crate::filter::tag_bits(&props);
-        let env = envelope::encode(exchange, routing_key, &props)?;
-        let ids: Vec<u32> = targets.iter().map(|q| q.store_id()).collect();
-        let mut key_buf: [&[u8]; 2] = [&[], &[]];
-        let mut n = 0;
-        if let Some(id) = props.message_id.as_deref() {
-            if !id.is_empty() && id.len() <= 1024 {
-                key_buf[0] = id.as_bytes();
-                n = 1;
-            }
-        }
-        if let Some(k) = extra_key {
-            if let Some(slot) = key_buf.get_mut(n) {
-                *slot = k;
-                n += 1;
-            }
-        }
-        let keys: &[&[u8]] = key_buf.get(..n).unwrap_or(&[]);
-        let appended = self.store.append(&NewMessage {
-            queues: &ids,
-            flags: if persistent { FLAG_PERSISTENT } else { 0 }
-                | if publisher.is_none() {
-                    FLAG_DEAD_LETTERED
-                } else {
-                    0
-                },
-            born_ts_ms: now_ms(),
-            tag_hash: tag,
-            keys,
-            properties: &env,
-            body,
-        })?;
-        let wants_disk = persistent && targets.iter().any(|q| q.durable());
-        let hot = Hot {
-            exchange: Arc::from(exchange),
-            routing_key: Arc::from(routing_key),
-            properties: Arc::new(props),
-            // the stored copy (page cache), not the publisher's read buffer: deliveries
-            // waiting on a slow consumer must not pin heap
-            body: appended.body.clone().unwrap_or_else(|| body.clone()),
-        };
-        let mut throttled = Vec::new();
-        for (q, (_, off)) in targets.iter().zip(&appended.queue_offsets) {
-            if q.enqueue(*off, appended.commit_offset, tag, publisher, Some(&hot)) {
-                throttled.push(q.clone());
-            }
-        }
-        Ok(Published {
-            routed: true,
-            rejected,
-            durable: wants_disk.then_some(appended.durable.into()),
-            backpressure: (!throttled.is_empty()).then(|| Backpressure::new(throttled)),
-            queues: u32::try_from(targets.len()).unwrap_or(u32::MAX),
-        })
-    }
-
-    /// Republishes a message leaving `from` to its dead-letter exchange.
-    pub(crate) fn dead_letter(&self, from: &Queue, rec: &StoredRecord, reason: &str) {
-        let Ok((exchange, routing_key, mut props)) = envelope::decode(&rec.properties) else {
-            return;
-        };
-        // Only an x-death the broker wrote counts (RabbitMQ 4 no longer interprets one a
-        // client published): a forged one could make a message look like a cycle.
-        let own_deaths = rec.flags & FLAG_DEAD_LETTERED != 0;
-        let Some((dlx, key)) =
-            from.dead_letter_target(reason, &exchange, &routing_key, &mut props, own_deaths)
-        else {
-            return;
-        };
-        let targets = match self.route(&dlx, &key, &props) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::debug!(queue = from.name(), dlx, error = %e, "dead-letter exchange unusable; message dropped");
-                return;
-            }
-        };
-        if let Err(e) = self.publish_to(targets, &dlx, &key, props, &rec.body, None) {
-            tracing::warn!(queue = from.name(), error = %e, "dead-lettering failed; message dropped");
-        }
+    /// The broker's clock.
+    pub fn clock(&self) -> &crate::Clock {
+        &self.clock
     }
 
     /// `basic.consume`.
@@ -1693,7 +1116,7 @@ impl Vhost {
     }
 
     /// Per-second rates of `values` since the last sample (0 at the first).
-    fn sample_rates(&self, values: crate::stats::Values) -> [f64; 8] {
+    pub(super) fn sample_rates(&self, values: crate::stats::Values) -> [f64; 8] {
         let now = std::time::Instant::now();
         let mut rate = self.rate.lock().unwrap_or_else(|e| e.into_inner());
         match rate.as_mut() {
@@ -1733,7 +1156,7 @@ impl Vhost {
     }
 
     /// Gives every queue whose governing policy changed its new one.
-    fn reapply_policies(&self) {
+    pub(super) fn reapply_policies(&self) {
         let queues: Vec<Arc<Queue>> = self.queues_read().values().cloned().collect();
         for q in queues {
             let now = self.policies.for_queue(q.name());
