@@ -26,6 +26,7 @@ use common::TestBroker;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Confirmation};
+use triad_core::testing::{eventually_async, eventually_blocking};
 
 /// The broker's handshake deadline in this test (short, so that trickling peers are
 /// cut off quickly).
@@ -657,12 +658,20 @@ fn connect_drop(b: &TestBroker, pid: u32) {
     }
     let cycles_took = started.elapsed();
     // every dropped connection is noticed at once (EOF), or by the handshake deadline
-    let deadline = Instant::now() + HANDSHAKE + Duration::from_secs(20);
-    let mut now_fds = fd_count(pid);
-    while now_fds > before + 8 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        now_fds = fd_count(pid);
-    }
+    let now_fds = eventually_blocking(
+        "the broker's descriptors back to what they were",
+        HANDSHAKE + Duration::from_secs(20),
+        || {
+            let n = fd_count(pid);
+            if n <= before + 8 {
+                Ok(n)
+            } else {
+                Err(format!(
+                    "{before} fds before 2000 connect/drop cycles, {n} now"
+                ))
+            }
+        },
+    );
     println!(
         "connect/drop: 2000 cycles in {cycles_took:?}; broker fds {before} before, {now_fds} after"
     );
@@ -870,20 +879,17 @@ fn still_serving(b: &TestBroker, rt: &tokio::runtime::Runtime) {
         )
         .await
         .unwrap();
-        let got = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                if let Some(m) = ch
-                    .basic_get("abuse-after".into(), BasicGetOptions { no_ack: true })
+        let got = eventually_async(
+            "the AMQP message back",
+            Duration::from_secs(10),
+            async || {
+                ch.basic_get("abuse-after".into(), BasicGetOptions { no_ack: true })
                     .await
                     .unwrap()
-                {
-                    break m.delivery.data;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .expect("AMQP message back within 10 s");
+                    .map(|m| m.delivery.data)
+            },
+        )
+        .await;
         assert_eq!(got, b"still here");
         conn.close(200, "ok".into()).await.unwrap();
     });

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::amqp;
 use common::raw::{env_u64, Rng};
@@ -22,6 +22,7 @@ use futures_util::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation};
+use triad_core::testing::eventually_blocking;
 
 const CONFIG: &str = r#"
 [store]
@@ -179,22 +180,23 @@ fn one_slow_queue_does_not_pin_the_log() {
     // Live: the slow queue's messages (body plus record and envelope overhead, generously).
     let live = confirmed.len() as u64 * (BODY as u64 + 512);
     let bound = 2 * live + 2 * SEGMENT;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let fast_done = acked.load(Ordering::Relaxed) >= MESSAGES - confirmed.len() as u64;
-        let bytes = log_bytes(broker.data_dir());
-        if fast_done && bytes <= bound {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the log holds {bytes} bytes ({} segments) for {live} live bytes (bound {bound}); \
-             fast consumer acked {}",
-            bytes / SEGMENT,
-            acked.load(Ordering::Relaxed)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_blocking(
+        "the fast consumer done and the log within its bound",
+        Duration::from_secs(60),
+        || {
+            let fast_done = acked.load(Ordering::Relaxed) >= MESSAGES - confirmed.len() as u64;
+            let bytes = log_bytes(broker.data_dir());
+            if fast_done && bytes <= bound {
+                return Ok(());
+            }
+            Err(format!(
+                "the log holds {bytes} bytes ({} segments) for {live} live bytes (bound {bound}); \
+                 fast consumer acked {}",
+                bytes / SEGMENT,
+                acked.load(Ordering::Relaxed)
+            ))
+        },
+    );
     assert!(
         !broker
             .data_dir()
@@ -336,15 +338,14 @@ fn an_expired_queue_frees_its_disk() {
     });
     let written = log_bytes(broker.data_dir());
     assert!(written > 20 * SEGMENT, "{written} bytes of log written");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while log_bytes(broker.data_dir()) > 2 * SEGMENT {
-        assert!(
-            Instant::now() < deadline,
-            "the log still holds {} bytes after the queue expired",
-            log_bytes(broker.data_dir())
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_blocking(
+        "the log back to 2 segments after the queue expired",
+        Duration::from_secs(30),
+        || match log_bytes(broker.data_dir()) {
+            bytes if bytes > 2 * SEGMENT => Err(format!("the log still holds {bytes} bytes")),
+            _ => Ok(()),
+        },
+    );
     // and the queue is gone
     rt.block_on(async {
         let conn = amqp::connect(addr).await.unwrap();

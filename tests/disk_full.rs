@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::raw::StompClient;
 use common::{ephemeral_listen_args, parse_listening, triad_command};
+use triad_core::testing::eventually_blocking;
 
 const BODY: usize = 64 * 1024;
 
@@ -34,17 +35,14 @@ impl Broker {
     }
 
     fn wait_for_log(&self, needle: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.log().contains(needle) {
-                return;
+        eventually_blocking(&format!("`{needle}` in the log"), timeout, || {
+            let log = self.log();
+            if log.contains(needle) {
+                Ok(())
+            } else {
+                Err(format!("the log:\n{log}"))
             }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!(
-            "no `{needle}` in the log within {timeout:?}:\n{}",
-            self.log()
-        );
+        });
     }
 
     /// A path on the broker's tmpfs, seen from outside its mount namespace.

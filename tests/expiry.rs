@@ -21,6 +21,7 @@ use common::{TestBroker, TEST_CONFIG};
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::BasicProperties;
+use triad_core::testing::eventually_blocking;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -58,13 +59,12 @@ fn wait_gone(
     queue: &str,
     deadline: Instant,
 ) -> Instant {
-    loop {
-        if !queue_exists(rt, amqp, queue) {
-            return Instant::now();
-        }
-        assert!(Instant::now() < deadline, "{queue} still exists");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_blocking(
+        &format!("{queue} to be gone"),
+        deadline.saturating_duration_since(Instant::now()),
+        || !queue_exists(rt, amqp, queue),
+    );
+    Instant::now()
 }
 
 /// A persistent session subscribed at QoS 1 to `dev/<name>/cmd`; session-present flag.
@@ -285,14 +285,13 @@ fn queue_x_expires_frees_its_disk() {
     assert_eq!(dirs.len(), 1, "one new consume-queue directory: {dirs:?}");
     let dir = &dirs[0];
     assert!(dir.exists());
-    let deadline = declared + Duration::from_secs(20);
-    while dir.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} still on disk 20 s after x-expires of 1.5 s",
+    eventually_blocking(
+        &format!(
+            "{} off the disk within 20 s of x-expires of 1.5 s",
             dir.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        ),
+        (declared + Duration::from_secs(20)).saturating_duration_since(Instant::now()),
+        || !dir.exists(),
+    );
     assert!(!queue_exists(&rt, amqp, "expiring"));
 }

@@ -20,6 +20,7 @@ use futures_util::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
+use triad_core::testing::eventually_async;
 
 const T: Duration = Duration::from_secs(30);
 /// Each adapter's `FLOW_MAX_WAIT`.
@@ -29,15 +30,6 @@ const HELD: u32 = 2;
 /// What the queue holds before the publishers start: well past `FLOW_HIGH` (64)
 /// beyond the consumer's credit (prefetch 1).
 const BACKLOG: u32 = 80;
-
-/// Polls `cond` every 20 ms until it holds; panics after `timeout`.
-async fn eventually(what: &str, timeout: Duration, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn assert_held(proto: &str, took: Duration) {
     let least = FLOW_MAX_WAIT * HELD - Duration::from_millis(100);
@@ -103,7 +95,7 @@ async fn one_slow_consumer_holds_back_amqp_stomp_and_mqtt_publishers() {
         .unwrap()
         .unwrap();
     assert_eq!(first.data, b"backlog 0");
-    eventually("the backlog to be queued", T, async || {
+    eventually_async("the backlog to be queued", T, async || {
         fch.queue_declare(
             "flow-slow".into(),
             QueueDeclareOptions {
@@ -184,7 +176,7 @@ async fn one_slow_consumer_holds_back_amqp_stomp_and_mqtt_publishers() {
     assert_held("MQTT", mqtt_took);
 
     // everything reached the queue: the holds delay, they do not drop
-    eventually("every publish to be queued", T, async || {
+    eventually_async("every publish to be queued", T, async || {
         ch.queue_declare(
             "flow-slow".into(),
             QueueDeclareOptions {

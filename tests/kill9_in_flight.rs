@@ -19,6 +19,7 @@ use futures_util::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel};
+use triad_core::testing::{eventually, eventually_async};
 
 const T: Duration = Duration::from_secs(20);
 /// Delayed messages are due this long (plus up to a second) after they are sent.
@@ -280,11 +281,10 @@ async fn kill_9_with_delayed_retrying_half_and_stream_messages_in_flight() {
             delayed.clone(),
             streamed.clone(),
         ));
-        let deadline = Instant::now() + T;
-        while delayed.lock().unwrap().len() < 50 {
-            assert!(Instant::now() < deadline, "publishes too slow");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually("50 delayed publishes confirmed", T, || {
+            delayed.lock().unwrap().len() >= 50
+        })
+        .await;
         broker.kill9();
         tokio::time::timeout(T, task).await.unwrap().unwrap();
     }
@@ -318,15 +318,16 @@ async fn kill_9_with_delayed_retrying_half_and_stream_messages_in_flight() {
     let mut retried = BTreeSet::new();
     let deadline = Instant::now() + T;
     while retried.len() < RETRYING {
-        assert!(Instant::now() < deadline, "retrying: {retried:?}");
-        let Some(m) = ch
-            .basic_get("retrying".into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        };
+        let m = eventually_async(
+            &format!("the next retrying message (have {retried:?})"),
+            deadline.saturating_duration_since(Instant::now()),
+            async || {
+                ch.basic_get("retrying".into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap()
+            },
+        )
+        .await;
         let at = now_ms();
         assert!(
             at >= nacked_at + BACKOFF_MS,
@@ -403,20 +404,20 @@ async fn kill_9_with_delayed_retrying_half_and_stream_messages_in_flight() {
     let mut got = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !delayed.keys().all(|i| got.contains(i)) {
-        assert!(
-            Instant::now() < deadline,
-            "delayed: {} of {} confirmed arrived",
-            got.len(),
-            delayed.len()
-        );
-        let Some(m) = ch
-            .basic_get("delayed".into(), BasicGetOptions { no_ack: true })
-            .await
-            .unwrap()
-        else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        };
+        let m = eventually_async(
+            &format!(
+                "the next delayed message ({} of {} confirmed arrived)",
+                got.len(),
+                delayed.len()
+            ),
+            deadline.saturating_duration_since(Instant::now()),
+            async || {
+                ch.basic_get("delayed".into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap()
+            },
+        )
+        .await;
         let at = now_ms();
         let due = header_i64(&m.delivery.properties, "due").unwrap() as u64;
         assert!(at >= due, "a delayed message came {} ms early", due - at);

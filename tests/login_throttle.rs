@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::raw::{MqttClient, StompClient, StompFrame};
 use common::{TestBroker, TEST_CONFIG};
 use triad_core::password::PasswordHash;
+use triad_core::testing::eventually_blocking;
 use triad_core::throttle::BURST;
 
 const T: Duration = Duration::from_secs(30);
@@ -85,14 +86,6 @@ fn stomp_login(addr: SocketAddr, user: &str, pass: &str) -> (StompFrame, Duratio
     (f, t.elapsed())
 }
 
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Parallel connections from one address, over MQTT and STOMP, with different user
 /// names: their refusals come one delay apart, not all after one delay.
 #[test]
@@ -137,7 +130,7 @@ fn past_the_burst_even_the_right_password_waits() {
     let threads: Vec<_> = (0..n)
         .map(|_| std::thread::spawn(move || mqtt_login(mqtt, "alice", "guess").0))
         .collect();
-    wait_until("the failures to be logged", T, || {
+    eventually_blocking("the failures to be logged", T, || {
         b.log().matches("MQTT login refused").count() >= (BURST + 1) as usize
     });
     let (code, _) = mqtt_login(mqtt, "alice", "alice-pw");
@@ -146,7 +139,7 @@ fn past_the_burst_even_the_right_password_waits() {
         assert_eq!(t.join().unwrap(), 4);
     }
     // once the refusals have been answered, alice gets in
-    wait_until("alice to get in", T, || {
+    eventually_blocking("alice to get in", T, || {
         mqtt_login(mqtt, "alice", "alice-pw").0 == 0
     });
 }

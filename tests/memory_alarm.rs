@@ -7,10 +7,11 @@
 mod common;
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::raw::{rss_anon_kib, StompClient};
 use common::TestBroker;
+use triad_core::testing::eventually_blocking;
 
 /// The high-water mark, as an absolute figure turned into the configured fraction of RAM.
 const MARK_MIB: u64 = 48;
@@ -31,22 +32,16 @@ fn mem_total_kib() -> u64 {
 }
 
 fn wait_log(broker: &TestBroker, needle: &str, after: usize, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if broker
-            .log()
-            .get(after..)
-            .is_some_and(|l| l.contains(needle))
-        {
-            return;
+    eventually_blocking(&format!("`{needle}` in the log"), timeout, || {
+        let log = broker.log();
+        if log.get(after..).is_some_and(|l| l.contains(needle)) {
+            return Ok(());
         }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!(
-        "no `{needle}` in the log within {timeout:?} (RssAnon {} KiB):\n{}",
-        rss_anon_kib(broker.pid()).unwrap_or(0),
-        broker.log()
-    );
+        Err(format!(
+            "RssAnon {} KiB, the log:\n{log}",
+            rss_anon_kib(broker.pid()).unwrap_or(0)
+        ))
+    });
 }
 
 #[test]

@@ -6,12 +6,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{json, Value};
 
 use common::{TestBroker, TEST_CONFIG};
+use triad_core::testing::eventually_blocking;
 
 /// A test config with a short failed-login delay (refusals are answered after it).
 fn config() -> String {
@@ -84,26 +85,17 @@ fn status(addr: SocketAddr, method: &str, path: &str, body: Value) -> u16 {
     call(addr, method, path, GUEST, Some(&body)).0
 }
 
-/// Polls `f` until it holds or the deadline passes; on failure prints `state`.
+/// How long the waits below poll.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Polls `f` until it holds or [`WAIT`] passes; on failure prints `state`.
 fn eventually_with(what: &str, state: impl Fn() -> String, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {}",
-            state()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_blocking(what, WAIT, || if f() { Ok(()) } else { Err(state()) });
 }
 
-/// Polls `f` until it holds or the deadline passes.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Polls `f` until it holds or [`WAIT`] passes.
+fn eventually(what: &str, f: impl FnMut() -> bool) {
+    eventually_blocking(what, WAIT, f);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::raw::{rss_anon_kib, MqttClient, MqttPacket, StompClient};
 use common::{TestBroker, TEST_CONFIG};
@@ -20,17 +20,9 @@ use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use triad_core::password::PasswordHash;
+use triad_core::testing::eventually_blocking;
 
 const T: Duration = Duration::from_secs(10);
-
-/// Polls `cond` every 20 ms until it holds; panics with `what` after `timeout`.
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn connect(addr: SocketAddr, id: &str, clean: bool) -> MqttClient {
     MqttClient::connect(addr, id, clean, T).expect("MQTT connect")
@@ -89,14 +81,14 @@ fn retained_on_subscribe_respects_max_inflight_and_a_closed_socket_ends_the_conn
         let mut c = MqttClient::from_stream(writer.try_clone().unwrap());
         c.send_subscribe(i + 1, &filters).unwrap();
     }
-    wait_until("65 SUBACKs", Duration::from_secs(60), || {
+    eventually_blocking("65 SUBACKs", Duration::from_secs(60), || {
         subacks.load(Ordering::SeqCst) == 65
     });
     // one more message for the subscriber, which has no packet id free for it
     publish_acked(&mut p, "spin/live", false, b"live");
     // a round trip through the subscriber's connection: it is still served
     writer.write_all(&[0xC0, 0]).unwrap();
-    wait_until("PINGRESP", T, || pingresps.load(Ordering::SeqCst) == 1);
+    eventually_blocking("PINGRESP", T, || pingresps.load(Ordering::SeqCst) == 1);
     let got = publishes.load(Ordering::SeqCst);
     assert!(
         got <= 32,
@@ -108,7 +100,7 @@ fn retained_on_subscribe_respects_max_inflight_and_a_closed_socket_ends_the_conn
     writer.shutdown(Shutdown::Both).unwrap();
     reader.join().unwrap();
     let needle = format!("peer={local}");
-    wait_until("the connection to close", T, || {
+    eventually_blocking("the connection to close", T, || {
         b.log()
             .lines()
             .any(|l| l.contains("connection closed") && l.contains(&needle))
@@ -640,7 +632,7 @@ fn ipv4_mapped_loopback_is_loopback_on_a_dual_stack_listener() {
     let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     StompClient::connect(v4, T).expect("anonymous STOMP from 127.0.0.1 via [::]");
     // the connection's log line (one, at close) names its peer as plain IPv4
-    wait_until("a peer logged as plain IPv4", T, || {
+    eventually_blocking("a peer logged as plain IPv4", T, || {
         b.log().contains("proto=stomp peer=127.0.0.1:")
     });
     assert!(!b.log().contains("::ffff:"), "{}", b.log());

@@ -15,6 +15,7 @@ use common::TestBroker;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
+use triad_core::testing::{eventually, eventually_async};
 use triad_core::PasswordHash;
 
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -296,14 +297,10 @@ async fn amqp_vhost_access_and_connection_limits() {
         .await
         .expect("bob unaffected");
     a1.close(200, "bye".into()).await.expect("close");
-    let deadline = Instant::now() + IO_TIMEOUT;
-    loop {
-        match amqp(&broker, "alice", "alice-pw", "/").await {
-            Ok(_) => break,
-            Err(e) => assert!(Instant::now() < deadline, "slot not given back: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async("alice's slot given back", IO_TIMEOUT, async || {
+        amqp(&broker, "alice", "alice-pw", "/").await
+    })
+    .await;
     drop(a2);
 }
 
@@ -319,7 +316,11 @@ async fn amqp_failed_login_is_delayed_and_logged() {
             (t.elapsed(), r.map(|_| ()))
         })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // the refusal is logged as its delay begins: the good login below starts inside it
+    eventually("the bad login refused", IO_TIMEOUT, || {
+        broker.log().contains("AMQP login refused")
+    })
+    .await;
     let t = Instant::now();
     amqp(&broker, "guest", "guest", "/").await.expect("guest");
     let good = t.elapsed();
@@ -891,21 +892,16 @@ async fn client_supplied_x_death_is_not_trusted() {
         .expect("confirm");
     }
     // the second publish pushed the first out of xd-q (max length 1): dead-lettered
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let got = loop {
-        if let Some(m) = ch
-            .basic_get("xd-dlq".into(), BasicGetOptions { no_ack: true })
-            .await
-            .expect("get")
-        {
-            break m;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the message with a forged x-death was dropped as a dead-letter cycle"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let got = eventually_async(
+        "the message with a forged x-death (dropped as a dead-letter cycle?)",
+        Duration::from_secs(10),
+        async || {
+            ch.basic_get("xd-dlq".into(), BasicGetOptions { no_ack: true })
+                .await
+                .expect("get")
+        },
+    )
+    .await;
     assert_eq!(got.delivery.data, b"forged");
     let h = got.delivery.properties.headers().clone().expect("headers");
     let h = h.inner();
@@ -988,16 +984,16 @@ async fn per_user_limits_override_the_global_ones_in_all_protocols() {
     drop(c);
     // its connection and channels come back; a STOMP and an MQTT connection hold one
     // channel each
-    let deadline = Instant::now() + IO_TIMEOUT;
-    let mut s1 = loop {
+    let mut s1 = eventually("dave's slots given back", IO_TIMEOUT, || {
         let mut s = stomp_connect(broker.stomp_addr(), "login:dave\npasscode:dave-pw\n");
         let f = stomp_read(&mut s);
         if f.starts_with("CONNECTED") {
-            break s;
+            Ok(s)
+        } else {
+            Err(f)
         }
-        assert!(Instant::now() < deadline, "slots not given back: {f}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     let (_m1, code) = mqtt_connect(broker.mqtt_addr(), "dave-1", Some(("dave", "dave-pw")));
     assert_eq!(code, 0);
     // a third channel-holding connection: STOMP ERROR, MQTT CONNACK 4 (as a bad password)

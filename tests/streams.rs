@@ -9,7 +9,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use common::amqp;
@@ -18,6 +18,7 @@ use futures_util::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel};
+use triad_core::testing::eventually;
 
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -252,18 +253,15 @@ max_message_size = "16 KiB"
     .await;
     // 4 MiB through a stream that keeps 200 kB
     publish_confirmed(&ch, "capped", (0..4096).map(|_| vec![b'x'; 1024])).await;
-    let deadline = Instant::now() + IO_TIMEOUT;
-    loop {
-        let bytes = log_bytes(broker.data_dir());
-        if bytes < 1 << 20 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the commitlog still holds {bytes} bytes"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the commitlog under 1 MiB",
+        IO_TIMEOUT,
+        || match log_bytes(broker.data_dir()) {
+            bytes if bytes < 1 << 20 => Ok(()),
+            bytes => Err(format!("the commitlog still holds {bytes} bytes")),
+        },
+    )
+    .await;
     // a consumer from the start begins at the retention point
     let got = read(
         &ch,

@@ -9,10 +9,11 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::TestBroker;
 use rustls::pki_types::{CertificateDer, ServerName};
+use triad_core::testing::eventually_blocking;
 
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -125,15 +126,13 @@ fn count(broker: &TestBroker, needle: &str) -> usize {
 }
 
 fn wait_for_count(broker: &TestBroker, needle: &str, n: usize) {
-    let deadline = Instant::now() + IO_TIMEOUT;
-    while count(broker, needle) < n {
-        assert!(
-            Instant::now() < deadline,
-            "no {n}x {needle:?}:\n{}",
-            broker.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_blocking(&format!("{n}x {needle:?} in the log"), IO_TIMEOUT, || {
+        if count(broker, needle) >= n {
+            Ok(())
+        } else {
+            Err(format!("the log:\n{}", broker.log()))
+        }
+    });
 }
 
 #[test]
@@ -224,15 +223,14 @@ fn a_changed_file_is_reloaded_without_a_signal() {
     install(&c, &cert_path, &key_path);
     // Key and certificate are replaced one after the other: a check between the two
     // sees a mismatch and keeps the old chain; the next sees both.
-    let deadline = Instant::now() + IO_TIMEOUT;
-    loop {
+    eventually_blocking("the new certificate served", IO_TIMEOUT, || {
         let (_, served) = mqtt_tls(broker.mqtts_addr(), &config);
         if served == c.der {
-            break;
+            Ok(())
+        } else {
+            Err(format!("not reloaded, the log:\n{}", broker.log()))
         }
-        assert!(Instant::now() < deadline, "not reloaded:\n{}", broker.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
     assert!(broker.log().contains("trigger=\"files changed\""));
     ping(&mut old);
 }

@@ -13,6 +13,7 @@ use common::{http_get, TestBroker, TEST_CONFIG};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
+use triad_core::testing::eventually_blocking;
 
 async fn open(
     addr: std::net::SocketAddr,
@@ -260,15 +261,10 @@ fn websocket_clients_are_counted_and_health_always_answers() {
     );
     drop(open);
     // their slots come back once the broker sees them closed
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let _ws = loop {
+    let _ws = eventually_blocking("the slots to come back", Duration::from_secs(10), || {
         let (s, code) = raw_upgrade(http, "/ws", None);
-        if code == 101 {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the slots never came back");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        (code == 101).then_some(s)
+    });
     drop(broker);
 
     // http.max_websocket_connections = 1

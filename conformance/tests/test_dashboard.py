@@ -1,6 +1,7 @@
 """The web dashboard in a real headless Chromium (Debian package chromium), driven over
 the Chrome DevTools Protocol with websocket-client: log in with the API's basic auth, see
-a queue an AMQP client filled with its depth, purge it from the UI, see it reach 0."""
+a queue an AMQP client filled with its depth, purge it from the UI, see it reach 0; find
+paho-mqtt's publishes with the message query's by-topic form (topic and time range)."""
 
 import json
 import os
@@ -13,6 +14,8 @@ import urllib.request
 import pika
 import pytest
 import websocket
+
+from helpers import Mqtt
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -135,3 +138,99 @@ def test_login_see_a_queue_purge_it_in_the_browser(broker, browser, uid):
     assert ch.queue_declare(q, passive=True).method.message_count == 0
     ch.queue_delete(q)
     conn.close()
+
+
+def log_in(browser, broker):
+    """Opens `broker`'s dashboard and logs in as guest."""
+    h, port = broker.host_port("http")
+    browser.cmd("Page.enable")
+    browser.cmd("Page.navigate", url=f"http://{h}:{port}/")
+    browser.wait("!!document.querySelector('#login') && !document.querySelector('#login').hidden",
+                 "the login form")
+    browser.js("document.querySelector('#user').value = 'guest';"
+               "document.querySelector('#password').value = 'guest';"
+               "document.querySelector('#login button').click(); true")
+    browser.wait("document.querySelector('#who').textContent === 'guest'", "the login")
+
+
+def local_datetime(seconds):
+    """JS: `seconds` since the epoch as the value of a datetime-local input (the browser's
+    local time, whole seconds, as the form's `step="1"` inputs take it)."""
+    return (f"(() => {{ const d = new Date({seconds} * 1000);"
+            f" const p = (n) => String(n).padStart(2, '0');"
+            f" return d.getFullYear() + '-' + p(d.getMonth() + 1) + '-' + p(d.getDate())"
+            f" + 'T' + p(d.getHours()) + ':' + p(d.getMinutes()) + ':' + p(d.getSeconds()); }})()")
+
+
+def find_by_topic(browser, topic, start=None, end=None):
+    """Fills the by-topic form (vhost /), submits it through its button and returns the
+    result table's rows as lists of cell texts: stored, bytes, routing key, payload,
+    queues."""
+    browser.js("document.querySelector('#found').replaceChildren(); true")
+    browser.js(f"document.querySelector('#msg-topic').value = {json.dumps(topic)};"
+               f"document.querySelector('#msg-from').value = "
+               f"{local_datetime(start) if start is not None else json.dumps('')};"
+               f"document.querySelector('#msg-to').value = "
+               f"{local_datetime(end) if end is not None else json.dumps('')}; true")
+    # the browser takes the values as given (an input refusing one would empty it)
+    if start is not None:
+        assert browser.js("document.querySelector('#msg-from').value") != ""
+    if end is not None:
+        assert browser.js("document.querySelector('#msg-to').value") != ""
+    browser.js("document.querySelector('#by-topic button').click(); true")
+    browser.wait("!!document.querySelector('#found-table')", f"the results for {topic}")
+    return browser.js("[...document.querySelectorAll('#found-table tbody tr')]"
+                      ".map(r => [...r.children].map(c => c.textContent))")
+
+
+def test_find_mqtt_publishes_by_topic_and_time_in_the_browser(configured_broker, browser, uid):
+    # the by-topic query needs MQTT publishes indexed by topic (off by default)
+    broker = configured_broker("[mqtt]\nindex_topics = true\n")
+    sub = Mqtt(broker, client_id=f"us-{uid}")
+    pub = Mqtt(broker, client_id=f"up-{uid}")
+    try:
+        # a subscriber, so the publishes are routed and stored
+        sub.subscribe(f"meter/{uid}/#", qos=1)
+        pub.publish(f"meter/{uid}/a", b"a-1", qos=1)
+        pub.publish(f"meter/{uid}/b", b"b-1", qos=1)
+        assert len(sub.take(2)) == 2
+        # a whole second after the first two were stored, before the third is: the form's
+        # time inputs take whole seconds
+        mark = int(time.time()) + 1
+        while time.time() <= mark + 0.05:
+            time.sleep(0.01)
+        pub.publish(f"meter/{uid}/a", b"a-2", qos=1)
+        assert len(sub.take(1)) == 1
+
+        log_in(browser, broker)
+        browser.js("location.hash = '#messages'; true")
+        browser.wait("!!document.querySelector('#by-topic')", "the message query page")
+
+        rows = find_by_topic(browser, f"meter/{uid}/a")
+        # newest first, the MQTT topic as its routing key, the payload as text
+        assert [r[3] for r in rows] == ["a-2", "a-1"], rows
+        assert [r[2] for r in rows] == [f"meter.{uid}.a"] * 2, rows
+        assert [r[1] for r in rows] == ["3", "3"], rows
+        # stored times (ISO, UTC) on either side of the mark
+        at_mark = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(mark))
+        assert rows[1][0] < at_mark < rows[0][0], (rows, at_mark)
+        # each went to the subscriber's session queue
+        assert all(f'"name":"mqtt-subscription-us-{uid}"' in r[4] for r in rows), rows
+
+        # the time range, from the form's datetime inputs
+        assert [r[3] for r in find_by_topic(browser, f"meter/{uid}/a", end=mark)] == ["a-1"]
+        assert [r[3] for r in find_by_topic(browser, f"meter/{uid}/a", start=mark)] == ["a-2"]
+        assert [r[3] for r in find_by_topic(browser, f"meter/{uid}/b")] == ["b-1"]
+        assert find_by_topic(browser, f"meter/{uid}/c") == []
+
+        # a topic filter is refused, and the page says why
+        browser.js("document.querySelector('#status').textContent = ''; true")
+        browser.js(f"document.querySelector('#msg-topic').value = {json.dumps(f'meter/{uid}/+')};"
+                   "document.querySelector('#msg-from').value = '';"
+                   "document.querySelector('#msg-to').value = '';"
+                   "document.querySelector('#by-topic button').click(); true")
+        refusal = browser.wait("document.querySelector('#status').textContent", "the refusal")
+        assert refusal == "query: topic must be a topic name, not a filter (no + or #)", refusal
+    finally:
+        pub.close()
+        sub.close()

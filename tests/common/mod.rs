@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use triad_core::testing::eventually_blocking;
+
 /// How long a broker may take to announce readiness (debug builds, busy CI machines).
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a broker may take to exit after SIGTERM (its own grace period is 5 s).
@@ -372,14 +374,9 @@ impl TestBroker {
 
     /// Waits until the log contains `needle`; panics after `timeout`.
     pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "broker log has no {needle:?} after {timeout:?}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        eventually_blocking(&format!("{needle:?} in the broker log"), timeout, || {
+            self.log().contains(needle)
+        });
     }
 
     /// `kill -9`: no shutdown at all, as a crash or power cut (minus the page cache).

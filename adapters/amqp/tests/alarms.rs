@@ -11,17 +11,10 @@ use futures_lite::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
 use lapin::BasicProperties;
+use triad_core::testing::eventually;
 use triad_core::Alarms;
 
-async fn wait_until(mut f: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("condition not reached in 5 s");
-}
+const T: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alarm_blocks_publishers_and_clearing_releases_them() {
@@ -64,7 +57,7 @@ async fn alarm_blocks_publishers_and_clearing_releases_them() {
     )
     .await
     .unwrap();
-    wait_until(|| publisher.status().blocked()).await;
+    eventually("the publisher blocked", T, || publisher.status().blocked()).await;
     assert!(!consumer_conn.status().blocked());
     // what the publisher sent before it learnt it was blocked may have been read; after
     // that, clients hold their publishes (lapin does, as RabbitMQ's clients do) and the
@@ -94,7 +87,10 @@ async fn alarm_blocks_publishers_and_clearing_releases_them() {
     );
 
     s.broker.set_alarms(Alarms::default());
-    wait_until(|| !publisher.status().blocked()).await;
+    eventually("the publisher unblocked", T, || {
+        !publisher.status().blocked()
+    })
+    .await;
     tokio::time::timeout(Duration::from_secs(5), publishing)
         .await
         .unwrap()
@@ -150,7 +146,7 @@ async fn connections_opened_during_an_alarm() {
         memory: true,
         disk: false,
     });
-    wait_until(|| publisher.status().blocked()).await;
+    eventually("the publisher blocked", T, || publisher.status().blocked()).await;
 
     let consumer_conn = s.connect().await;
     let cch = tokio::time::timeout(Duration::from_secs(5), consumer_conn.create_channel())
@@ -195,9 +191,12 @@ async fn connections_opened_during_an_alarm() {
     )
     .await
     .unwrap();
-    wait_until(|| late.status().blocked()).await;
+    eventually("the late publisher blocked", T, || late.status().blocked()).await;
     s.broker.set_alarms(Alarms::default());
-    wait_until(|| !late.status().blocked()).await;
+    eventually("the late publisher unblocked", T, || {
+        !late.status().blocked()
+    })
+    .await;
     let d = tokio::time::timeout(Duration::from_secs(5), c.next())
         .await
         .expect("the late publisher's message after the alarm")

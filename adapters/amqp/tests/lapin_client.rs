@@ -10,6 +10,7 @@ use futures_lite::StreamExt;
 use lapin::options::*;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Confirmation, ExchangeKind};
+use triad_core::testing::{eventually, eventually_async};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -218,39 +219,23 @@ async fn reject_dead_letters_and_get_empty() {
     )
     .await
     .unwrap();
-    let m = tokio::time::timeout(T, async {
-        loop {
-            if let Some(m) = ch
-                .basic_get("src".into(), BasicGetOptions::default())
-                .await
-                .unwrap()
-            {
-                return m;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let m = eventually_async("the message in src", T, async || {
+        ch.basic_get("src".into(), BasicGetOptions::default())
+            .await
+            .unwrap()
     })
-    .await
-    .unwrap();
+    .await;
     assert_eq!(m.message_count, 0);
     m.delivery
         .reject(BasicRejectOptions { requeue: false })
         .await
         .unwrap();
-    let dl = tokio::time::timeout(T, async {
-        loop {
-            if let Some(m) = ch
-                .basic_get("dlq".into(), BasicGetOptions { no_ack: true })
-                .await
-                .unwrap()
-            {
-                return m;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let dl = eventually_async("the dead-lettered message in dlq", T, async || {
+        ch.basic_get("dlq".into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap()
     })
-    .await
-    .unwrap();
+    .await;
     assert_eq!(dl.delivery.data, b"dead");
 }
 
@@ -370,20 +355,12 @@ async fn tx_commit_and_rollback() {
     ch.basic_recover(BasicRecoverOptions { requeue: true })
         .await
         .unwrap();
-    let again = tokio::time::timeout(T, async {
-        loop {
-            if let Some(m) = ch
-                .basic_get("txq".into(), BasicGetOptions::default())
-                .await
-                .unwrap()
-            {
-                return m;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let again = eventually_async("the recovered message in txq", T, async || {
+        ch.basic_get("txq".into(), BasicGetOptions::default())
+            .await
+            .unwrap()
     })
-    .await
-    .unwrap();
+    .await;
     assert!(again.delivery.redelivered);
     again
         .delivery
@@ -504,13 +481,7 @@ async fn unknown_exchange_kind_is_a_connection_error() {
         .unwrap_err();
     let text = err_text(e);
     assert!(text.contains("COMMAND_INVALID"), "{text}");
-    tokio::time::timeout(T, async {
-        while conn.status().connected() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap();
+    eventually("the connection closed", T, || !conn.status().connected()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

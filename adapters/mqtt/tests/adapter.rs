@@ -776,9 +776,12 @@ async fn keepalive_lapse_closes_and_publishes_the_will() {
     .await;
     assert_eq!(raw.connack().await, (false, 0));
     let t0 = tokio::time::Instant::now();
-    // pings every 2 s keep it alive past the 3 s limit
+    // pings every 2 s keep it alive past the 3 s limit: in each 2 s of the client's
+    // silence the broker neither sends anything nor closes (the clock is paused, so the
+    // 2 s pass at once and in order with the broker's keep-alive timer)
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let quiet = tokio::time::timeout(Duration::from_secs(2), raw.recv()).await;
+        assert!(quiet.is_err(), "within 2 s of silence: {quiet:?}");
         raw.send(&Packet::PingReq).await;
         assert_eq!(raw.recv().await, Some(Packet::PingResp));
     }
