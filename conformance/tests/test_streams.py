@@ -281,21 +281,29 @@ def test_mqtt_stream_subscription_of_a_persistent_session_resumes_where_acked(ow
         finally:
             p.close()
 
-    a = Mqtt(own_broker, client_id=cid, clean_session=False)
+    def acked(a, msgs):
+        # paho acks a message after its callback returns, on its own thread: with
+        # automatic acks a DISCONNECT from this thread could go out first. Acked here,
+        # the PUBACKs are queued before the DISCONNECT that follows.
+        for m in msgs:
+            a.c.ack(m.mid, m.qos)
+        return msgs
+
+    a = Mqtt(own_broker, client_id=cid, clean_session=False, manual_ack=True)
     try:
         assert a.subscribe(flt, qos=1) == [1]
         publish("t0", "t1", "t2")
-        assert [m.payload for m in a.take(3, timeout=5)] == [b"t0", b"t1", b"t2"]
+        got = acked(a, a.take(3, timeout=5))
+        assert [m.payload for m in got] == [b"t0", b"t1", b"t2"]
     finally:
-        # paho has sent the PUBACKs before the DISCONNECT
         a.close()
     publish("t3", "t4")
     # a reconnect without SUBSCRIBE: the session has the stream subscription, from t3
-    a = Mqtt(own_broker, client_id=cid, clean_session=False, connect=False)
+    a = Mqtt(own_broker, client_id=cid, clean_session=False, connect=False, manual_ack=True)
     try:
         flags, rc = a.connect()
         assert not rc.is_failure and flags.session_present
-        got = a.take(2, timeout=5)
+        got = acked(a, a.take(2, timeout=5))
         assert [m.payload for m in got] == [b"t3", b"t4"]
         assert all(m.topic == topic for m in got)
         assert a.message(timeout=0.5) is None, "t0-t2 were acknowledged: not sent again"
@@ -303,20 +311,21 @@ def test_mqtt_stream_subscription_of_a_persistent_session_resumes_where_acked(ow
         a.close()
     publish("t5")
     own_broker.restart()
-    a = Mqtt(own_broker, client_id=cid, clean_session=False, connect=False)
+    a = Mqtt(own_broker, client_id=cid, clean_session=False, connect=False, manual_ack=True)
     try:
         flags, rc = a.connect()
         assert not rc.is_failure and flags.session_present
-        assert [m.payload for m in a.take(1, timeout=5)] == [b"t5"]
+        assert [m.payload for m in acked(a, a.take(1, timeout=5))] == [b"t5"]
         assert a.message(timeout=0.5) is None, "resumed after the restart, not from first"
         # still a subscription: new messages follow
         publish("t6")
         m = a.message()
         assert m is not None and m.payload == b"t6"
+        acked(a, [m])
         # UNSUBSCRIBE ends it and forgets the position: subscribing again starts over
         a.unsubscribe(flt)
         assert a.subscribe(flt, qos=1) == [1]
-        got = a.take(7, timeout=5)
+        got = acked(a, a.take(7, timeout=5))
         assert [m.payload for m in got] == [f"t{i}".encode() for i in range(7)]
     finally:
         a.close()
