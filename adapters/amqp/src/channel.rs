@@ -55,11 +55,54 @@ struct Content {
     first: Option<Bytes>,
 }
 
+/// Where a channel receives a message (`basic.publish`, then its header and body
+/// frames): boxed, made by the first publish and kept for the next ones (no allocation
+/// per message), let go when the connection goes idle ([`Channel::release_idle`]). A
+/// `Content` is about 0.4 KiB, which every open channel carried inline, a consumer's
+/// or an idle one's too.
+#[derive(Debug, Default)]
+struct Incoming(Option<Box<Option<Content>>>);
+
+impl Incoming {
+    fn is_some(&self) -> bool {
+        self.0.as_ref().is_some_and(|b| b.is_some())
+    }
+
+    fn start(&mut self, c: Content) {
+        match &mut self.0 {
+            Some(b) => **b = Some(c),
+            None => self.0 = Some(Box::new(Some(c))),
+        }
+    }
+
+    fn as_mut(&mut self) -> Option<&mut Content> {
+        self.0.as_deref_mut().and_then(Option::as_mut)
+    }
+
+    fn take(&mut self) -> Option<Content> {
+        self.0.as_deref_mut().and_then(Option::take)
+    }
+
+    fn clear(&mut self) {
+        if let Some(b) = &mut self.0 {
+            **b = None;
+        }
+    }
+
+    /// Lets go of the box unless a message is being received.
+    fn release(&mut self) {
+        if !self.is_some() {
+            self.0 = None;
+        }
+    }
+}
+
 /// One open channel.
 #[derive(Debug)]
 pub struct Channel {
     closing: bool,
-    content: Option<Content>,
+    /// The message being received (publish, header, body frames).
+    content: Incoming,
     next_tag: u64,
     unacked: BTreeMap<u64, Unacked>,
     consumers: HashMap<Arc<str>, ConsumerHandle, crate::session::FastHash>,
@@ -78,7 +121,8 @@ pub struct Channel {
 
 impl Channel {
     /// Idle for a while: the consumed queues let go of what the last traffic left.
-    pub(crate) fn release_idle(&self) {
+    pub(crate) fn release_idle(&mut self) {
+        self.content.release();
         for c in self.consumers.values() {
             c.release_idle();
         }
@@ -87,7 +131,7 @@ impl Channel {
     fn new(slot: Option<ChannelSlot>, entry: Option<ChannelEntry>) -> Channel {
         Channel {
             closing: false,
-            content: None,
+            content: Incoming::default(),
             next_tag: 1,
             unacked: BTreeMap::new(),
             consumers: HashMap::default(),
@@ -293,7 +337,7 @@ impl Session {
         let Some(ch) = self.channels.get_mut(&id) else {
             return;
         };
-        ch.content = None;
+        ch.content.clear();
         let reply = ch.reply.take();
         let consumers: Vec<_> = ch.consumers.drain().collect();
         let unacked: Vec<_> = std::mem::take(&mut ch.unacked).into_iter().collect();
@@ -601,7 +645,7 @@ impl Session {
                     p.routing_key.as_str().to_owned(),
                 )?;
                 let ch = self.chan(id)?;
-                ch.content = Some(Content {
+                ch.content.start(Content {
                     to,
                     mandatory: p.mandatory,
                     properties: None,
@@ -1003,7 +1047,7 @@ impl Session {
             ));
         }
         if h.body_size > max {
-            ch.content = None;
+            ch.content.clear();
             let e = chan_err(
                 errors::PRECONDITION_FAILED,
                 format!(

@@ -355,7 +355,7 @@ impl Protocol for Conn<'_> {
     }
 
     fn release_idle(&mut self) {
-        for ch in self.session.channels.values() {
+        for ch in self.session.channels.values_mut() {
             ch.release_idle();
         }
     }

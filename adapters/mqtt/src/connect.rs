@@ -18,7 +18,7 @@ use triad_core::{
 
 use crate::codec::{self, Connect, Limits, Packet, Will};
 use crate::session::{Packets, Session, SessionSetup, Target};
-use crate::state::{LiveClient, MqttState, VhostState};
+use crate::state::{ClientKey, LiveClient, MqttState, VhostState};
 use crate::MqttError;
 
 /// CONNACK return codes.
@@ -83,14 +83,23 @@ async fn read_connect<S: AsyncRead + Unpin>(
 /// Unregisters the client id and signals a waiting takeover, however the task ends.
 pub(crate) struct Registration {
     state: Arc<MqttState>,
-    vhost: String,
-    client: String,
+    /// The vhost and client id (one allocation).
+    key: ClientKey,
     conn: ConnectionId,
+}
+
+impl Registration {
+    /// Whether another connection took the client id over (it waits for this one to
+    /// finish): the connection's shutdown token was cancelled for that, not for the
+    /// broker's shutdown or by the management API, and the will goes out.
+    pub(crate) fn taken_over(&self) -> bool {
+        self.state.being_taken_over(self.conn)
+    }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.state.unregister(&self.vhost, &self.client, self.conn);
+        self.state.unregister_key(&self.key, self.conn);
         self.state.finish(self.conn);
     }
 }
@@ -99,12 +108,8 @@ impl Drop for Registration {
 pub(crate) struct Connected {
     pub(crate) session: Session,
     pub(crate) will: Option<Will>,
-    /// Cancelled when another connection takes the client id over (a child of the
-    /// connection's shutdown token).
-    pub(crate) kick: CancellationToken,
-    pub(crate) vhost_name: String,
     /// Dropped last: unregisters the client id.
-    pub(crate) _registration: Registration,
+    pub(crate) registration: Registration,
 }
 
 /// The CONNECT phase: reads CONNECT, logs in, registers the client id (taking over a
@@ -179,8 +184,7 @@ where
             return Ok(None);
         }
     };
-    let (kick, registration) = match register(ctx, &vs, &vhost_name, &client_id, &link, peer).await
-    {
+    let registration = match register(ctx, &vs, &vhost_name, &client_id, &link, peer).await {
         Ok(r) => r,
         Err(code) => {
             refuse(stream, code).await?;
@@ -196,9 +200,7 @@ where
     Ok(Some(Connected {
         session,
         will: connect.will,
-        kick,
-        vhost_name,
-        _registration: registration,
+        registration,
     }))
 }
 
@@ -263,19 +265,19 @@ async fn register(
     client_id: &str,
     link: &Link,
     peer: SocketAddr,
-) -> Result<(CancellationToken, Registration), u8> {
+) -> Result<Registration, u8> {
     let owner: Arc<str> = Arc::from(link.user());
     if !vs.sessions.may_use(client_id, link.user()) {
         tracing::info!(%peer, user = %link.user(), "MQTT session of another user refused");
         return Err(NOT_AUTHORIZED);
     }
-    // a child of the connection's shutdown token: one token for the driver to wait on
-    let kick = ctx.shutdown.child_token();
+    // the connection's own shutdown token: a takeover cancels it, and the connection
+    // knows it was taken over from `MqttState::being_taken_over` (no second token)
     let conn = link.id();
     let live = LiveClient {
         conn,
         user: Some(owner),
-        kick: kick.clone(),
+        kick: ctx.shutdown.clone(),
     };
     let Ok(prev) = ctx.state.register(vhost_name, client_id, live) else {
         tracing::info!(%peer, user = %link.user(), "MQTT client id connected as another user");
@@ -283,8 +285,7 @@ async fn register(
     };
     let registration = Registration {
         state: ctx.state.clone(),
-        vhost: vhost_name.to_string(),
-        client: client_id.to_string(),
+        key: ClientKey::new(vhost_name, client_id),
         conn,
     };
     if let Some(p) = prev {
@@ -297,7 +298,7 @@ async fn register(
             tracing::warn!("the session taken over did not close in time");
         }
     }
-    Ok((kick, registration))
+    Ok(registration)
 }
 
 /// Opens the session: its queue and stored state (CONNACK waits for their records),

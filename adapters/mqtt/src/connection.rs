@@ -70,25 +70,32 @@ where
     // `k` is used in place (moving its fields out would keep them twice in this future)
     let stop = Stop {
         shutdown: &ctx.shutdown,
-        kick: Some(&k.kick),
+        kick: None,
     };
     let ended = drive(stream, &mut k.session, &mut rbuf, stop, ctx.broker.alarms()).await;
+    // a takeover cancels the connection's shutdown token: it ends as a shutdown would,
+    // but the will goes out
+    let shutdown = if k.registration.taken_over() {
+        Ending::Abnormal
+    } else {
+        Ending::Shutdown
+    };
     let end = match ended {
         Ok(End::Closed) => match k.session.take_closed() {
             Some(Closed::Error(e)) => Err(e),
-            Some(Closed::Shutdown) => Ok(Ending::Shutdown),
+            Some(Closed::Shutdown) => Ok(shutdown),
             Some(Closed::Disconnect) | None => Ok(Ending::Disconnect),
         },
         Ok(End::PeerClosed) => Ok(Ending::Abnormal),
         Ok(End::Kicked) => Ok(Ending::Abnormal),
         Ok(End::Silent) => Err(MqttError::Timeout("keep alive")),
-        Ok(End::Shutdown) => Ok(Ending::Shutdown),
+        Ok(End::Shutdown) => Ok(shutdown),
         Ok(End::WriteStalled) => Ok(Ending::Abnormal),
         Err(e) => Err(e),
     };
     // the will goes out unless the client said DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10]
     let abnormal = matches!(end, Ok(Ending::Abnormal) | Err(_));
-    k.session.finish(&k.vhost_name, abnormal, k.will.take());
+    k.session.finish(abnormal, k.will.take());
     match end {
         Err(e) => {
             tracing::debug!(error = %e, "MQTT connection closed");

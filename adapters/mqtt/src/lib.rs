@@ -133,7 +133,10 @@ pub struct MqttContext {
     pub anonymous_user: Option<String>,
     /// Limits.
     pub limits: MqttLimits,
-    /// Cancelled at broker shutdown.
+    /// This connection's own shutdown token (a child of the broker's): cancelled at
+    /// broker shutdown, by the management API's close, and by a takeover of its client
+    /// id (the connection tells that one apart: its will goes out). Each connection
+    /// needs its own: a takeover cancels it.
     pub shutdown: CancellationToken,
     /// Login settings of this connection.
     pub login: MqttLogin,

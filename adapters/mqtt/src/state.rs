@@ -377,10 +377,10 @@ pub(crate) struct LiveClient {
 /// one allocation (a map entry costs 56 bytes and one string, where a `(String, String)`
 /// key cost 88 bytes and two).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ClientKey(Box<str>);
+pub(crate) struct ClientKey(Box<str>);
 
 impl ClientKey {
-    fn new(vhost: &str, client: &str) -> ClientKey {
+    pub(crate) fn new(vhost: &str, client: &str) -> ClientKey {
         ClientKey(format!("{}:{vhost}{client}", vhost.len()).into_boxed_str())
     }
 }
@@ -734,11 +734,21 @@ impl MqttState {
 
     /// Removes a connection's registration if it is still its own.
     pub(crate) fn unregister(&self, vhost: &str, client: &str, conn: ConnectionId) {
+        self.unregister_key(&ClientKey::new(vhost, client), conn);
+    }
+
+    /// [`MqttState::unregister`] by the key the connection registered with.
+    pub(crate) fn unregister_key(&self, key: &ClientKey, conn: ConnectionId) {
         let mut g = lock(&self.clients);
-        let key = ClientKey::new(vhost, client);
-        if g.get(&key).is_some_and(|c| c.conn == conn) {
-            g.remove(&key);
+        if g.get(key).is_some_and(|c| c.conn == conn) {
+            g.remove(key);
         }
+    }
+
+    /// Whether `conn` is being taken over: another connection with its client id waits
+    /// for it to finish ([`MqttState::finished`]).
+    pub(crate) fn being_taken_over(&self, conn: ConnectionId) -> bool {
+        lock(&self.finishing).contains(&conn)
     }
 
     /// A connection has cleaned up (after [`MqttState::unregister`]): wakes a

@@ -70,7 +70,9 @@ async fn start_ctx(ctx: MqttContext) -> Server {
                 _ = c2.shutdown.cancelled() => return,
                 r = listener.accept() => {
                     let (s, peer) = r.unwrap();
-                    let ctx = c2.clone();
+                    // each connection its own token, as the broker's listener gives it
+                    let mut ctx = c2.clone();
+                    ctx.shutdown = c2.shutdown.child_token();
                     let h = tokio::spawn(async move { let _ = serve(s, peer, ctx).await; });
                     conns2.lock().unwrap().push(h);
                 }
@@ -417,6 +419,41 @@ async fn retained_set_delivered_cleared_and_durable() {
     );
     assert!(b.publish_within(Duration::from_millis(300)).await.is_none());
     b.disconnect().await;
+    s.stop().await;
+}
+
+/// A takeover cancels the connection's own shutdown token (no second token per
+/// connection): the client taken over still gets its will published, and the other
+/// connections are not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_publishes_the_will_and_leaves_other_connections_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path()).await;
+    let mut watcher = connect(s.addr, "watcher", true).await;
+    watcher.sub("wills/#", QoS::AtLeastOnce).await;
+    let mut o = opts(s.addr, "same", true);
+    o.set_last_will(LastWill::new(
+        "wills/same",
+        "taken",
+        QoS::AtLeastOnce,
+        false,
+    ));
+    let (mut first, _) = connect_with(o).await;
+    let mut second = connect(s.addr, "same", true).await;
+    assert!(
+        first.closed().await,
+        "first connection closed by the takeover"
+    );
+    let w = watcher.publish().await;
+    assert_eq!((w.topic.as_str(), body(&w)), ("wills/same", "taken"));
+    // the watcher's connection and the new one both still serve
+    second.sub("t", QoS::AtLeastOnce).await;
+    watcher
+        .c
+        .publish("t", QoS::AtLeastOnce, false, "still here")
+        .await
+        .unwrap();
+    assert_eq!(body(&second.publish().await), "still here");
     s.stop().await;
 }
 

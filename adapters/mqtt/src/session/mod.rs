@@ -267,7 +267,7 @@ impl Session {
     /// back redelivered, DUP); a clean session's shared subscriptions end; a persistent
     /// session keeps its QoS 2 state; the will goes out unless the client said
     /// DISCONNECT [MQTT-3.1.2-8], [MQTT-3.1.2-10] (`abnormal`).
-    pub(crate) fn finish(&mut self, vhost_name: &str, abnormal: bool, will: Option<Will>) {
+    pub(crate) fn finish(&mut self, abnormal: bool, will: Option<Will>) {
         if let Some(consumer) = &self.consumer {
             consumer.cancel();
         }
@@ -293,7 +293,8 @@ impl Session {
             q.nack(&[off], true);
         }
         if !self.clean {
-            self.state.put_carry(vhost_name, &self.client_id, carry);
+            let vhost = self.vs.vhost.clone();
+            self.state.put_carry(vhost.name(), &self.client_id, carry);
             // before the registration is dropped, so a takeover's connect comes after it
             self.state.session_disconnected(&self.vs, &self.client_id);
         }
