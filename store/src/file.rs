@@ -1,5 +1,5 @@
-//! Small file-system helpers shared by the store's files: the data directory's lock, preallocation, durable
-//! directory entries and fixed-width names.
+//! Small file-system helpers shared by the store's files: the data directory's lock,
+//! preallocation, durable directory entries and fixed-width names.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
