@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,10 +16,9 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::amqp::{connect, declare_durable, drain};
+use common::amqp::{connect, declare_durable, drain, publish_numbered};
 use common::{ephemeral_listen_args, parse_listening, triad_command, TestBroker, TEST_CONFIG};
 use lapin::options::*;
-use lapin::{BasicProperties, Confirmation};
 use triad_core::testing::eventually_blocking;
 
 const T: Duration = Duration::from_secs(30);
@@ -167,39 +166,7 @@ async fn publish(
     };
     let ch = conn.create_channel().await.unwrap();
     declare_durable(&ch, queue).await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let mut pending = VecDeque::new();
-    for i in start..start + count {
-        let Ok(c) = ch
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions::default(),
-                &i.to_le_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await
-        else {
-            return;
-        };
-        pending.push_back((i, c));
-        while pending.len() > 64 || (i + 1 == start + count && !pending.is_empty()) {
-            let Some((n, c)) = pending.pop_front() else {
-                break;
-            };
-            match c.await {
-                Ok(Confirmation::Ack(_)) => {
-                    confirmed.lock().unwrap().insert(n);
-                }
-                Ok(Confirmation::Nack(_)) => {
-                    nacked.lock().unwrap().insert(n);
-                }
-                _ => return,
-            }
-        }
-    }
+    publish_numbered(&ch, queue, start, count, &confirmed, Some(&nacked)).await;
 }
 
 fn numbers(bodies: &[Vec<u8>]) -> Vec<u64> {

@@ -12,34 +12,11 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::amqp::{connect, declare_durable, publish_numbered};
 use common::TestBroker;
 use lapin::options::*;
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
-
-async fn connect(broker_addr: std::net::SocketAddr) -> Connection {
-    let uri = format!("amqp://guest:guest@{broker_addr}/%2f");
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        Connection::connect(&uri, ConnectionProperties::default()),
-    )
-    .await
-    .expect("connect timeout")
-    .expect("connect")
-}
-
-async fn declare(ch: &lapin::Channel, name: &str) {
-    ch.queue_declare(
-        name.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-}
+use lapin::BasicProperties;
 
 /// Publishes `count` persistent messages numbered from `start` with confirms, keeping
 /// up to 64 unconfirmed; records each number once the broker confirmed it. Stops at the
@@ -51,37 +28,10 @@ async fn publish_confirmed(
     count: u64,
     confirmed: Arc<Mutex<BTreeSet<u64>>>,
 ) {
-    let conn = connect(addr).await;
+    let conn = connect(addr).await.expect("connect");
     let ch = conn.create_channel().await.unwrap();
-    declare(&ch, queue).await;
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let mut pending = std::collections::VecDeque::new();
-    for i in start..start + count {
-        let published = ch
-            .basic_publish(
-                "".into(),
-                queue.into(),
-                BasicPublishOptions::default(),
-                &i.to_le_bytes(),
-                BasicProperties::default().with_delivery_mode(2),
-            )
-            .await;
-        let Ok(confirm) = published else { return };
-        pending.push_back((i, confirm));
-        while pending.len() > 64 || (i + 1 == start + count && !pending.is_empty()) {
-            let Some((n, c)) = pending.pop_front() else {
-                break;
-            };
-            match c.await {
-                Ok(Confirmation::Ack(_)) => {
-                    confirmed.lock().unwrap().insert(n);
-                }
-                _ => return,
-            }
-        }
-    }
+    declare_durable(&ch, queue).await.unwrap();
+    publish_numbered(&ch, queue, start, count, &confirmed, None).await;
 }
 
 /// Publishes persistent messages numbered from `start` in transactions of `batch`;
@@ -94,9 +44,9 @@ async fn publish_committed(
     batch: u64,
     committed: Arc<Mutex<BTreeSet<u64>>>,
 ) {
-    let conn = connect(addr).await;
+    let conn = connect(addr).await.expect("connect");
     let ch = conn.create_channel().await.unwrap();
-    declare(&ch, queue).await;
+    declare_durable(&ch, queue).await.unwrap();
     ch.tx_select().await.unwrap();
     for first in (start..start + 1_000_000).step_by(batch as usize) {
         for i in first..first + batch {
@@ -122,9 +72,9 @@ async fn publish_committed(
 
 /// Drains a queue, acking; returns the message numbers seen.
 async fn drain(addr: std::net::SocketAddr, queue: &str) -> Vec<u64> {
-    let conn = connect(addr).await;
+    let conn = connect(addr).await.expect("connect");
     let ch = conn.create_channel().await.unwrap();
-    declare(&ch, queue).await;
+    declare_durable(&ch, queue).await.unwrap();
     let mut out = Vec::new();
     while let Some(m) = ch
         .basic_get(queue.into(), BasicGetOptions { no_ack: false })
@@ -228,10 +178,10 @@ fn failed_tx_commit_applies_nothing() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let broker = TestBroker::start();
     rt.block_on(async {
-        let conn = connect(broker.amqp_addr()).await;
+        let conn = connect(broker.amqp_addr()).await.expect("connect");
         let setup = conn.create_channel().await.unwrap();
-        declare(&setup, "tx-all").await;
-        declare(&setup, "tx-src").await;
+        declare_durable(&setup, "tx-all").await.unwrap();
+        declare_durable(&setup, "tx-src").await.unwrap();
         setup
             .exchange_declare(
                 "tx-gone".into(),
@@ -314,7 +264,7 @@ fn acked_messages_stay_acked_and_unacked_come_back_after_restart() {
     assert_eq!(confirmed.lock().unwrap().len(), 100);
     // take 40 and ack them, take 10 more without acking, then stop the broker cleanly
     rt.block_on(async {
-        let conn = connect(broker.amqp_addr()).await;
+        let conn = connect(broker.amqp_addr()).await.expect("connect");
         let ch = conn.create_channel().await.unwrap();
         for i in 0..50 {
             let m = ch

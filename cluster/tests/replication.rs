@@ -34,6 +34,41 @@ fn leader_store(dir: &Path, gate: &Arc<ReplicaGate>) -> Arc<Store> {
     Arc::new(Store::open(cfg).unwrap())
 }
 
+/// A store in `dir` and its leader "l" listening on a loopback port. With `sync` the
+/// gate is armed: a confirm waits for `min_insync` replicas (the leader included).
+fn start_leader(
+    dir: &Path,
+    sync: bool,
+    min_insync: usize,
+    replica_lag_max: u64,
+) -> (Arc<Store>, Leader) {
+    let gate = ReplicaGate::new(sync);
+    let store = leader_store(dir, &gate);
+    if sync {
+        gate.arm();
+    }
+    let leader = Leader::start(
+        store.clone(),
+        gate,
+        LeaderConfig {
+            node_id: "l".into(),
+            listen: "127.0.0.1:0".into(),
+            epoch: 0,
+            min_insync,
+            replica_lag_max,
+        },
+    )
+    .unwrap();
+    (store, leader)
+}
+
+/// A follower's directory opened as a store (a promotion).
+fn open_replica(dir: &Path) -> Store {
+    let mut cfg = StoreConfig::new(dir);
+    cfg.segment_size = SEG;
+    Store::open(cfg).unwrap()
+}
+
 struct RunningFollower {
     stop: Arc<AtomicBool>,
     progress: Arc<Progress>,
@@ -91,21 +126,7 @@ fn publish(store: &Store, q: u32, i: u32) -> triad_store::flush::Durable {
 fn sync_mode_confirms_with_a_follower_and_refuses_without_one() {
     let l = tempfile::tempdir().unwrap();
     let f = tempfile::tempdir().unwrap();
-    let gate = ReplicaGate::new(true);
-    let store = leader_store(l.path(), &gate);
-    gate.arm();
-    let mut leader = Leader::start(
-        store.clone(),
-        gate.clone(),
-        LeaderConfig {
-            node_id: "l".into(),
-            listen: "127.0.0.1:0".into(),
-            epoch: 0,
-            min_insync: 2,
-            replica_lag_max: 1 << 20,
-        },
-    )
-    .unwrap();
+    let (store, mut leader) = start_leader(l.path(), true, 2, 1 << 20);
     let q = store.create_queue("/", "q", true).unwrap();
     // no follower: refused, never confirmed
     let err = publish(&store, q, 0).wait().unwrap_err();
@@ -143,9 +164,7 @@ fn sync_mode_confirms_with_a_follower_and_refuses_without_one() {
 
     // promotion: the follower's directory opens as a store; every confirmed message
     // (1..=2001, with 0 and 2002 possibly there too) is in the queue, in order
-    let mut cfg = StoreConfig::new(f.path());
-    cfg.segment_size = SEG;
-    let promoted = Store::open(cfg).unwrap();
+    let promoted = open_replica(f.path());
     let q2 = promoted.find_queue("/", "q").expect("queue replicated");
     let n = promoted.queue_next_offset(q2).unwrap();
     let mut bodies = Vec::new();
@@ -168,20 +187,7 @@ fn a_follower_behind_a_compacted_journal_gets_the_snapshot_and_a_second_one_catc
     let l = tempfile::tempdir().unwrap();
     let f1 = tempfile::tempdir().unwrap();
     let f2 = tempfile::tempdir().unwrap();
-    let gate = ReplicaGate::new(false);
-    let store = leader_store(l.path(), &gate);
-    let leader = Leader::start(
-        store.clone(),
-        gate.clone(),
-        LeaderConfig {
-            node_id: "l".into(),
-            listen: "127.0.0.1:0".into(),
-            epoch: 0,
-            min_insync: 1,
-            replica_lag_max: 1 << 20,
-        },
-    )
-    .unwrap();
+    let (store, leader) = start_leader(l.path(), false, 1, 1 << 20);
     let mut a = RunningFollower::start("a", &leader, f1.path());
     let mut qs = Vec::new();
     for i in 0..50 {
@@ -206,9 +212,7 @@ fn a_follower_behind_a_compacted_journal_gets_the_snapshot_and_a_second_one_catc
     drop(leader);
     drop(store);
     for d in [f1.path(), f2.path()] {
-        let mut cfg = StoreConfig::new(d);
-        cfg.segment_size = SEG;
-        let s = Store::open(cfg).unwrap();
+        let s = open_replica(d);
         for i in 0..50 {
             let q = s.find_queue("/", &format!("q{i}")).expect("queue");
             let e = s.entry(q, 0).unwrap();
@@ -224,20 +228,7 @@ fn a_follower_behind_a_compacted_journal_gets_the_snapshot_and_a_second_one_catc
 fn a_follower_with_another_segment_size_is_refused_with_the_reason() {
     let l = tempfile::tempdir().unwrap();
     let f = tempfile::tempdir().unwrap();
-    let gate = ReplicaGate::new(false);
-    let store = leader_store(l.path(), &gate);
-    let leader = Leader::start(
-        store,
-        gate,
-        LeaderConfig {
-            node_id: "l".into(),
-            listen: "127.0.0.1:0".into(),
-            epoch: 0,
-            min_insync: 1,
-            replica_lag_max: 1 << 20,
-        },
-    )
-    .unwrap();
+    let (_store, leader) = start_leader(l.path(), false, 1, 1 << 20);
     let cfg = FollowerConfig {
         node_id: "f".into(),
         leader: leader.local_addr().to_string(),
@@ -263,21 +254,7 @@ fn a_lagging_follower_leaves_the_in_sync_set_and_rejoins_when_caught_up() {
     use triad_cluster::codec::{self, Frame, VERSION};
 
     let l = tempfile::tempdir().unwrap();
-    let gate = ReplicaGate::new(true);
-    let store = leader_store(l.path(), &gate);
-    gate.arm();
-    let leader = Leader::start(
-        store.clone(),
-        gate.clone(),
-        LeaderConfig {
-            node_id: "l".into(),
-            listen: "127.0.0.1:0".into(),
-            epoch: 0,
-            min_insync: 2,
-            replica_lag_max: 4096,
-        },
-    )
-    .unwrap();
+    let (store, leader) = start_leader(l.path(), true, 2, 4096);
     let q = store.create_queue("/", "q", true).unwrap();
     // a hand-made follower: says Hello, reads whatever comes, acks only when told
     let mut sock = std::net::TcpStream::connect(leader.local_addr()).unwrap();
@@ -338,20 +315,7 @@ fn a_lagging_follower_leaves_the_in_sync_set_and_rejoins_when_caught_up() {
 fn a_follower_of_a_compacting_leader_promotes_to_the_leaders_unacked_messages() {
     let l = tempfile::tempdir().unwrap();
     let f = tempfile::tempdir().unwrap();
-    let gate = ReplicaGate::new(false);
-    let store = leader_store(l.path(), &gate);
-    let leader = Leader::start(
-        store.clone(),
-        gate.clone(),
-        LeaderConfig {
-            node_id: "l".into(),
-            listen: "127.0.0.1:0".into(),
-            epoch: 0,
-            min_insync: 1,
-            replica_lag_max: 1 << 20,
-        },
-    )
-    .unwrap();
+    let (store, leader) = start_leader(l.path(), false, 1, 1 << 20);
     let mut fol = RunningFollower::start("f", &leader, f.path());
     let q = store.create_queue("/", "q", true).unwrap();
     for i in 0..600u32 {
@@ -389,9 +353,7 @@ fn a_follower_of_a_compacting_leader_promotes_to_the_leaders_unacked_messages() 
     fol.stop().unwrap();
     drop(leader);
     drop(store);
-    let mut cfg = StoreConfig::new(f.path());
-    cfg.segment_size = SEG;
-    let s = Store::open(cfg).unwrap();
+    let s = open_replica(f.path());
     let q2 = s.find_queue("/", "q").unwrap();
     let got: Vec<(u64, Vec<u8>)> = s
         .unacked(q2, 10_000)

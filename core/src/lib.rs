@@ -52,7 +52,8 @@
 //! - [`user_limits`]: per-user `max-connections` / `max-channels` changed at run time,
 //!   persisted in the metadata journal and seeded from the configuration.
 //! - [`envelope`]: exchange, routing key and properties as stored with each message.
-//! - [`testing`]: `eventually`, the polling wait tests use instead of sleeping.
+//! - [`testing`]: `eventually`, the polling wait tests use instead of sleeping; opening a
+//!   broker over a fresh store; a counting allocator for heap measurements.
 //! - [`driver`]: the one connection driver (socket loop, heartbeats, alarm gating,
 //!   flow control, shutdown) behind the [`driver::Protocol`] trait each adapter implements.
 //! - [`io`]: socket helpers the protocol drivers share (a read that holds no buffer while

@@ -11,11 +11,22 @@
 //!   each attempt is bounded by what is left of the deadline.
 //! - [`eventually_blocking`]: a plain condition from a test without a runtime.
 //!
+//! [`open_broker`] and [`open_clocked`] open a broker over a fresh store in a test's
+//! directory; [`CountingAlloc`] is a global allocator that keeps a count of the bytes live, for
+//! tests that measure what an entity holds on the heap.
+//!
 //! The deadline is wall-clock time (`std::time::Instant`), so a wait on work done by
 //! other threads cannot time out early on a paused tokio clock.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Display;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use triad_store::store::{Store, StoreConfig};
+
+use crate::{Broker, Clock, CoreConfig};
 
 /// How often the waits look again.
 pub const POLL: Duration = Duration::from_millis(10);
@@ -124,6 +135,77 @@ pub fn eventually_blocking<R: Ready>(
             timed_out(what, timeout, &last);
         }
         std::thread::sleep(POLL);
+    }
+}
+
+/// Opens the store `store` and a broker over it configured by `core`; panics (the test's
+/// failure) if either does not open.
+pub fn open_broker(store: StoreConfig, core: CoreConfig) -> Arc<Broker> {
+    let store = Arc::new(Store::open(store).expect("the store opens"));
+    Broker::open(store, core).expect("the broker opens")
+}
+
+/// [`open_broker`] with the default configuration but for the clock its expiry
+/// decisions read (a [`Clock::manual`] lets a test step past a deadline).
+pub fn open_clocked(store: StoreConfig, clock: Clock) -> Arc<Broker> {
+    open_broker(
+        store,
+        CoreConfig {
+            clock,
+            ..CoreConfig::default()
+        },
+    )
+}
+
+/// The system allocator, counting the bytes live. A test binary that measures heap
+/// declares it as its allocator and reads [`CountingAlloc::live`] before and after:
+///
+/// ```ignore
+/// #[global_allocator]
+/// static A: CountingAlloc = CountingAlloc::new();
+/// ```
+pub struct CountingAlloc {
+    live: AtomicIsize,
+}
+
+impl CountingAlloc {
+    /// A counter at zero.
+    pub const fn new() -> Self {
+        Self {
+            live: AtomicIsize::new(0),
+        }
+    }
+
+    /// Bytes allocated and not yet freed through this allocator.
+    pub fn live(&self) -> isize {
+        self.live.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for CountingAlloc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// SAFETY: every call is passed on unchanged to `System`; only a counter is updated
+// besides.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        self.live.fetch_add(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc`, passed on.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        self.live.fetch_sub(l.size() as isize, Ordering::Relaxed);
+        // SAFETY: `p` came from `System` with layout `l` (every allocation goes there).
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        self.live
+            .fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
+        // SAFETY: as for `dealloc`; the caller's contract for `new`.
+        unsafe { System.realloc(p, l, new) }
     }
 }
 

@@ -442,13 +442,7 @@ impl Txn {
         );
         st.due.push_back((due, logical));
         drop(st);
-        Ok(Published {
-            routed: true,
-            rejected: false,
-            durable: Some(appended.durable.into()),
-            backpressure: None,
-            queues: 0,
-        })
+        Ok(Published::held(appended.durable.into()))
     }
 
     /// Takes half message `id` out of the pending set: its offset and the record, once

@@ -8,11 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use triad_core::testing;
 use triad_core::{
-    Broker, Clock, ConsumeRequest, CoreConfig, Delivery, ExchangeDef, ExchangeKind, FieldTable,
-    FieldValue, OutEvent, Outbox, Properties, Publish, QueueDeclare, Vhost,
+    Broker, Clock, ConsumeRequest, Delivery, ExchangeDef, ExchangeKind, FieldTable, FieldValue,
+    OutEvent, Outbox, Properties, Publish, QueueDeclare, Vhost,
 };
-use triad_store::store::{Store, StoreConfig};
+use triad_store::store::StoreConfig;
 
 fn open(dir: &Path) -> Arc<Broker> {
     open_clocked(dir, Clock::system())
@@ -22,15 +23,7 @@ fn open(dir: &Path) -> Arc<Broker> {
 fn open_clocked(dir: &Path, clock: Clock) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 1 << 20;
-    let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(
-        store,
-        CoreConfig {
-            clock,
-            ..CoreConfig::default()
-        },
-    )
-    .unwrap()
+    testing::open_clocked(c, clock)
 }
 
 fn declare(v: &Vhost, name: &str, durable: bool, args: FieldTable) {

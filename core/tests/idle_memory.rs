@@ -4,47 +4,25 @@
 //! with one consumer whose connection sits idle. Measured with a counting allocator; run
 //! with `--nocapture` to see the numbers.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use triad_core::testing::eventually_blocking;
+use triad_core::testing::{eventually_blocking, open_broker, CountingAlloc};
 use triad_core::{
     Broker, ConsumeRequest, ConsumerHandle, CoreConfig, OutEvent, Outbox, Properties, Publish,
     QueueDeclare,
 };
-use triad_store::store::{Store, StoreConfig};
-
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        unsafe { System.realloc(p, l, new) }
-    }
-}
+use triad_store::store::StoreConfig;
 
 #[global_allocator]
-static A: Counting = Counting;
+static A: CountingAlloc = CountingAlloc::new();
 
 fn open(dir: &Path) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 64 << 20;
-    let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(store, CoreConfig::default()).unwrap()
+    open_broker(c, CoreConfig::default())
 }
 
 const N: usize = 2_000;
@@ -128,11 +106,11 @@ fn an_idle_consumed_queue_keeps_no_heap_from_a_delivered_message() {
         );
         outboxes.push(o);
     }
-    let start = LIVE.load(Ordering::Relaxed);
+    let start = A.live();
     one_message_round(&v, &outboxes, &consumers, 0);
-    let first = LIVE.load(Ordering::Relaxed);
+    let first = A.live();
     one_message_round(&v, &outboxes, &consumers, 1);
-    let after = LIVE.load(Ordering::Relaxed);
+    let after = A.live();
     let per_queue = (first - start) as f64 / N as f64;
     let second = (after - first) as f64 / N as f64;
     println!("heap kept per idle consumed queue after a message: {per_queue:.1} B, after a second: {second:.1} B");

@@ -3,45 +3,24 @@
 //! counting allocator: while running, and after a restart (parked again from the
 //! stored ready-at times). Run with `--nocapture` to see the numbers.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::Path;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use triad_core::testing::{open_broker, CountingAlloc};
 use triad_core::{
     Broker, ConsumeRequest, CoreConfig, FieldTable, FieldValue, OutEvent, Outbox, Properties,
     Publish, Queue, QueueDeclare, Vhost,
 };
-use triad_store::store::{Store, StoreConfig};
-
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Ordering::Relaxed);
-        unsafe { System.realloc(p, l, new) }
-    }
-}
+use triad_store::store::StoreConfig;
 
 #[global_allocator]
-static A: Counting = Counting;
+static A: CountingAlloc = CountingAlloc::new();
 
 fn open(dir: &Path) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 64 << 20;
-    let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(store, CoreConfig::default()).unwrap()
+    open_broker(c, CoreConfig::default())
 }
 
 const N: usize = 20_000;
@@ -122,10 +101,10 @@ fn a_parked_message_costs_one_map_entry_of_heap_running_and_after_a_restart() {
         }
         assert_eq!(q.parked_count() as usize, N);
         drop(offsets);
-        let with = LIVE.load(Ordering::Relaxed);
+        let with = A.live();
         v.purge_queue("q", 1).unwrap();
         assert_eq!(q.parked_count(), 0);
-        let without = LIVE.load(Ordering::Relaxed);
+        let without = A.live();
         running = (with - without) as f64 / N as f64;
     }
     // after a restart: N parked again, from the journal (a second store, same shape)
@@ -152,10 +131,10 @@ fn a_parked_message_costs_one_map_entry_of_heap_running_and_after_a_restart() {
     let v = b.vhost("/").unwrap();
     let q = v.queue("q").unwrap();
     assert_eq!(q.parked_count() as usize, N);
-    let with = LIVE.load(Ordering::Relaxed);
+    let with = A.live();
     v.purge_queue("q", 1).unwrap();
     assert_eq!(q.parked_count(), 0);
-    let freed = (with - LIVE.load(Ordering::Relaxed)) as f64 / N as f64;
+    let freed = (with - A.live()) as f64 / N as f64;
     println!("heap per parked message: {running:.1} B running, {freed:.1} B after a restart");
     assert!(running > 0.0 && running < 128.0, "{running}");
     assert!(freed > 0.0 && freed < 160.0, "{freed}");

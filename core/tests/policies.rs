@@ -9,10 +9,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::json;
 use triad_core::policy::{Policy, PolicyDoc};
-use triad_core::{
-    Broker, Clock, CoreConfig, FieldTable, FieldValue, Properties, Publish, QueueDeclare,
-};
-use triad_store::store::{Store, StoreConfig};
+use triad_core::testing;
+use triad_core::{Broker, Clock, FieldTable, FieldValue, Properties, Publish, QueueDeclare};
+use triad_store::store::StoreConfig;
 
 fn open(dir: &Path) -> Arc<Broker> {
     open_clocked(dir, Clock::system())
@@ -23,15 +22,7 @@ fn open_clocked(dir: &Path, clock: Clock) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 1 << 20;
     c.cq_entries_per_file = 1024;
-    let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(
-        store,
-        CoreConfig {
-            clock,
-            ..CoreConfig::default()
-        },
-    )
-    .unwrap()
+    testing::open_clocked(c, clock)
 }
 
 fn declare(b: &Broker, name: &str, args: FieldTable) {

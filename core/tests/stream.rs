@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use triad_core::stream::{OffsetReset, StreamConsume, StreamOffset};
+use triad_core::testing;
 use triad_core::{
-    Broker, Clock, ConsumeRequest, CoreConfig, CoreError, Delivery, FieldTable, FieldValue,
-    OutEvent, Outbox, Properties, Publish, QueueDeclare, Vhost,
+    Broker, Clock, ConsumeRequest, CoreError, Delivery, FieldTable, FieldValue, OutEvent, Outbox,
+    Properties, Publish, QueueDeclare, Vhost,
 };
-use triad_store::store::{Store, StoreConfig};
+use triad_store::store::StoreConfig;
 
 fn open(dir: &Path) -> Arc<Broker> {
     open_clocked(dir, Clock::system())
@@ -23,15 +24,7 @@ fn open_clocked(dir: &Path, clock: Clock) -> Arc<Broker> {
     let mut c = StoreConfig::new(dir);
     c.segment_size = 64 << 10;
     c.cq_entries_per_file = 256;
-    let store = Arc::new(Store::open(c).unwrap());
-    Broker::open(
-        store,
-        CoreConfig {
-            clock,
-            ..CoreConfig::default()
-        },
-    )
-    .unwrap()
+    testing::open_clocked(c, clock)
 }
 
 fn s(v: &str) -> FieldValue {

@@ -1,11 +1,30 @@
-//! Small file-system helpers shared by the store's files: preallocation, durable
-//! directory entries and fixed-width names.
+//! Small file-system helpers shared by the store's files: the data directory's lock,
+//! preallocation, durable directory entries and fixed-width names.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use crate::error::{Result, StoreError};
+
+/// Creates the data directory `dir` and takes its lock (`lock`, flock): one broker or
+/// follower per directory. The lock holds while the returned file is open.
+pub fn lock_dir(dir: &Path) -> Result<File> {
+    std::fs::create_dir_all(dir).map_err(StoreError::at(dir))?;
+    let lock_path = dir.join("lock");
+    let lock_file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(StoreError::at(&lock_path))?;
+    match lock_file.try_lock() {
+        Ok(()) => Ok(lock_file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked(dir.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io(&lock_path, e)),
+    }
+}
 
 /// Opens (creating if missing) `path` read-write and makes sure `len` bytes are really
 /// allocated on disk (`fallocate`), so that a write through a mapping of it can never

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::commitlog::CommitLog;
 use crate::error::{Result, StoreError};
-use crate::file::{parse_offset_name, sync_dir, write_atomic};
+use crate::file::{lock_dir, parse_offset_name, sync_dir, write_atomic};
 use crate::journal::MetaJournal;
 
 /// The largest snapshot a follower accepts from its leader.
@@ -240,22 +240,7 @@ impl ReplicaStore {
     /// cannot open it meanwhile), marks it unclean (a broker opening it later runs the
     /// full recovery), cuts torn tails of the log and the journal.
     pub fn open(dir: &Path, segment_size: u64) -> Result<ReplicaStore> {
-        std::fs::create_dir_all(dir).map_err(StoreError::at(dir))?;
-        let lock_path = dir.join("lock");
-        let lock = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(StoreError::at(&lock_path))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(StoreError::Locked(dir.to_path_buf()))
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(StoreError::io(&lock_path, e)),
-        }
+        let lock = lock_dir(dir)?;
         let abort = dir.join("abort");
         File::create(&abort)
             .and_then(|f| f.sync_all())

@@ -1,13 +1,16 @@
-//! lapin helpers shared by the crash-loop, abuse and soak tests: connect, declare a
-//! durable queue, drain a queue completely.
+//! lapin helpers shared by the crash-loop, abuse, soak, durability and cluster tests:
+//! connect, declare a durable queue, publish numbered messages with confirms, drain a
+//! queue completely.
 
+use std::collections::{BTreeSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use lapin::options::*;
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 
 pub async fn connect(addr: SocketAddr) -> lapin::Result<Connection> {
     let uri = format!("amqp://guest:guest@{addr}/%2f");
@@ -35,6 +38,52 @@ pub async fn declare_durable(ch: &Channel, name: &str) -> lapin::Result<u32> {
         )
         .await?;
     Ok(q.message_count())
+}
+
+/// Publishes `count` persistent messages to `queue` (through the default exchange) on
+/// `ch`, numbered from `start` (the body is the number, little-endian), with confirms,
+/// keeping up to 64 unconfirmed. Records each confirmed number in `confirmed`; with
+/// `nacked`, records each nacked one there and goes on, without it a nack stops the run.
+/// Stops at the first error (the broker was killed).
+pub async fn publish_numbered(
+    ch: &Channel,
+    queue: &str,
+    start: u64,
+    count: u64,
+    confirmed: &Mutex<BTreeSet<u64>>,
+    nacked: Option<&Mutex<BTreeSet<u64>>>,
+) {
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm.select");
+    let mut pending = VecDeque::new();
+    for i in start..start + count {
+        let published = ch
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &i.to_le_bytes(),
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await;
+        let Ok(confirm) = published else { return };
+        pending.push_back((i, confirm));
+        while pending.len() > 64 || (i + 1 == start + count && !pending.is_empty()) {
+            let Some((n, c)) = pending.pop_front() else {
+                break;
+            };
+            match (c.await, nacked) {
+                (Ok(Confirmation::Ack(_)), _) => {
+                    confirmed.lock().expect("not poisoned").insert(n);
+                }
+                (Ok(Confirmation::Nack(_)), Some(nacked)) => {
+                    nacked.lock().expect("not poisoned").insert(n);
+                }
+                _ => return,
+            }
+        }
+    }
 }
 
 /// Consumes and acks every message of durable queue `queue` until it is empty; returns

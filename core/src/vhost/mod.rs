@@ -112,6 +112,20 @@ pub struct Published {
     pub queues: u32,
 }
 
+impl Published {
+    /// A message stored but not routed yet (delayed, a transaction's half message): it
+    /// counts as routed, and is confirmed once `durable` completes.
+    pub(crate) fn held(durable: Durability) -> Published {
+        Published {
+            routed: true,
+            rejected: false,
+            durable: Some(durable),
+            backpressure: None,
+            queues: 0,
+        }
+    }
+}
+
 /// Prefix of the store index key under which [`Vhost::publish_topic_indexed`] indexes a
 /// message: `\0topic\0<vhost>\0<routing key>` (the leading NUL keeps it apart from
 /// `message-id` keys; a query still checks the record's vhost and routing key).

@@ -227,14 +227,8 @@ impl Vhost {
             &p.body,
             delay_ms,
         )?;
-        Ok(Published {
-            // where it goes is decided when it is due
-            routed: true,
-            rejected: false,
-            durable: Some(appended.durable.into()),
-            backpressure: None,
-            queues: 0,
-        })
+        // where it goes is decided when it is due
+        Ok(Published::held(appended.durable.into()))
     }
 
     /// Routes delayed messages that are due (queue offsets in `d`'s queue) through

@@ -16,7 +16,7 @@ use crate::ack::AckState;
 use crate::commitlog::{CommitLog, Recovered};
 use crate::consumequeue::{ConsumeQueue, CqEntry, SmallConfig};
 use crate::error::{Result, StoreError};
-use crate::file::sync_dir;
+use crate::file::{lock_dir, sync_dir};
 use crate::flush::FlushShared;
 use crate::index::IndexService;
 use crate::journal::MetaJournal;
@@ -92,25 +92,6 @@ impl Store {
             threads,
             closed: false,
         })
-    }
-}
-
-/// Creates the data directory and takes its lock (`lock`, flock): one broker per
-/// directory.
-fn lock_dir(dir: &Path) -> Result<File> {
-    std::fs::create_dir_all(dir).map_err(StoreError::at(dir))?;
-    let lock_path = dir.join("lock");
-    let lock_file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&lock_path)
-        .map_err(StoreError::at(&lock_path))?;
-    match lock_file.try_lock() {
-        Ok(()) => Ok(lock_file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked(dir.to_path_buf())),
-        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::io(&lock_path, e)),
     }
 }
 
