@@ -123,6 +123,10 @@ impl Channel {
     /// Idle for a while: the consumed queues let go of what the last traffic left.
     pub(crate) fn release_idle(&mut self) {
         self.content.release();
+        // an emptied BTreeMap keeps its root leaf (room for eleven unacked deliveries)
+        if self.unacked.is_empty() {
+            self.unacked = BTreeMap::new();
+        }
         for c in self.consumers.values() {
             c.release_idle();
         }

@@ -1196,9 +1196,15 @@ impl Session {
     }
 
     /// Idle for a while: the consumed queues let go of what the last traffic left.
-    pub(crate) fn release_idle(&self) {
+    pub(crate) fn release_idle(&mut self) {
         for s in self.subs.values() {
             s.consumer.release_idle();
+        }
+        // an emptied BTreeMap keeps its root leaf (about 0.5 KiB of unacked entries)
+        for l in self.ledgers.values_mut() {
+            if l.pending.is_empty() {
+                l.pending = BTreeMap::new();
+            }
         }
     }
 
