@@ -269,6 +269,9 @@ pub struct CommitLog {
     /// Serialises segment creation (the writer's roll and the warming thread's).
     creating: Mutex<()>,
     warm: Warm,
+    /// Set while a sealed segment awaits its retention pass: the warming thread then
+    /// creates no next segment (see [`CommitLog::hold_next_segment`]).
+    hold_next: AtomicBool,
 }
 
 /// The writer's position as last announced to the warming thread.
@@ -365,6 +368,7 @@ impl CommitLog {
                 shift: warm_step_shift(segment_size),
                 ..Warm::default()
             },
+            hold_next: AtomicBool::new(false),
         })
     }
 
@@ -454,8 +458,10 @@ impl CommitLog {
             while at < want {
                 let seg = match self.segment_for(at) {
                     Some(s) => s,
-                    // only the segment right after the writer's, and once
+                    // only the segment right after the writer's, once, and not while
+                    // the store holds new segments back
                     None if failed != Some(at)
+                        && !self.hold_next.load(Ordering::Acquire)
                         && self.segment_for(pos).is_some_and(|s| s.end() == at) =>
                     {
                         match self.create_segment(at) {
@@ -475,6 +481,38 @@ impl CommitLog {
             }
             warmed = at;
         }
+    }
+
+    /// While `hold` is set the warming thread creates no segment ahead of the writer;
+    /// only the writer's roll still creates one. The store sets it while a sealed segment
+    /// awaits its retention pass, so that the files on disk are that segment and the
+    /// writer's, not a third one preallocated ahead (disk bounded by live data, issue 13).
+    pub fn hold_next_segment(&self, hold: bool) {
+        self.hold_next.store(hold, Ordering::Release);
+        if !hold {
+            // let the warming thread look again at where the writer is
+            let mut st = self.warm.lock();
+            st.pos = st.pos.max(self.end());
+            st.pending = true;
+            drop(st);
+            self.warm.cv.notify_one();
+        }
+    }
+
+    /// Whether new segments are held back ([`CommitLog::hold_next_segment`]).
+    pub fn holds_next_segment(&self) -> bool {
+        self.hold_next.load(Ordering::Acquire)
+    }
+
+    /// Whether appending a record of `len` bytes through `w` would seal its segment and
+    /// roll to the next one.
+    pub fn would_roll(&self, w: &Writer, len: u64) -> bool {
+        self.room(w) < len + MIN_PADDING
+    }
+
+    /// Bytes left in the writer's segment.
+    pub fn room(&self, w: &Writer) -> u64 {
+        w.seg.len.saturating_sub(w.pos - w.seg.start())
     }
 
     /// Ends [`CommitLog::warm_ahead`].
@@ -627,7 +665,7 @@ impl CommitLog {
             });
         }
         let mut local = w.pos - w.seg.start();
-        if local + len + MIN_PADDING > w.seg.len {
+        if self.would_roll(w, len) {
             self.roll(w)?;
             local = 0;
         }
@@ -1092,6 +1130,38 @@ mod tests {
             )
         };
         rc == 0 && vec.iter().all(|v| v & 1 == 1)
+    }
+
+    #[test]
+    fn no_segment_is_created_ahead_while_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let seg = 64 << 10;
+        let log = CommitLog::open(dir.path(), seg).unwrap();
+        recover_count(&log, false);
+        let next = dir.path().join(offset_name(seg));
+        std::thread::scope(|s| {
+            s.spawn(|| log.warm_ahead());
+            let _stop = StopWarming(&log);
+            log.hold_next_segment(true);
+            let mut w = log.writer().unwrap();
+            while w.pos() < seg - seg / 8 {
+                put(&log, &mut w, &[7u8; 200]);
+            }
+            // the warming thread got as far as the end of the writer's segment...
+            let first = log.segment_list()[0].clone();
+            eventually("the last pages warmed", || {
+                resident(&first, seg - 4096, seg)
+            });
+            // ...and stopped there
+            assert!(!next.exists(), "no segment ahead while held");
+            assert!(log.would_roll(&w, seg / 8));
+            assert!(!log.would_roll(&w, 1024));
+            log.hold_next_segment(false);
+            eventually("the next segment once let go", || {
+                log.segment_list().len() == 2
+            });
+            assert!(next.exists());
+        });
     }
 
     #[test]

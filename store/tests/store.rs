@@ -547,6 +547,47 @@ fn a_sealed_segment_is_compacted_when_it_seals() {
     }
 }
 
+/// The bound holds while the writes go on, not only once they stop: with async flushing,
+/// and the writer sealing a segment every few appends, the log never holds more than
+/// twice the slow queue's live bytes plus two segments, checked after every append. The
+/// writer does not start a third segment while a sealed one awaits its pass (no segment
+/// created ahead; an append that would seal the next one waits for the pass).
+#[test]
+fn the_log_stays_within_its_bound_during_the_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_cfg(dir.path());
+    cfg.flush = FlushMode::Async {
+        interval: Duration::from_millis(5),
+        dirty_bytes: 4096,
+    };
+    let store = Store::open(cfg.clone()).unwrap();
+    let fast = store.create_queue("/", "fast", true).unwrap();
+    let slow = store.create_queue("/", "slow", true).unwrap();
+    let mut live = 0u64;
+    for i in 0..1500u64 {
+        let qs: Vec<u32> = if i % 20 == 0 {
+            vec![fast, slow]
+        } else {
+            vec![fast]
+        };
+        let (_, offs) = append(&store, &qs, i);
+        store.ack(fast, &[offs[0].1]).unwrap().wait().unwrap();
+        if let Some(&(_, off)) = offs.get(1) {
+            live += u64::from(store.entry(slow, off).unwrap().size);
+        }
+        let on_disk = store.stats().segments as u64 * cfg.segment_size;
+        let bound = 2 * live + 2 * cfg.segment_size;
+        assert!(
+            on_disk <= bound,
+            "after append {i}: {on_disk} bytes of segments for {live} live bytes (bound {bound}); {:?}",
+            store.stats()
+        );
+    }
+    let st = store.stats();
+    assert!(st.commitlog_end > 30 * cfg.segment_size, "{st:?}");
+    assert!(st.compactions > 0, "{st:?}");
+}
+
 #[test]
 fn lookup_by_key_across_index_files_and_restarts() {
     let dir = tempfile::tempdir().unwrap();

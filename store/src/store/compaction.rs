@@ -228,10 +228,16 @@ impl Inner {
             size: len,
             max: u32::MAX as u64,
         })?;
+        let before = w.pos();
         let commit_offset = self.note_disk_full(self.log.append(w, len, |buf| {
             record::encode_message(buf, &msg, view.store_ts_ms, &offs)
         }))?;
         self.log.publish(w);
+        if commit_offset != before {
+            // a copy sealed the writer's segment: it gets a pass of its own (never waited
+            // for here: this is the pass)
+            self.note_sealed();
+        }
         let entry = CqEntry {
             commit_offset,
             size,

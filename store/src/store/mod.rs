@@ -201,6 +201,10 @@ pub struct StoreStats {
     pub compacted_bytes_reclaimed: u64,
     /// Segments deleted since the store opened (no queue needed them, or compacted).
     pub segments_deleted: u64,
+    /// Appends that waited for a retention pass before sealing a segment, and those of
+    /// them whose wait ended at its limit instead (see `Inner::wait_for_pass`).
+    pub pass_waits: u64,
+    pub pass_wait_timeouts: u64,
 }
 
 /// The queues by id. Looked up several times per message: foldhash, not SipHash.
@@ -248,6 +252,8 @@ struct Inner {
     compactions: AtomicU64,
     compacted_reclaimed: AtomicU64,
     segments_deleted: AtomicU64,
+    pass_waits: AtomicU64,
+    pass_wait_timeouts: AtomicU64,
     /// Set when a write failed for want of space (a new segment could not be
     /// preallocated); the broker raises its disk alarm until enough space is free again.
     disk_full: AtomicBool,
@@ -259,11 +265,23 @@ struct Inner {
     /// segment can fill faster than the period, and each period a sealed segment waits
     /// is disk the bound 2 × live + 2 segments does not have).
     sealed: AtomicBool,
+    /// Segments sealed, and how many of those the last finished retention pass covered:
+    /// while a sealed segment awaits its pass, no segment is created ahead, and an append
+    /// that would seal the next one waits for the pass (see `Inner::wait_for_pass`).
+    seals: Mutex<Seals>,
+    passed_cv: Condvar,
     /// Serialises retention passes (the maintenance thread's and [`Store::run_retention`]'s).
     pass: Mutex<()>,
     stop: Mutex<bool>,
     stop_cv: Condvar,
     _lock: File,
+}
+
+/// Segments sealed and segments covered by a finished retention pass (counts since open).
+#[derive(Default)]
+struct Seals {
+    sealed: u64,
+    passed: u64,
 }
 
 /// The durable store. Dropping it closes it cleanly; share it with `Arc<Store>`.
@@ -613,6 +631,8 @@ impl Store {
             compactions: self.inner.compactions.load(Ordering::Relaxed),
             compacted_bytes_reclaimed: self.inner.compacted_reclaimed.load(Ordering::Relaxed),
             segments_deleted: self.inner.segments_deleted.load(Ordering::Relaxed),
+            pass_waits: self.inner.pass_waits.load(Ordering::Relaxed),
+            pass_wait_timeouts: self.inner.pass_wait_timeouts.load(Ordering::Relaxed),
             queues: self
                 .inner
                 .queues

@@ -91,6 +91,8 @@ impl Inner {
                 return;
             }
             let sealed = self.sealed.swap(false, Ordering::AcqRel);
+            // every seal so far is covered by this round's checkpoint and pass
+            let seals = self.seals();
             let changed = *lock(&self.checkpoint) != self.log.end();
             if changed {
                 if let Err(e) = self.checkpoint() {
@@ -113,6 +115,7 @@ impl Inner {
                 if let Err(e) = self.retention() {
                     tracing::warn!(error = %e, "store: retention failed");
                 }
+                self.note_passed(seals);
             } else if sealed {
                 // paced: keep it for the next wake-up
                 self.sealed.store(true, Ordering::Release);
@@ -139,6 +142,17 @@ pub(super) fn async_wait(end: u64, flushed: u64, dirty_bytes: u64) -> Option<u64
     let limit = dirty_bytes.saturating_mul(ASYNC_BACKLOG_FLUSHES);
     (end.saturating_sub(flushed) > limit).then(|| end - limit)
 }
+
+/// The longest an append waits for the retention pass after a seal before it seals
+/// the next segment anyway (a pass held back by its pacing, or a slow disk): the disk
+/// bound then gives way before the publishers stall for longer.
+pub(super) const PASS_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// While a sealed segment awaits its pass, appends leave the last
+/// `segment_size / COPY_ROOM_SHARE` bytes of the writer's segment to that pass's copies:
+/// half, as a segment is compacted only when less than half of it is live, so the copies
+/// of one segment fit without a roll (a roll would make a third segment).
+pub(super) const COPY_ROOM_SHARE: u64 = 2;
 
 /// Retention passes start at least this many times their last liveness walk apart.
 const RETENTION_PACE: u32 = 10;

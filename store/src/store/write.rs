@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
-use super::threads::async_wait;
+use super::threads::{async_wait, COPY_ROOM_SHARE, PASS_WAIT_MAX};
 use super::{lock, now_ms, Appended, Inner, QueueId, QueueState};
 use crate::commitlog::Writer;
 use crate::consumequeue::CqEntry;
@@ -24,6 +24,65 @@ impl Inner {
 
     pub(super) fn writer(&self) -> MutexGuard<'_, Writer> {
         lock(&self.writer)
+    }
+
+    /// The writer lock for an append (a message or an ack) of `len` bytes. While a sealed
+    /// segment awaits its retention pass, the writer keeps the second half of its own
+    /// segment for that pass's copies (a segment is compacted only when less than half of
+    /// it is live): an append that would reach into it gives up the lock while
+    /// [`Self::wait_for_pass`] waits for the pass. The copies then land in the writer's
+    /// segment and the sealed one is deleted before a third segment is made.
+    /// Compaction's copies take the plain [`Self::writer`]: the pass never waits for itself.
+    fn writer_for(&self, len: u64) -> MutexGuard<'_, Writer> {
+        let w = self.writer();
+        if !self.log.holds_next_segment()
+            || self.log.room(&w) >= len + self.cfg.segment_size / COPY_ROOM_SHARE
+        {
+            return w;
+        }
+        drop(w);
+        self.wait_for_pass();
+        self.writer()
+    }
+
+    /// Waits (at most [`PASS_WAIT_MAX`]) until the retention pass after the last seal
+    /// has finished; called without the writer lock (the pass copies live records
+    /// forward under it). This is what keeps the log within 2 × live + 2 segments when
+    /// appends outrun the passes (async flushing at disk speed): the writer does not fill
+    /// its segment, nor start a third, while a sealed one may still be compacted away.
+    fn wait_for_pass(&self) {
+        self.pass_waits.fetch_add(1, Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + PASS_WAIT_MAX;
+        let mut seals = lock(&self.seals);
+        while seals.passed < seals.sealed {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || self.flush.check().is_err() {
+                self.pass_wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            seals = self
+                .passed_cv
+                .wait_timeout(seals, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Called by the maintenance thread when a retention pass that started after
+    /// `sealed` seals has finished: lets appends and the warming thread go on.
+    pub(super) fn note_passed(&self, sealed: u64) {
+        let mut seals = lock(&self.seals);
+        seals.passed = seals.passed.max(sealed);
+        if seals.passed >= seals.sealed {
+            self.log.hold_next_segment(false);
+        }
+        drop(seals);
+        self.passed_cv.notify_all();
+    }
+
+    /// Segments sealed since open.
+    pub(super) fn seals(&self) -> u64 {
+        lock(&self.seals).sealed
     }
 
     /// Tells the flusher about new bytes and returns what to wait on.
@@ -80,7 +139,7 @@ impl Inner {
             }
         }
         let store_ts = now_ms();
-        let mut w = self.writer();
+        let mut w = self.writer_for(len);
         let offs: Vec<u64> = qs.iter().map(|q| q.cq.next_offset()).collect();
         let before = w.pos();
         let commit_offset = self.note_disk_full(self.log.append(&mut w, len, |buf| {
@@ -124,7 +183,9 @@ impl Inner {
 
     /// Wakes the maintenance thread for a sealed segment (once per segment: a mutex
     /// and a notify per segment, nothing per record).
-    fn note_sealed(&self) {
+    pub(super) fn note_sealed(&self) {
+        lock(&self.seals).sealed += 1;
+        self.log.hold_next_segment(true);
         self.sealed.store(true, Ordering::Release);
         let _stop = lock(&self.stop);
         self.stop_cv.notify_all();
@@ -157,13 +218,17 @@ impl Inner {
             }
             return Ok(Durable::ready());
         }
-        let mut w = self.writer();
-        let ts = now_ms();
         let len = record::ack_len(ranges.len()) as u64;
-        self.note_disk_full(self.log.append(&mut w, len, |buf| {
+        let mut w = self.writer_for(len);
+        let ts = now_ms();
+        let before = w.pos();
+        let at = self.note_disk_full(self.log.append(&mut w, len, |buf| {
             record::encode_ack(buf, ts, queue, ranges)
         }))?;
         self.log.publish(&w);
+        if at != before {
+            self.note_sealed();
+        }
         {
             let mut a = q.ack();
             for (s, e) in ranges {
