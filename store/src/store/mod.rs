@@ -47,6 +47,11 @@
 //! record. One slow queue holding a few old messages thus costs their bytes, not the log
 //! from them on. Core keeps commit offsets of loaded entries; a read that finds the
 //! segment gone asks the consume queue again ([`Store::read_entry`]).
+//! While a sealed segment awaits its pass, no segment is created ahead of the writer, and
+//! appends leave the second half of the writer's segment to that pass's copies (they wait
+//! for the pass, at most 2 s, without the writer lock): so even when appends outrun the
+//! passes (async flushing at disk speed) the log holds at most the sealed segment, the
+//! writer's, and segments at least half live, which is within 2 × live + 2 segments.
 //!
 //! Cost of a queue: an idle or near-empty durable queue owns no file and no mapping;
 //! 40 bytes of shared index and 24 bytes of heap per entry held, plus its `QueueState`.

@@ -117,8 +117,11 @@ impl Inner {
                 }
                 self.note_passed(seals);
             } else if sealed {
-                // paced: keep it for the next wake-up
+                // paced: keep it for the next wake-up. Appends do not wait for it: a
+                // pass held back by its pacing means a backlog whose live bytes dwarf a
+                // segment or two, and the bound has that much room.
                 self.sealed.store(true, Ordering::Release);
+                self.note_passed(seals);
                 let stop = lock(&self.stop);
                 if !*stop {
                     let pause = (walk * RETENTION_PACE).saturating_sub(since);
