@@ -495,14 +495,11 @@ fn one_slow_queue_does_not_pin_the_log() {
     );
 }
 
-/// A sealed segment gets its checkpoint and retention pass when it seals, not at the next
-/// period: with both periods at an hour, the log still stays within twice the slow queue's
-/// live bytes plus two segments once the writes stop (async flushing, as the broker's
-/// `flush = "async"`, where a segment can fill faster than any period).
-#[test]
-fn a_sealed_segment_is_compacted_when_it_seals() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = small_cfg(dir.path());
+/// A store with async flushing (as the broker's `flush = "async"`, where a segment can
+/// fill faster than any period) and two queues: `fast` (acked at once) and `slow` (never
+/// read). Returns the config, the store and the two queues.
+fn open_async_fast_and_slow(dir: &Path) -> (StoreConfig, Store, [u32; 2]) {
+    let mut cfg = small_cfg(dir);
     cfg.flush = FlushMode::Async {
         interval: Duration::from_millis(5),
         dirty_bytes: 4096,
@@ -510,19 +507,42 @@ fn a_sealed_segment_is_compacted_when_it_seals() {
     let store = Store::open(cfg.clone()).unwrap();
     let fast = store.create_queue("/", "fast", true).unwrap();
     let slow = store.create_queue("/", "slow", true).unwrap();
-    let mut held = Vec::new();
-    for i in 0..2000u64 {
+    (cfg, store, [fast, slow])
+}
+
+/// Appends `n` messages to `fast`, every 20th to `slow` too, and acks each on `fast` at
+/// once; `after(i, slow entry)` runs after each one's ack.
+fn write_fast_and_slow(
+    store: &Store,
+    [fast, slow]: [u32; 2],
+    n: u64,
+    mut after: impl FnMut(u64, Option<u64>),
+) {
+    for i in 0..n {
         let qs: Vec<u32> = if i % 20 == 0 {
             vec![fast, slow]
         } else {
             vec![fast]
         };
-        let (_, offs) = append(&store, &qs, i);
+        let (_, offs) = append(store, &qs, i);
         store.ack(fast, &[offs[0].1]).unwrap().wait().unwrap();
-        if let Some(&(_, off)) = offs.get(1) {
-            held.push((off, i));
-        }
+        after(i, offs.get(1).map(|&(_, off)| off));
     }
+}
+
+/// A sealed segment gets its checkpoint and retention pass when it seals, not at the next
+/// period: with both periods at an hour, the log still stays within twice the slow queue's
+/// live bytes plus two segments once the writes stop (async flushing, as the broker's
+/// `flush = "async"`, where a segment can fill faster than any period).
+#[test]
+fn a_sealed_segment_is_compacted_when_it_seals() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, store, queues) = open_async_fast_and_slow(dir.path());
+    let slow = queues[1];
+    let mut held = Vec::new();
+    write_fast_and_slow(&store, queues, 2000, |i, slow_entry| {
+        held.extend(slow_entry.map(|o| (o, i)))
+    });
     assert!(store.stats().commitlog_end > 40 * cfg.segment_size);
     let live: u64 = held
         .iter()
@@ -555,24 +575,11 @@ fn a_sealed_segment_is_compacted_when_it_seals() {
 #[test]
 fn the_log_stays_within_its_bound_during_the_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = small_cfg(dir.path());
-    cfg.flush = FlushMode::Async {
-        interval: Duration::from_millis(5),
-        dirty_bytes: 4096,
-    };
-    let store = Store::open(cfg.clone()).unwrap();
-    let fast = store.create_queue("/", "fast", true).unwrap();
-    let slow = store.create_queue("/", "slow", true).unwrap();
+    let (cfg, store, queues) = open_async_fast_and_slow(dir.path());
+    let slow = queues[1];
     let mut live = 0u64;
-    for i in 0..1500u64 {
-        let qs: Vec<u32> = if i % 20 == 0 {
-            vec![fast, slow]
-        } else {
-            vec![fast]
-        };
-        let (_, offs) = append(&store, &qs, i);
-        store.ack(fast, &[offs[0].1]).unwrap().wait().unwrap();
-        if let Some(&(_, off)) = offs.get(1) {
+    write_fast_and_slow(&store, queues, 1500, |i, slow_entry| {
+        if let Some(off) = slow_entry {
             live += u64::from(store.entry(slow, off).unwrap().size);
         }
         let on_disk = store.stats().segments as u64 * cfg.segment_size;
@@ -582,7 +589,7 @@ fn the_log_stays_within_its_bound_during_the_writes() {
             "after append {i}: {on_disk} bytes of segments for {live} live bytes (bound {bound}); {:?}",
             store.stats()
         );
-    }
+    });
     let st = store.stats();
     assert!(st.commitlog_end > 30 * cfg.segment_size, "{st:?}");
     assert!(st.compactions > 0, "{st:?}");
