@@ -13,6 +13,7 @@
 //! - [`mgmt`]: the management API (`/api/...`) in RabbitMQ's shapes.
 //! - [`adapters`]: glue from a connection to the AMQP, STOMP and MQTT adapters.
 //! - [`counted`]: a connection's stream with its bytes counted (`/api/connections`).
+//! - [`forward`]: a follower's client listeners, spliced to the leader's.
 //! - [`proxy_protocol`]: PROXY protocol v1/v2 headers (`listeners.proxy_protocol`).
 //! - [`shutdown`]: closing the store last, and saying whether it was closed.
 //! - [`tls`]: the TLS listeners' rustls configuration (PEM files, TLS 1.2/1.3, client
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod counted;
+pub mod forward;
 pub mod http;
 pub mod listener;
 pub mod mgmt;
