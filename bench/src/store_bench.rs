@@ -277,11 +277,14 @@ fn open_store(a: &StoreArgs, scratch: &Scratch) -> Result<Store, String> {
     Store::open(cfg).map_err(|e| format!("open store: {e}"))
 }
 
+/// `--slow-every`'s queue and how often it gets a message.
+type SlowQueue = (QueueId, u64);
+
 /// The writers' queues (`bench-N`) and, with `--slow-every`, the slow queue.
 fn create_queues(
     a: &StoreArgs,
     store: &Store,
-) -> Result<(Vec<QueueId>, Option<(QueueId, u64)>), String> {
+) -> Result<(Vec<QueueId>, Option<SlowQueue>), String> {
     let queues: Vec<QueueId> = (0..a.queues)
         .map(|i| store.create_queue("/", &format!("bench-{i}"), true))
         .collect::<Result<_, _>>()
@@ -427,7 +430,7 @@ fn collect_writers(
             last = (now, total);
             next_tick += Duration::from_secs(1);
             if a.consume {
-                disk_samples.push(log_on_disk(&store));
+                disk_samples.push(log_on_disk(store));
             }
         }
     }
