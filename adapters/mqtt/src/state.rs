@@ -45,8 +45,9 @@ struct Stored {
     /// Stream subscriptions (`$stream/...` → granted QoS); their positions are the
     /// streams' stored consumer offsets ([`crate::stream::consumer_name`]).
     streams: BTreeMap<String, u8>,
-    /// Ms since the Unix epoch, by the broker's clock, at which the client disconnected; 0 while it
-    /// is connected (or for sessions stored before `session_expiry` was turned on).
+    /// Ms since the Unix epoch, by the broker's clock, at which the client disconnected;
+    /// 0 while it is connected (or for sessions stored before `session_expiry` was turned
+    /// on).
     disconnected_at: u64,
 }
 
