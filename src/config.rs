@@ -732,6 +732,21 @@ impl Config {
         self.validate_tls()?;
         self.validate_cluster()?;
 
+        self.validate_store()?;
+        self.validate_mqtt()?;
+        if self.txn.check_timeout.get() < std::time::Duration::from_millis(100) {
+            return Err(invalid(
+                "txn.check_timeout",
+                self.txn.check_timeout,
+                "must be at least 100ms",
+            ));
+        }
+        self.validate_auth()?;
+        self.validate_limits()
+    }
+
+    /// `[store]`.
+    fn validate_store(&self) -> Result<(), ConfigError> {
         let s = &self.store;
         if s.data_dir.as_os_str().is_empty() {
             return Err(invalid("store.data_dir", "", "must not be empty"));
@@ -783,18 +798,23 @@ impl Config {
                 "must be above zero",
             ));
         }
-        if self.mqtt.max_subscriptions == 0 {
-            return Err(invalid(
-                "mqtt.max_subscriptions",
-                self.mqtt.max_subscriptions,
-                "must be at least 1",
-            ));
-        }
         if s.retention_interval.get().is_zero() {
             return Err(invalid(
                 "store.retention_interval",
                 s.retention_interval,
                 "must be above zero",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[mqtt]`.
+    fn validate_mqtt(&self) -> Result<(), ConfigError> {
+        if self.mqtt.max_subscriptions == 0 {
+            return Err(invalid(
+                "mqtt.max_subscriptions",
+                self.mqtt.max_subscriptions,
+                "must be at least 1",
             ));
         }
         for (port, vhost) in &self.mqtt.port_to_vhost {
@@ -812,13 +832,6 @@ impl Config {
                     "the vhost must not be empty",
                 ));
             }
-        }
-        if self.txn.check_timeout.get() < std::time::Duration::from_millis(100) {
-            return Err(invalid(
-                "txn.check_timeout",
-                self.txn.check_timeout,
-                "must be at least 100ms",
-            ));
         }
         if let Some(e) = self.mqtt.session_expiry {
             if e.get() < std::time::Duration::from_millis(100) {
@@ -844,7 +857,11 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        Ok(())
+    }
 
+    /// `[auth]` (and the users and rights it names).
+    fn validate_auth(&self) -> Result<(), ConfigError> {
         let a = &self.auth;
         if a.default_user.is_empty() {
             return Err(invalid("auth.default_user", "", "must not be empty"));
@@ -862,7 +879,11 @@ impl Config {
             ));
         }
         self.validate_users()?;
+        Ok(())
+    }
 
+    /// `[limits]` other than the memory watermark (checked first).
+    fn validate_limits(&self) -> Result<(), ConfigError> {
         let m = &self.limits;
         if m.frame_max.bytes() < FRAME_MIN || m.frame_max.bytes() > u64::from(u32::MAX) {
             return Err(invalid(

@@ -690,6 +690,81 @@ enum Delivery {
     Body { tag: u64, size: usize },
 }
 
+/// A consumer's deliveries as their frames arrive: checked when complete.
+struct Deliveries {
+    chk: Checker,
+    state: Delivery,
+    body: Vec<u8>,
+    last_tag: u64,
+}
+
+impl Deliveries {
+    /// Takes one frame; `Ok(true)`: it completed a delivery.
+    fn frame(&mut self, typ: u8, payload: &[u8]) -> Result<bool, String> {
+        let mut done = false;
+        match (typ, &self.state) {
+            (FRAME_METHOD, Delivery::Idle) => {
+                let (mid, args) = method_id(payload)?;
+                match mid {
+                    B_DELIVER => {
+                        let mut r = Rd(args);
+                        r.shortstr()?;
+                        self.state = Delivery::Header(r.u64()?);
+                    }
+                    CONN_CLOSE => {
+                        return Err(format!(
+                            "connection closed by broker: {}",
+                            close_reason(args)
+                        ))
+                    }
+                    CH_CLOSE => {
+                        return Err(format!("channel closed by broker: {}", close_reason(args)))
+                    }
+                    B_CANCEL => return Err("consumer cancelled by the broker".into()),
+                    _ => {}
+                }
+            }
+            (FRAME_HEADER, Delivery::Header(tag)) => {
+                let mut r = Rd(payload);
+                r.u16()?;
+                r.u16()?;
+                let size = r.u64()? as usize;
+                self.body.clear();
+                if size == 0 {
+                    self.chk.check(&self.body);
+                    done = true;
+                    self.last_tag = *tag;
+                    self.state = Delivery::Idle;
+                } else {
+                    self.state = Delivery::Body { tag: *tag, size };
+                }
+            }
+            (FRAME_BODY, Delivery::Body { tag, size }) => {
+                let complete = if self.body.is_empty() && payload.len() == *size {
+                    self.chk.check(payload);
+                    true
+                } else {
+                    self.body.extend_from_slice(payload);
+                    if self.body.len() >= *size {
+                        self.chk.check(&self.body);
+                        true
+                    } else {
+                        false
+                    }
+                };
+                if complete {
+                    done = true;
+                    self.last_tag = *tag;
+                    self.state = Delivery::Idle;
+                }
+            }
+            (FRAME_HEARTBEAT, _) => {}
+            (t, _) => return Err(format!("unexpected frame type {t} mid-delivery")),
+        }
+        Ok(done)
+    }
+}
+
 async fn consumer(
     mut c: Conn,
     a: Arc<AmqpArgs>,
@@ -697,85 +772,29 @@ async fn consumer(
     counters: Arc<Counters>,
     stop: CancellationToken,
 ) -> e2e::ConsumerResult {
-    let mut chk = Checker::new(producers, a.load.size);
-    let mut state = Delivery::Idle;
-    let mut body: Vec<u8> = Vec::new();
-    let (mut last_tag, mut acked) = (0u64, 0u64);
+    let mut d = Deliveries {
+        chk: Checker::new(producers, a.load.size),
+        state: Delivery::Idle,
+        body: Vec::new(),
+        last_tag: 0,
+    };
+    let mut acked = 0u64;
     let res: Result<(), String> = async {
         loop {
             let mut n = 0u64;
             while let Some((typ, _ch, len)) = frame_at(c.r.data())? {
                 let payload = &c.r.data()[7..7 + len];
-                match (typ, &state) {
-                    (FRAME_METHOD, Delivery::Idle) => {
-                        let (mid, args) = method_id(payload)?;
-                        match mid {
-                            B_DELIVER => {
-                                let mut r = Rd(args);
-                                r.shortstr()?;
-                                state = Delivery::Header(r.u64()?);
-                            }
-                            CONN_CLOSE => {
-                                return Err(format!(
-                                    "connection closed by broker: {}",
-                                    close_reason(args)
-                                ))
-                            }
-                            CH_CLOSE => {
-                                return Err(format!(
-                                    "channel closed by broker: {}",
-                                    close_reason(args)
-                                ))
-                            }
-                            B_CANCEL => return Err("consumer cancelled by the broker".into()),
-                            _ => {}
-                        }
-                    }
-                    (FRAME_HEADER, Delivery::Header(tag)) => {
-                        let mut r = Rd(payload);
-                        r.u16()?;
-                        r.u16()?;
-                        let size = r.u64()? as usize;
-                        body.clear();
-                        if size == 0 {
-                            chk.check(&body);
-                            n += 1;
-                            last_tag = *tag;
-                            state = Delivery::Idle;
-                        } else {
-                            state = Delivery::Body { tag: *tag, size };
-                        }
-                    }
-                    (FRAME_BODY, Delivery::Body { tag, size }) => {
-                        let complete = if body.is_empty() && payload.len() == *size {
-                            chk.check(payload);
-                            true
-                        } else {
-                            body.extend_from_slice(payload);
-                            if body.len() >= *size {
-                                chk.check(&body);
-                                true
-                            } else {
-                                false
-                            }
-                        };
-                        if complete {
-                            n += 1;
-                            last_tag = *tag;
-                            state = Delivery::Idle;
-                        }
-                    }
-                    (FRAME_HEARTBEAT, _) => {}
-                    (t, _) => return Err(format!("unexpected frame type {t} mid-delivery")),
+                if d.frame(typ, payload)? {
+                    n += 1;
                 }
                 c.r.consume(len + 8);
             }
             if n > 0 {
                 counters.received.fetch_add(n, Ordering::Relaxed);
             }
-            if a.manual_ack && last_tag > acked {
-                ack(&mut c.out, last_tag, true);
-                acked = last_tag;
+            if a.manual_ack && d.last_tag > acked {
+                ack(&mut c.out, d.last_tag, true);
+                acked = d.last_tag;
                 c.flush().await?;
             }
             let w = want(c.r.data());
@@ -790,7 +809,7 @@ async fn consumer(
     if err.is_none() {
         c.close().await;
     }
-    (chk, err)
+    (d.chk, err)
 }
 
 /// `--stream`: publishes `--count` messages into the streams (confirmed) before anything
@@ -843,41 +862,7 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
     let groups = a.fanout.unwrap_or(a.queues);
     let queues: Vec<String> = (0..groups).map(queue_name).collect();
     let mut setup = Conn::open(&a).await?;
-    let exchange = if a.fanout.is_some() {
-        let x = exchange_name();
-        method(&mut setup.out, 1, EX_DECLARE, |o| {
-            o.extend_from_slice(&0u16.to_be_bytes());
-            shortstr(o, &x);
-            shortstr(o, "fanout");
-            o.push(if a.persistent { 0b10 } else { 0 });
-            longstr(o, &[]);
-        });
-        setup.flush().await?;
-        setup.expect(1, EX_DECLARE_OK).await?;
-        x
-    } else {
-        String::new()
-    };
-    let stream_args = string_table(&[("x-queue-type", "stream")]);
-    for q in &queues {
-        if a.stream {
-            setup.declare_queue_with(q, true, &stream_args).await?;
-        } else {
-            setup.declare_queue(q, a.persistent).await?;
-        }
-        if a.fanout.is_some() {
-            method(&mut setup.out, 1, Q_BIND, |o| {
-                o.extend_from_slice(&0u16.to_be_bytes());
-                shortstr(o, q);
-                shortstr(o, &exchange);
-                shortstr(o, "");
-                o.push(0);
-                longstr(o, &[]);
-            });
-            setup.flush().await?;
-            setup.expect(1, Q_BIND_OK).await?;
-        }
-    }
+    let exchange = declare_topology(&a, &mut setup, &queues).await?;
     // --stream: the stream is filled before the consumers start
     let prefilled = if a.stream {
         Some(fill_streams(&a, &queues).await?)
@@ -888,17 +873,7 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
     for j in 0..l.consumers {
         consumer_conns.push(start_consumer(&a, j, &queues[j % groups]).await?);
     }
-    let mut producer_conns = Vec::new();
-    let producers_n = if a.stream { 0 } else { l.producers };
-    for _ in 0..producers_n {
-        let mut c = Conn::open(&a).await?;
-        if a.confirm {
-            method(&mut c.out, 1, CONFIRM_SELECT, |o| o.push(0));
-            c.flush().await?;
-            c.expect(1, CONFIRM_SELECT_OK).await?;
-        }
-        producer_conns.push(c);
-    }
+    let producer_conns = open_producers(&a).await?;
 
     let h = Harness::start(l)?;
     let consumers: Vec<_> = consumer_conns
@@ -913,31 +888,8 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
             ))
         })
         .collect();
-    let quotas = e2e::quotas(l.count, l.producers);
     let nacked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let producers: Vec<_> = producer_conns
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let plan = ProducerPlan {
-                id: i as u32,
-                exchange: exchange.clone(),
-                routing_key: if a.fanout.is_some() {
-                    String::new()
-                } else {
-                    queues[i % groups].clone()
-                },
-                quota: quotas[i],
-                deadline: h.deadline(l),
-            };
-            let (a, counters, nacked) = (a.clone(), h.counters.clone(), nacked.clone());
-            tokio::spawn(async move {
-                let (sent, err, n) = producer(c, a, plan, counters).await;
-                nacked.fetch_add(n, Ordering::Relaxed);
-                (sent, err)
-            })
-        })
-        .collect();
+    let producers = spawn_producers(&a, producer_conns, &h, &exchange, &queues, &nacked);
     let fanout = a.fanout.is_some();
     let feeds = move |g: usize, p: usize| fanout || p % groups == g;
     let expected = move |sent: &[u64]| -> u64 {
@@ -965,35 +917,7 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
     }
 
     // clean up: delete the queues and the exchange
-    for q in &queues {
-        method(&mut setup.out, 1, Q_DELETE, |o| {
-            o.extend_from_slice(&0u16.to_be_bytes());
-            shortstr(o, q);
-            o.push(0);
-        });
-        if setup.flush().await.is_ok() {
-            let _ = setup.expect(1, Q_DELETE_OK).await;
-        }
-    }
-    if fanout {
-        method(&mut setup.out, 1, EX_DELETE, |o| {
-            o.extend_from_slice(&0u16.to_be_bytes());
-            shortstr(o, &exchange);
-            o.push(0);
-        });
-        if setup.flush().await.is_ok() {
-            let _ = setup.expect(1, EX_DELETE_OK).await;
-        }
-    }
-    method(&mut setup.out, 1, CH_CLOSE, |o| {
-        o.extend_from_slice(&200u16.to_be_bytes());
-        shortstr(o, "bye");
-        o.extend_from_slice(&[0, 0, 0, 0]);
-    });
-    if setup.flush().await.is_ok() {
-        let _ = setup.expect(1, CH_CLOSE_OK).await;
-    }
-    setup.close().await;
+    clean_up(setup, &queues, fanout.then_some(exchange.as_str())).await;
 
     let group_of: Vec<usize> = (0..l.consumers).map(|j| j % groups).collect();
     let o = fin.outcome(&group_of, groups, feeds);
@@ -1014,6 +938,142 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
             "nacked": nacked.load(Ordering::Relaxed),
         }),
     ))
+}
+
+/// Declares the queues (streams with `--stream`) and, with `--fanout`, the fanout
+/// exchange they are bound to; returns the exchange's name ("" without `--fanout`).
+async fn declare_topology(
+    a: &Arc<AmqpArgs>,
+    setup: &mut Conn,
+    queues: &[String],
+) -> Result<String, String> {
+    let exchange = if a.fanout.is_some() {
+        let x = exchange_name();
+        method(&mut setup.out, 1, EX_DECLARE, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, &x);
+            shortstr(o, "fanout");
+            o.push(if a.persistent { 0b10 } else { 0 });
+            longstr(o, &[]);
+        });
+        setup.flush().await?;
+        setup.expect(1, EX_DECLARE_OK).await?;
+        x
+    } else {
+        String::new()
+    };
+    let stream_args = string_table(&[("x-queue-type", "stream")]);
+    for q in queues {
+        if a.stream {
+            setup.declare_queue_with(q, true, &stream_args).await?;
+        } else {
+            setup.declare_queue(q, a.persistent).await?;
+        }
+        if a.fanout.is_some() {
+            method(&mut setup.out, 1, Q_BIND, |o| {
+                o.extend_from_slice(&0u16.to_be_bytes());
+                shortstr(o, q);
+                shortstr(o, &exchange);
+                shortstr(o, "");
+                o.push(0);
+                longstr(o, &[]);
+            });
+            setup.flush().await?;
+            setup.expect(1, Q_BIND_OK).await?;
+        }
+    }
+    Ok(exchange)
+}
+
+/// The producers' connections (in confirm mode with `--confirm`); none with `--stream`,
+/// whose streams are filled before the run.
+async fn open_producers(a: &Arc<AmqpArgs>) -> Result<Vec<Conn>, String> {
+    let l = &a.load;
+    let mut producer_conns = Vec::new();
+    let producers_n = if a.stream { 0 } else { l.producers };
+    for _ in 0..producers_n {
+        let mut c = Conn::open(a).await?;
+        if a.confirm {
+            method(&mut c.out, 1, CONFIRM_SELECT, |o| o.push(0));
+            c.flush().await?;
+            c.expect(1, CONFIRM_SELECT_OK).await?;
+        }
+        producer_conns.push(c);
+    }
+
+    Ok(producer_conns)
+}
+
+/// Starts a producer task per connection, each with its share of `--count`; publish
+/// nacks are added to `nacked`.
+fn spawn_producers(
+    a: &Arc<AmqpArgs>,
+    producer_conns: Vec<Conn>,
+    h: &Harness,
+    exchange: &str,
+    queues: &[String],
+    nacked: &Arc<std::sync::atomic::AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<(u64, Option<String>)>> {
+    let l = &a.load;
+    let groups = queues.len();
+    let quotas = e2e::quotas(l.count, l.producers);
+    producer_conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let plan = ProducerPlan {
+                id: i as u32,
+                exchange: exchange.to_owned(),
+                routing_key: if a.fanout.is_some() {
+                    String::new()
+                } else {
+                    queues[i % groups].clone()
+                },
+                quota: quotas[i],
+                deadline: h.deadline(l),
+            };
+            let (a, counters, nacked) = (a.clone(), h.counters.clone(), nacked.clone());
+            tokio::spawn(async move {
+                let (sent, err, n) = producer(c, a, plan, counters).await;
+                nacked.fetch_add(n, Ordering::Relaxed);
+                (sent, err)
+            })
+        })
+        .collect()
+}
+
+/// Deletes the queues and the exchange (if any), closes the setup connection; failures
+/// are ignored.
+async fn clean_up(mut setup: Conn, queues: &[String], exchange: Option<&str>) {
+    for q in queues {
+        method(&mut setup.out, 1, Q_DELETE, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, q);
+            o.push(0);
+        });
+        if setup.flush().await.is_ok() {
+            let _ = setup.expect(1, Q_DELETE_OK).await;
+        }
+    }
+    if let Some(exchange) = exchange {
+        method(&mut setup.out, 1, EX_DELETE, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, exchange);
+            o.push(0);
+        });
+        if setup.flush().await.is_ok() {
+            let _ = setup.expect(1, EX_DELETE_OK).await;
+        }
+    }
+    method(&mut setup.out, 1, CH_CLOSE, |o| {
+        o.extend_from_slice(&200u16.to_be_bytes());
+        shortstr(o, "bye");
+        o.extend_from_slice(&[0, 0, 0, 0]);
+    });
+    if setup.flush().await.is_ok() {
+        let _ = setup.expect(1, CH_CLOSE_OK).await;
+    }
+    setup.close().await;
 }
 
 fn variant(a: &AmqpArgs) -> String {

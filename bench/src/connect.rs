@@ -317,66 +317,9 @@ pub fn run(a: &ConnectArgs) -> Result<Value, String> {
 
 async fn run_async(a: ConnectArgs) -> Result<Value, String> {
     let load = loadavg();
-    let addr = tokio::net::lookup_host((a.host.as_str(), a.port))
-        .await
-        .map_err(|e| format!("resolve {}: {e}", a.host))?
-        .find(|s| s.is_ipv4())
-        .ok_or_else(|| format!("{}: no IPv4 address", a.host))?;
-    let c = Arc::new(Client {
-        addr,
-        sources: a.sources,
-        tls: if a.tls {
-            Some(tls_connector(&a)?)
-        } else {
-            None
-        },
-        proto: a.proto,
-        session: a.session,
-        user: a.user.clone(),
-        pass: a.pass.clone(),
-        next_source: AtomicU64::new(0),
-    });
+    let c = Arc::new(client(&a).await?);
     let persistent = a.proto == ConnectProto::Mqtt && a.session == MqttSession::Persistent;
-    let warmup = if a.resume || persistent {
-        a.warmup.max(a.parallel as u64)
-    } else {
-        a.warmup
-    };
-    // One warm-up connect per client first when each client needs its own (its MQTT
-    // session, or a TLS session to resume): a shared count let one client take two and
-    // leave another with none.
-    let per_client = if a.resume || persistent {
-        for i in 0..a.parallel {
-            match tokio::time::timeout(CONNECT_TIMEOUT, connect_once(&c, i, false)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(format!("warm-up: client {i}: {e}")),
-                Err(_) => return Err(format!("warm-up: client {i}: connect timed out")),
-            }
-        }
-        a.parallel as u64
-    } else {
-        0
-    };
-    let rest = warmup.saturating_sub(per_client);
-    if rest > 0 {
-        let (w, _) = phase(
-            c.clone(),
-            a.parallel,
-            Some(rest),
-            Instant::now() + Duration::from_secs(120),
-            a.quiet,
-            "warm-up",
-        )
-        .await;
-        if w.failed > 0 {
-            return Err(format!(
-                "warm-up: {} of {} connects failed, first: {}",
-                w.failed,
-                w.ok + w.failed,
-                w.first_error.unwrap_or_default()
-            ));
-        }
-    }
+    let warmup = warm_up(&a, &c, persistent).await?;
     let before = a
         .broker_pid
         .map(|p| e2e::proc_sample(p).ok_or_else(|| format!("cannot read /proc/{p}/stat")))
@@ -395,23 +338,7 @@ async fn run_async(a: ConnectArgs) -> Result<Value, String> {
         }
     }
     let per = |x: f64| (t.ok > 0).then(|| round(x * 1e3 / t.ok as f64, 4));
-    let broker = match (a.broker_pid, before, after) {
-        (Some(pid), Some(b), Some(af)) => {
-            let cpu = af.cpu.saturating_sub(b.cpu).as_secs_f64();
-            let sys = af.sys.saturating_sub(b.sys).as_secs_f64();
-            json!({
-                "pid": pid,
-                "cpu_s": round(cpu, 3),
-                "cpu_ms_per_connect": per(cpu),
-                "user_ms_per_connect": per(cpu - sys),
-                "sys_ms_per_connect": per(sys),
-                "rss_kib_before": b.rss_kib,
-                "rss_kib_after": af.rss_kib,
-            })
-        }
-        (Some(pid), _, _) => json!({"pid": pid, "error": "broker gone"}),
-        _ => Value::Null,
-    };
+    let broker = broker_json(&a, before, after, t.ok);
     let mut errors = Vec::new();
     if t.failed > 0 {
         errors.push(format!(
@@ -458,6 +385,99 @@ async fn run_async(a: ConnectArgs) -> Result<Value, String> {
         "loadavg_at_start": load,
         "errors": errors,
     }))
+}
+
+/// The connecting client, from the arguments: the first IPv4 address of the host.
+async fn client(a: &ConnectArgs) -> Result<Client, String> {
+    let addr = tokio::net::lookup_host((a.host.as_str(), a.port))
+        .await
+        .map_err(|e| format!("resolve {}: {e}", a.host))?
+        .find(|s| s.is_ipv4())
+        .ok_or_else(|| format!("{}: no IPv4 address", a.host))?;
+    Ok(Client {
+        addr,
+        sources: a.sources,
+        tls: if a.tls { Some(tls_connector(a)?) } else { None },
+        proto: a.proto,
+        session: a.session,
+        user: a.user.clone(),
+        pass: a.pass.clone(),
+        next_source: AtomicU64::new(0),
+    })
+}
+
+/// The warm-up before the measured connects: one connect per client first when each
+/// needs its own (its MQTT session, or a TLS session to resume), then the rest of
+/// `--warmup`; returns the warm-up count.
+async fn warm_up(a: &ConnectArgs, c: &Arc<Client>, persistent: bool) -> Result<u64, String> {
+    let warmup = if a.resume || persistent {
+        a.warmup.max(a.parallel as u64)
+    } else {
+        a.warmup
+    };
+    // One warm-up connect per client first when each client needs its own (its MQTT
+    // session, or a TLS session to resume): a shared count let one client take two and
+    // leave another with none.
+    let per_client = if a.resume || persistent {
+        for i in 0..a.parallel {
+            match tokio::time::timeout(CONNECT_TIMEOUT, connect_once(c, i, false)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("warm-up: client {i}: {e}")),
+                Err(_) => return Err(format!("warm-up: client {i}: connect timed out")),
+            }
+        }
+        a.parallel as u64
+    } else {
+        0
+    };
+    let rest = warmup.saturating_sub(per_client);
+    if rest > 0 {
+        let (w, _) = phase(
+            c.clone(),
+            a.parallel,
+            Some(rest),
+            Instant::now() + Duration::from_secs(120),
+            a.quiet,
+            "warm-up",
+        )
+        .await;
+        if w.failed > 0 {
+            return Err(format!(
+                "warm-up: {} of {} connects failed, first: {}",
+                w.failed,
+                w.ok + w.failed,
+                w.first_error.unwrap_or_default()
+            ));
+        }
+    }
+    Ok(warmup)
+}
+
+/// The broker's CPU per connect and its RSS (with `--broker-pid`).
+fn broker_json(
+    a: &ConnectArgs,
+    before: Option<e2e::ProcSample>,
+    after: Option<e2e::ProcSample>,
+    ok: u64,
+) -> Value {
+    let per = |x: f64| (ok > 0).then(|| round(x * 1e3 / ok as f64, 4));
+    match (a.broker_pid, before, after) {
+        (Some(pid), Some(b), Some(af)) => {
+            let cpu = af.cpu.saturating_sub(b.cpu).as_secs_f64();
+            let sys = af.sys.saturating_sub(b.sys).as_secs_f64();
+            json!({
+                "pid": pid,
+                "cpu_s": round(cpu, 3),
+                "cpu_ms_per_connect": per(cpu),
+                "user_ms_per_connect": per(cpu - sys),
+                "sys_ms_per_connect": per(sys),
+                "rss_kib_before": b.rss_kib,
+                "rss_kib_after": af.rss_kib,
+            })
+        }
+        (Some(pid), _, _) => json!({"pid": pid, "error": "broker gone"}),
+        _ => Value::Null,
+    }
 }
 
 #[cfg(test)]

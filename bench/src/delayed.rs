@@ -191,38 +191,10 @@ async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
     let target = format!("triad-bench-{tag}-delayed");
     let parking = format!("triad-bench-{tag}-ttl");
     let mut setup = Conn::open(a).await?;
-    setup.declare_queue_with(&target, a.persistent, &[]).await?;
-    if a.delay_via == DelayVia::TtlDlx {
-        let mut t = Vec::new();
-        for (k, v) in [
-            ("x-dead-letter-exchange", ""),
-            ("x-dead-letter-routing-key", target.as_str()),
-        ] {
-            shortstr(&mut t, k);
-            t.push(b'S');
-            longstr(&mut t, v.as_bytes());
-        }
-        setup.declare_queue_with(&parking, a.persistent, &t).await?;
-    }
-    let consumer = if a.no_consume {
-        None
-    } else {
-        let mut c = Conn::open(a).await?;
-        method(&mut c.out, 1, B_CONSUME, |o| {
-            o.extend_from_slice(&0u16.to_be_bytes());
-            shortstr(o, &target);
-            shortstr(o, "delayed");
-            o.push(0b10); // no-ack
-            longstr(o, &[]);
-        });
-        c.flush().await?;
-        c.expect(1, B_CONSUME_OK).await?;
-        Some(c)
-    };
+    declare_queues(a, &mut setup, &target, &parking).await?;
+    let consumer = delayed_consumer(a, &target).await?;
+    let before = Sample::now(pid);
     let load_before = loadavg();
-    let anon_before = anon(pid);
-    let file_before = file_kib(pid);
-    let cpu_before = cpu_s(pid);
     let run_until = Instant::now()
         + Duration::from_millis(delay_ms)
         + l.duration.unwrap_or(Duration::from_secs(600))
@@ -235,17 +207,169 @@ async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
     if !l.quiet {
         eprintln!("publishing {count}, each due {delay_ms} ms after it is sent");
     }
+    let started = Instant::now();
+    publish_all(a, &mut p, count, delay_ms, &target, &parking).await?;
+    let publish_s = started.elapsed().as_secs_f64();
+    if !l.quiet {
+        eprintln!("published {count} in {publish_s:.2} s; waiting for the deliveries");
+    }
+    let pending = Sample::now(pid);
+    let load_published = loadavg();
+    p.close().await;
+
+    let (errs, first, last) = match consuming {
+        Some(h) => h.await.map_err(|e| format!("consumer: {e}"))??,
+        None => (Vec::new(), 0, 0),
+    };
+    let cpu_after = cpu_s(pid);
+    let load_after = loadavg();
+    if !a.no_consume {
+        delete_queue(&mut setup, &target).await?;
+        if a.delay_via == DelayVia::TtlDlx {
+            delete_queue(&mut setup, &parking).await?;
+        }
+    }
+    setup.close().await;
+    let mut sorted = errs.clone();
+    sorted.sort_unstable();
+    let delivered = errs.len() as u64;
+    let deliver_span_s = (last.saturating_sub(first)) as f64 / 1e6;
+    Ok(json!({
+        "bench": "amqp-delayed",
+        "via": match a.delay_via { DelayVia::XDelay => "x-delay", DelayVia::TtlDlx => "ttl-dlx" },
+        "port": l.port,
+        "count": count,
+        "size": l.size,
+        "persistent": a.persistent,
+        "delay_ms": delay_ms,
+        "publish_s": round(publish_s, 3),
+        "publish_msgs_s": round(count as f64 / publish_s.max(1e-9), 0),
+        "rate": l.rate,
+        "all_pending_before_first_due": publish_s * 1000.0 < delay_ms as f64,
+        "delivered": delivered,
+        "lost": count.saturating_sub(delivered),
+        "deliver_msgs_s": (delivered > 1 && deliver_span_s > 0.0)
+            .then(|| round(delivered as f64 / deliver_span_s, 0)),
+        "error_ms": {
+            "min": pct(&sorted, 0.0),
+            "p50": pct(&sorted, 0.5),
+            "p99": pct(&sorted, 0.99),
+            "max": pct(&sorted, 1.0),
+        },
+        "broker": broker_json(pid, &before, &pending, cpu_after, count),
+        "loadavg_1m": {"before": load_before, "published": load_published, "after": load_after},
+        "note": "shared machine: other work runs alongside; see loadavg",
+    }))
+}
+
+/// The broker's memory and CPU at one moment (with `--broker-pid`).
+struct Sample {
+    anon: Option<u64>,
+    file: Option<u64>,
+    cpu: Option<f64>,
+}
+
+impl Sample {
+    fn now(pid: Option<u32>) -> Sample {
+        Sample {
+            anon: anon(pid),
+            file: file_kib(pid),
+            cpu: cpu_s(pid),
+        }
+    }
+}
+
+/// The broker's cost: CPU per message published and in all, memory per pending message.
+fn broker_json(
+    pid: Option<u32>,
+    before: &Sample,
+    pending: &Sample,
+    cpu_after: Option<f64>,
+    count: u64,
+) -> Value {
+    let per_msg_us = |a: Option<f64>, b: Option<f64>, n: u64| match (a, b) {
+        (Some(x), Some(y)) if n > 0 => Some(round((y - x) * 1e6 / n as f64, 2)),
+        _ => None,
+    };
+    json!({
+        "pid": pid,
+        "cpu_us_per_msg_publish": per_msg_us(before.cpu, pending.cpu, count),
+        "cpu_us_per_msg_total": per_msg_us(before.cpu, cpu_after, count),
+        "rss_anon_kib_before": before.anon,
+        "rss_anon_kib_all_pending": pending.anon,
+        "rss_file_kib_before": before.file,
+        "rss_file_kib_all_pending": pending.file,
+        "rss_anon_bytes_per_pending_msg": match (before.anon, pending.anon) {
+            (Some(b), Some(p)) => Some(round((p as f64 - b as f64) * 1024.0 / count as f64, 1)),
+            _ => None,
+        },
+    })
+}
+
+/// The target queue and, with `--delay-via ttl-dlx`, the parking queue whose TTL
+/// dead-letters into it.
+async fn declare_queues(
+    a: &AmqpArgs,
+    setup: &mut Conn,
+    target: &str,
+    parking: &str,
+) -> Result<(), String> {
+    setup.declare_queue_with(target, a.persistent, &[]).await?;
+    if a.delay_via == DelayVia::TtlDlx {
+        let mut t = Vec::new();
+        for (k, v) in [
+            ("x-dead-letter-exchange", ""),
+            ("x-dead-letter-routing-key", target),
+        ] {
+            shortstr(&mut t, k);
+            t.push(b'S');
+            longstr(&mut t, v.as_bytes());
+        }
+        setup.declare_queue_with(parking, a.persistent, &t).await?;
+    }
+    Ok(())
+}
+
+/// A no-ack consumer of the target queue (none with `--no-consume`).
+async fn delayed_consumer(a: &AmqpArgs, target: &str) -> Result<Option<Conn>, String> {
+    Ok(if a.no_consume {
+        None
+    } else {
+        let mut c = Conn::open(a).await?;
+        method(&mut c.out, 1, B_CONSUME, |o| {
+            o.extend_from_slice(&0u16.to_be_bytes());
+            shortstr(o, target);
+            shortstr(o, "delayed");
+            o.push(0b10); // no-ack
+            longstr(o, &[]);
+        });
+        c.flush().await?;
+        c.expect(1, B_CONSUME_OK).await?;
+        Some(c)
+    })
+}
+
+/// Publishes `count` messages, each due `delay_ms` after it is sent, with at most
+/// `--confirm-window` unconfirmed (and at `--rate`); returns once all are confirmed.
+async fn publish_all(
+    a: &AmqpArgs,
+    p: &mut Conn,
+    count: u64,
+    delay_ms: u64,
+    target: &str,
+    parking: &str,
+) -> Result<(), String> {
+    let l = &a.load;
     let headers = delay_headers(delay_ms);
     let expiration = delay_ms.to_string();
     let (key, hdr, exp) = match a.delay_via {
-        DelayVia::XDelay => (target.as_str(), Some(headers.as_slice()), None),
-        DelayVia::TtlDlx => (parking.as_str(), None, Some(expiration.as_str())),
+        DelayVia::XDelay => (target, Some(headers.as_slice()), None),
+        DelayVia::TtlDlx => (parking, None, Some(expiration.as_str())),
     };
     let mut body = vec![0u8; l.size.max(16)];
     let mut confirms = Confirms::default();
     let (mut sent, mut done) = (0u64, 0u64);
     let window = a.confirm_window as u64;
-    let started = Instant::now();
     let pacer = e2e::Pacer::new(l.rate);
     while done < count {
         while sent < count && sent - done < window {
@@ -278,73 +402,5 @@ async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
             done += confirms.settle(t, multiple);
         }
     }
-    let publish_s = started.elapsed().as_secs_f64();
-    if !l.quiet {
-        eprintln!("published {count} in {publish_s:.2} s; waiting for the deliveries");
-    }
-    let anon_pending = anon(pid);
-    let file_pending = file_kib(pid);
-    let cpu_published = cpu_s(pid);
-    let load_published = loadavg();
-    p.close().await;
-
-    let (errs, first, last) = match consuming {
-        Some(h) => h.await.map_err(|e| format!("consumer: {e}"))??,
-        None => (Vec::new(), 0, 0),
-    };
-    let cpu_after = cpu_s(pid);
-    let load_after = loadavg();
-    if !a.no_consume {
-        delete_queue(&mut setup, &target).await?;
-        if a.delay_via == DelayVia::TtlDlx {
-            delete_queue(&mut setup, &parking).await?;
-        }
-    }
-    setup.close().await;
-    let mut sorted = errs.clone();
-    sorted.sort_unstable();
-    let delivered = errs.len() as u64;
-    let per_msg_us = |a: Option<f64>, b: Option<f64>, n: u64| match (a, b) {
-        (Some(x), Some(y)) if n > 0 => Some(round((y - x) * 1e6 / n as f64, 2)),
-        _ => None,
-    };
-    let deliver_span_s = (last.saturating_sub(first)) as f64 / 1e6;
-    Ok(json!({
-        "bench": "amqp-delayed",
-        "via": match a.delay_via { DelayVia::XDelay => "x-delay", DelayVia::TtlDlx => "ttl-dlx" },
-        "port": l.port,
-        "count": count,
-        "size": l.size,
-        "persistent": a.persistent,
-        "delay_ms": delay_ms,
-        "publish_s": round(publish_s, 3),
-        "publish_msgs_s": round(count as f64 / publish_s.max(1e-9), 0),
-        "rate": l.rate,
-        "all_pending_before_first_due": publish_s * 1000.0 < delay_ms as f64,
-        "delivered": delivered,
-        "lost": count.saturating_sub(delivered),
-        "deliver_msgs_s": (delivered > 1 && deliver_span_s > 0.0)
-            .then(|| round(delivered as f64 / deliver_span_s, 0)),
-        "error_ms": {
-            "min": pct(&sorted, 0.0),
-            "p50": pct(&sorted, 0.5),
-            "p99": pct(&sorted, 0.99),
-            "max": pct(&sorted, 1.0),
-        },
-        "broker": {
-            "pid": pid,
-            "cpu_us_per_msg_publish": per_msg_us(cpu_before, cpu_published, count),
-            "cpu_us_per_msg_total": per_msg_us(cpu_before, cpu_after, count),
-            "rss_anon_kib_before": anon_before,
-            "rss_anon_kib_all_pending": anon_pending,
-            "rss_file_kib_before": file_before,
-            "rss_file_kib_all_pending": file_pending,
-            "rss_anon_bytes_per_pending_msg": match (anon_before, anon_pending) {
-                (Some(b), Some(p)) => Some(round((p as f64 - b as f64) * 1024.0 / count as f64, 1)),
-                _ => None,
-            },
-        },
-        "loadavg_1m": {"before": load_before, "published": load_published, "after": load_after},
-        "note": "shared machine: other work runs alongside; see loadavg",
-    }))
+    Ok(())
 }

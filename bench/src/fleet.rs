@@ -509,23 +509,33 @@ struct Phase {
     errors: Vec<String>,
 }
 
-async fn create_phase(a: &FleetArgs, t: &Target, pid: Option<u32>) -> (Phase, usize) {
-    let next = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(Mutex::new(Vec::<Instant>::with_capacity(a.sessions)));
-    let hist = Arc::new(Mutex::new(new_histogram()));
-    let errors = Arc::new(Errors::default());
-    let b0 = pid.and_then(e2e::proc_sample);
-    let t0 = Instant::now();
-    let deadline = t0 + a.time_limit;
+/// What the create workers share: the next session number, when each creation
+/// finished, their latency and errors.
+#[derive(Clone)]
+struct Creating {
+    next: Arc<AtomicUsize>,
+    done: Arc<Mutex<Vec<Instant>>>,
+    hist: Arc<Mutex<hdrhistogram::Histogram<u64>>>,
+    errors: Arc<Errors>,
+}
+
+/// `--parallel` workers, each creating the next session until all are made or the
+/// deadline passes.
+fn spawn_creators(
+    a: &FleetArgs,
+    t: &Target,
+    c: &Creating,
+    deadline: Instant,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut workers = Vec::new();
     for _ in 0..a.parallel.min(a.sessions) {
-        let (next, done, hist, errors, t) = (
-            next.clone(),
-            done.clone(),
-            hist.clone(),
-            errors.clone(),
-            t.clone(),
-        );
+        let Creating {
+            next,
+            done,
+            hist,
+            errors,
+        } = c.clone();
+        let t = t.clone();
         let n_max = a.sessions;
         workers.push(tokio::spawn(async move {
             loop {
@@ -552,30 +562,52 @@ async fn create_phase(a: &FleetArgs, t: &Target, pid: Option<u32>) -> (Phase, us
             }
         }));
     }
-    let quiet = a.quiet;
-    let progress = {
-        let (done, errors) = (done.clone(), errors.clone());
-        tokio::spawn(async move {
-            let mut last = 0usize;
-            loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                let n = done.lock().map(|d| d.len()).unwrap_or(0);
-                if !quiet {
-                    eprintln!(
-                        "[{:>5.0}s] create: {n} sessions ({:.0}/s over the last 5 s), {} errors",
-                        t0.elapsed().as_secs_f64(),
-                        (n - last) as f64 / 5.0,
-                        errors.count.load(Ordering::Relaxed)
-                    );
-                }
-                last = n;
+    workers
+}
+
+/// Prints the creation rate every 5 s (unless `quiet`) until aborted.
+fn create_progress(quiet: bool, t0: Instant, c: &Creating) -> tokio::task::JoinHandle<()> {
+    let (done, errors) = (c.done.clone(), c.errors.clone());
+    tokio::spawn(async move {
+        let mut last = 0usize;
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let n = done.lock().map(|d| d.len()).unwrap_or(0);
+            if !quiet {
+                eprintln!(
+                    "[{:>5.0}s] create: {n} sessions ({:.0}/s over the last 5 s), {} errors",
+                    t0.elapsed().as_secs_f64(),
+                    (n - last) as f64 / 5.0,
+                    errors.count.load(Ordering::Relaxed)
+                );
             }
-        })
+            last = n;
+        }
+    })
+}
+
+async fn create_phase(a: &FleetArgs, t: &Target, pid: Option<u32>) -> (Phase, usize) {
+    let c = Creating {
+        next: Arc::new(AtomicUsize::new(0)),
+        done: Arc::new(Mutex::new(Vec::<Instant>::with_capacity(a.sessions))),
+        hist: Arc::new(Mutex::new(new_histogram())),
+        errors: Arc::new(Errors::default()),
     };
+    let b0 = pid.and_then(e2e::proc_sample);
+    let t0 = Instant::now();
+    let deadline = t0 + a.time_limit;
+    let workers = spawn_creators(a, t, &c, deadline);
+    let progress = create_progress(a.quiet, t0, &c);
     for w in workers {
         let _ = w.await;
     }
     progress.abort();
+    let Creating {
+        next,
+        done,
+        hist,
+        errors,
+    } = c;
     let secs = t0.elapsed().as_secs_f64();
     let b1 = pid.and_then(e2e::proc_sample);
     let mut done = done.lock().map(|d| d.clone()).unwrap_or_default();
@@ -721,31 +753,37 @@ async fn hold(mut c: Client, stop: CancellationToken, got: Arc<AtomicU64>) -> Re
     c.disconnect().await
 }
 
-async fn idle_phase(a: &FleetArgs, t: &Target, n: usize, pid: Option<u32>) -> Phase {
-    let m = n.min(a.idle_connections);
-    let before = pid.map(|p| (status_kib(p, "RssAnon"), status_kib(p, "VmRSS")));
-    let stop = CancellationToken::new();
-    let got = Arc::new(AtomicU64::new(0));
-    let present = Arc::new(AtomicU64::new(0));
-    let alive = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(Errors::default());
+/// What the idle connections share: queued messages received, sessions found present,
+/// connections alive, errors.
+#[derive(Clone, Default)]
+struct Idling {
+    got: Arc<AtomicU64>,
+    present: Arc<AtomicU64>,
+    alive: Arc<AtomicU64>,
+    errors: Arc<Errors>,
+}
+
+/// Connects sessions `0..m` again (at most `--parallel` at once) and holds them until
+/// `stop`; each reports on `tx` whether it connected.
+fn spawn_idlers(
+    a: &FleetArgs,
+    t: &Target,
+    m: usize,
+    st: &Idling,
+    stop: &CancellationToken,
+    deadline: Instant,
+    tx: tokio::sync::mpsc::UnboundedSender<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let gate = Arc::new(Semaphore::new(a.parallel));
-    let t0 = Instant::now();
-    let deadline = t0 + a.time_limit;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<bool>();
-    let mut errs_late = Vec::new();
     let mut tasks = Vec::with_capacity(m);
     for i in 0..m {
-        let (t, stop, got, present, alive, errors, gate, tx) = (
-            t.clone(),
-            stop.clone(),
-            got.clone(),
-            present.clone(),
-            alive.clone(),
-            errors.clone(),
-            gate.clone(),
-            tx.clone(),
-        );
+        let Idling {
+            got,
+            present,
+            alive,
+            errors,
+        } = st.clone();
+        let (t, stop, gate, tx) = (t.clone(), stop.clone(), gate.clone(), tx.clone());
         tasks.push(tokio::spawn(async move {
             let Ok(permit) = gate.acquire_owned().await else {
                 let _ = tx.send(false);
@@ -777,7 +815,19 @@ async fn idle_phase(a: &FleetArgs, t: &Target, n: usize, pid: Option<u32>) -> Ph
             }
         }));
     }
-    drop(tx);
+    tasks
+}
+
+/// Waits for each of the `m` connections to report; returns how many connected (an
+/// error is noted if they do not all report by the time limit).
+async fn idle_connected(
+    a: &FleetArgs,
+    m: usize,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<bool>,
+    t0: Instant,
+    deadline: Instant,
+    errs_late: &mut Vec<String>,
+) -> usize {
     let mut connected = 0usize;
     let mut next_tick = Instant::now() + Duration::from_secs(5);
     // each task reports once (and then keeps its sender while it holds its connection)
@@ -796,6 +846,26 @@ async fn idle_phase(a: &FleetArgs, t: &Target, n: usize, pid: Option<u32>) -> Ph
             next_tick += Duration::from_secs(5);
         }
     }
+    connected
+}
+
+async fn idle_phase(a: &FleetArgs, t: &Target, n: usize, pid: Option<u32>) -> Phase {
+    let m = n.min(a.idle_connections);
+    let before = pid.map(|p| (status_kib(p, "RssAnon"), status_kib(p, "VmRSS")));
+    let stop = CancellationToken::new();
+    let st = Idling::default();
+    let t0 = Instant::now();
+    let deadline = t0 + a.time_limit;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<bool>();
+    let mut errs_late = Vec::new();
+    let tasks = spawn_idlers(a, t, m, &st, &stop, deadline, tx);
+    let connected = idle_connected(a, m, &mut rx, t0, deadline, &mut errs_late).await;
+    let Idling {
+        got,
+        present,
+        alive,
+        errors,
+    } = st;
     let connect_s = t0.elapsed().as_secs_f64();
     // deliveries of the queued messages settle; then the broker holds only idle state
     let settle_until = Instant::now() + Duration::from_secs(30);
@@ -928,12 +998,20 @@ pub fn run(a: &FleetArgs) -> Result<Value, String> {
     e2e::runtime(a.threads)?.block_on(run_async(a, limit))
 }
 
-async fn run_async(a: &FleetArgs, nofile: u64) -> Result<Value, String> {
-    let load = loadavg();
-    let cpu0 = Cpu::now();
-    let mut scratch = None;
-    let mut managed = None;
-    let (addr, pid, data, name) = match &a.target {
+/// The broker a fleet run measures: started by the bench (in a scratch directory) or
+/// already running.
+struct FleetBroker {
+    addr: SocketAddr,
+    pid: Option<u32>,
+    data: Option<PathBuf>,
+    name: String,
+    scratch: Option<Scratch>,
+    managed: Option<Managed>,
+}
+
+/// Starts the broker `--target` names, or finds the running one.
+fn fleet_broker(a: &FleetArgs) -> Result<FleetBroker, String> {
+    Ok(match &a.target {
         FleetTarget::Triad(bin) | FleetTarget::Mosquitto(bin) => {
             let kind = if matches!(a.target, FleetTarget::Triad(_)) {
                 Kind::Triad
@@ -943,15 +1021,14 @@ async fn run_async(a: &FleetArgs, nofile: u64) -> Result<Value, String> {
             let s = Scratch::create(&a.dir, "bench-fleet", a.allow_tmpfs, a.keep)?;
             let mut m = Managed::new(kind, bin, &s.path)?;
             tokio::task::block_in_place(|| m.start())?;
-            let r = (
-                SocketAddr::from((Ipv4Addr::LOCALHOST, m.port)),
-                m.pid(),
-                Some(m.data.clone()),
-                m.name().to_string(),
-            );
-            scratch = Some(s);
-            managed = Some(m);
-            r
+            FleetBroker {
+                addr: SocketAddr::from((Ipv4Addr::LOCALHOST, m.port)),
+                pid: m.pid(),
+                data: Some(m.data.clone()),
+                name: m.name().to_string(),
+                scratch: Some(s),
+                managed: Some(m),
+            }
         }
         FleetTarget::Running {
             host,
@@ -965,32 +1042,99 @@ async fn run_async(a: &FleetArgs, nofile: u64) -> Result<Value, String> {
                     .parse()
                     .map_err(|_| format!("--host {host:?}: an IP address is needed"))?,
             };
-            (
-                SocketAddr::new(ip, *port),
-                *pid,
-                data_dir.clone(),
-                "broker".to_string(),
-            )
+            FleetBroker {
+                addr: SocketAddr::new(ip, *port),
+                pid: *pid,
+                data: data_dir.clone(),
+                name: "broker".to_string(),
+                scratch: None,
+                managed: None,
+            }
         }
+    })
+}
+
+/// The data directory's size at the run's steps, bytes.
+struct DiskSizes {
+    start: Option<u64>,
+    idle: Option<u64>,
+    queued: Option<u64>,
+    end: Option<u64>,
+}
+
+/// The disk cost per session (with a data directory to measure).
+fn disk_json(
+    data: &Option<PathBuf>,
+    d: &DiskSizes,
+    created: usize,
+    published: usize,
+    restart: &Value,
+) -> Value {
+    let per = |x: Option<u64>| match (d.start, x) {
+        (Some(b), Some(x)) if created > 0 => Some(round((x as f64 - b as f64) / created as f64, 0)),
+        _ => None,
     };
-    let name = a.name.clone().filter(|n| !n.is_empty()).unwrap_or(name);
+    match data {
+        Some(dir) => json!({
+            "data_dir": dir.display().to_string(),
+            "bytes_start": d.start,
+            "bytes_idle": d.idle,
+            "bytes_queued": d.queued,
+            "bytes_after_restart": d.end,
+            "bytes_per_session_idle": per(d.idle),
+            "bytes_per_session_queued": per(d.queued),
+            "sessions_with_message": published,
+            // idle cost plus the growth per session that got a message (equal to
+            // bytes_per_session_queued when every session got one)
+            "bytes_per_session_with_message": match (d.start, d.idle, d.queued) {
+                (Some(b), Some(i), Some(q)) if created > 0 && published > 0 => Some(round(
+                    (i as f64 - b as f64) / created as f64 + (q as f64 - i as f64) / published as f64,
+                    0,
+                )),
+                _ => None,
+            },
+            "bytes_per_session_after_stop": per(restart.get("disk_bytes_stopped").and_then(Value::as_u64)),
+        }),
+        None => json!({"note": "not measured: no --data-dir"}),
+    }
+}
+
+/// Where the clients connect: `addr`, from `--sources` loopback addresses when it is
+/// a loopback one.
+fn fleet_target(a: &FleetArgs, addr: SocketAddr) -> Target {
     let sources = match addr.ip() {
         IpAddr::V4(ip) if ip.is_loopback() => (1..=a.sources)
             .map(|k| Ipv4Addr::new(127, 0, 0, k))
             .collect(),
         _ => Vec::new(),
     };
-    let t = Target {
+    Target {
         addr,
         sources,
         user: a.user.clone(),
         pass: a.pass.clone(),
-    };
+    }
+}
+
+async fn run_async(a: &FleetArgs, nofile: u64) -> Result<Value, String> {
+    let load = loadavg();
+    let cpu0 = Cpu::now();
+    let FleetBroker {
+        addr,
+        pid,
+        data,
+        name,
+        scratch,
+        mut managed,
+    } = fleet_broker(a)?;
+    let data = &data;
+    let name = a.name.clone().filter(|n| !n.is_empty()).unwrap_or(name);
+    let t = fleet_target(a, addr);
     let mut errors = Vec::new();
     let disk = |d: &Option<PathBuf>| d.as_deref().and_then(du);
     let rss0 = pid.and_then(|p| status_kib(p, "VmRSS"));
     let anon0 = pid.and_then(|p| status_kib(p, "RssAnon"));
-    let disk0 = disk(&data);
+    let disk0 = disk(data);
     if !a.quiet {
         eprintln!(
             "fleet {name} at {addr} (pid {pid:?}, data dir {:?}): {} sessions",
@@ -1001,14 +1145,14 @@ async fn run_async(a: &FleetArgs, nofile: u64) -> Result<Value, String> {
     let (create, created) = create_phase(a, &t, pid).await;
     errors.extend(create.errors);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let disk_idle = disk(&data);
+    let disk_idle = disk(data);
     let anon_sessions = pid.and_then(|p| status_kib(p, "RssAnon"));
 
     let published = a.publish.map_or(created, |p| p.min(created));
     let publish = publish_phase(a, &t, published, pid).await;
     errors.extend(publish.errors);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let disk_queued = disk(&data);
+    let disk_queued = disk(data);
     let rss_sessions = pid.and_then(|p| status_kib(p, "VmRSS"));
 
     let idle = if a.idle_connections > 0 && created > 0 {
@@ -1028,35 +1172,15 @@ async fn run_async(a: &FleetArgs, nofile: u64) -> Result<Value, String> {
         Some(_) => json!({"note": "skipped (--no-restart)"}),
         None => json!({"note": "not measured: the broker was not started by the bench"}),
     };
-    let disk_end = disk(&data);
+    let disk_end = disk(data);
 
-    let per = |x: Option<u64>| match (disk0, x) {
-        (Some(b), Some(x)) if created > 0 => Some(round((x as f64 - b as f64) / created as f64, 0)),
-        _ => None,
+    let sizes = DiskSizes {
+        start: disk0,
+        idle: disk_idle,
+        queued: disk_queued,
+        end: disk_end,
     };
-    let disk_json = match &data {
-        Some(d) => json!({
-            "data_dir": d.display().to_string(),
-            "bytes_start": disk0,
-            "bytes_idle": disk_idle,
-            "bytes_queued": disk_queued,
-            "bytes_after_restart": disk_end,
-            "bytes_per_session_idle": per(disk_idle),
-            "bytes_per_session_queued": per(disk_queued),
-            "sessions_with_message": published,
-            // idle cost plus the growth per session that got a message (equal to
-            // bytes_per_session_queued when every session got one)
-            "bytes_per_session_with_message": match (disk0, disk_idle, disk_queued) {
-                (Some(b), Some(i), Some(q)) if created > 0 && published > 0 => Some(round(
-                    (i as f64 - b as f64) / created as f64 + (q as f64 - i as f64) / published as f64,
-                    0,
-                )),
-                _ => None,
-            },
-            "bytes_per_session_after_stop": per(restart.get("disk_bytes_stopped").and_then(Value::as_u64)),
-        }),
-        None => json!({"note": "not measured: no --data-dir"}),
-    };
+    let disk_json = disk_json(data, &sizes, created, published, &restart);
     let client_cpu = Cpu::now().since(cpu0);
     drop(managed); // stops the broker
     drop(scratch);

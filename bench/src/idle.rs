@@ -473,12 +473,83 @@ pub fn run(a: &IdleArgs) -> Result<Value, String> {
 
 async fn run_async(a: IdleArgs, nofile: u64) -> Result<Value, String> {
     let load = loadavg();
+    let target = Arc::new(target(&a).await?);
+    let before = a
+        .broker_pid
+        .map(|p| rss_sample(p).ok_or_else(|| format!("cannot read /proc/{p}/status")))
+        .transpose()?;
+    let cpu0 = Cpu::now();
+    let stop = CancellationToken::new();
+    let c = Counters::default();
+    let t0 = Instant::now();
+    let (tasks, connects) = spawn_clients(&a, &target, &stop, &c);
+    let connected = wait_connected(&a, connects, t0, &c).await;
+    let connect_s = t0.elapsed().as_secs_f64();
+    // let the broker settle, then measure; hold; measure again
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let settled = a.broker_pid.and_then(rss_sample);
+    hold(&a, t0, &c).await;
+    let after = a.broker_pid.and_then(rss_sample);
+    let alive_at_end = c.alive.load(Ordering::Relaxed);
+    stop.cancel();
+    let mut dropped = Vec::new();
+    for t in tasks {
+        if let Ok(Err(e)) = t.await {
+            dropped.push(e);
+        }
+    }
+    let client_cpu = Cpu::now().since(cpu0);
+    let mut errors: Vec<String> = Vec::new();
+    if let Some(e) = c.first_err.lock().ok().and_then(|f| f.clone()) {
+        errors.push(format!(
+            "{} connects failed, first: {e}",
+            c.failed.load(Ordering::Relaxed)
+        ));
+    }
+    if alive_at_end < connected {
+        errors.push(format!(
+            "{} connections dropped while idle, first: {}",
+            connected - alive_at_end,
+            dropped.first().map(String::as_str).unwrap_or("?")
+        ));
+    }
+    let broker = broker_json(&a, before, settled, after, connected);
+    let failed = &c.failed;
+    let per_conn = broker.get("rss_kib_per_conn").cloned();
+    let anon_per_conn = broker.get("rss_anon_kib_per_conn").cloned();
+    Ok(json!({
+        "bench": format!("{}-idle", a.proto.name()),
+        "target": format!("{}:{}", a.host, a.port),
+        "tls": a.tls,
+        "tls_version": a.tls_version.map(|v| match v {
+            TlsVersion::V12 => "1.2",
+            TlsVersion::V13 => "1.3",
+        }),
+        "connections": a.connections,
+        "connected": connected,
+        "failed": failed.load(Ordering::Relaxed),
+        "alive_at_end": alive_at_end,
+        "connect_s": round(connect_s, 3),
+        "connects_per_s": round(connected as f64 / connect_s.max(1e-9), 0),
+        "hold_s": a.hold.as_secs_f64(),
+        "broker": broker,
+        "rss_kib_per_conn": per_conn,
+        "rss_anon_kib_per_conn": anon_per_conn,
+        "client_cpu_s": round(client_cpu.total().as_secs_f64(), 3),
+        "nofile_limit": nofile,
+        "errors": errors,
+        "loadavg_at_start": load,
+    }))
+}
+
+/// The target of the run, from the arguments: the first IPv4 address of the host.
+async fn target(a: &IdleArgs) -> Result<Target, String> {
     let addr = tokio::net::lookup_host((a.host.as_str(), a.port))
         .await
         .map_err(|e| format!("resolve {}: {e}", a.host))?
         .find(|s| s.is_ipv4())
         .ok_or_else(|| format!("{}: no IPv4 address", a.host))?;
-    let target = Arc::new(Target {
+    Ok(Target {
         addr,
         sources: a.sources,
         tls: if a.tls {
@@ -489,27 +560,38 @@ async fn run_async(a: IdleArgs, nofile: u64) -> Result<Value, String> {
         proto: a.proto,
         user: a.user.clone().unwrap_or_else(|| "guest".into()),
         pass: a.pass.clone().unwrap_or_else(|| "guest".into()),
-    });
-    let before = a
-        .broker_pid
-        .map(|p| rss_sample(p).ok_or_else(|| format!("cannot read /proc/{p}/status")))
-        .transpose()?;
-    let cpu0 = Cpu::now();
-    let stop = CancellationToken::new();
-    let alive = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let first_err = Arc::new(std::sync::Mutex::new(None::<String>));
+    })
+}
+
+/// The clients' shared counters.
+#[derive(Default)]
+struct Counters {
+    alive: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    first_err: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+type ClientTask = tokio::task::JoinHandle<Result<(), String>>;
+
+/// Spawns one task per connection (at most `--parallel` connecting at once), each
+/// connecting, then idling until `stop`; returns the tasks and, per task, a receiver
+/// that gets a value once it is connected (dropped if it fails).
+fn spawn_clients(
+    a: &IdleArgs,
+    target: &Arc<Target>,
+    stop: &CancellationToken,
+    c: &Counters,
+) -> (Vec<ClientTask>, Vec<tokio::sync::oneshot::Receiver<()>>) {
     let gate = Arc::new(Semaphore::new(a.parallel));
-    let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(a.connections);
     let mut connects = Vec::with_capacity(a.connections);
     for i in 0..a.connections {
         let (target, stop, alive, failed, first_err, gate) = (
             target.clone(),
             stop.clone(),
-            alive.clone(),
-            failed.clone(),
-            first_err.clone(),
+            c.alive.clone(),
+            c.failed.clone(),
+            c.first_err.clone(),
             gate.clone(),
         );
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -541,6 +623,17 @@ async fn run_async(a: IdleArgs, nofile: u64) -> Result<Value, String> {
             }
         }));
     }
+    (tasks, connects)
+}
+
+/// Waits until every connection has connected or failed, printing progress each second;
+/// returns how many connected.
+async fn wait_connected(
+    a: &IdleArgs,
+    connects: Vec<tokio::sync::oneshot::Receiver<()>>,
+    t0: Instant,
+    c: &Counters,
+) -> u64 {
     let mut connected = 0u64;
     let mut next_tick = Instant::now() + Duration::from_secs(1);
     for rx in connects {
@@ -551,15 +644,16 @@ async fn run_async(a: IdleArgs, nofile: u64) -> Result<Value, String> {
             eprintln!(
                 "[{:>4.0}s] connected {connected} failed {}",
                 t0.elapsed().as_secs_f64(),
-                failed.load(Ordering::Relaxed)
+                c.failed.load(Ordering::Relaxed)
             );
             next_tick += Duration::from_secs(1);
         }
     }
-    let connect_s = t0.elapsed().as_secs_f64();
-    // let the broker settle, then measure; hold; measure again
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let settled = a.broker_pid.and_then(rss_sample);
+    connected
+}
+
+/// Holds the connections for `--hold`, printing how many are alive each second.
+async fn hold(a: &IdleArgs, t0: Instant, c: &Counters) {
     let hold_end = Instant::now() + a.hold;
     while Instant::now() < hold_end {
         tokio::time::sleep(
@@ -572,35 +666,21 @@ async fn run_async(a: IdleArgs, nofile: u64) -> Result<Value, String> {
             eprintln!(
                 "[{:>4.0}s] holding {} connections",
                 t0.elapsed().as_secs_f64(),
-                alive.load(Ordering::Relaxed)
+                c.alive.load(Ordering::Relaxed)
             );
         }
     }
-    let after = a.broker_pid.and_then(rss_sample);
-    let alive_at_end = alive.load(Ordering::Relaxed);
-    stop.cancel();
-    let mut dropped = Vec::new();
-    for t in tasks {
-        if let Ok(Err(e)) = t.await {
-            dropped.push(e);
-        }
-    }
-    let client_cpu = Cpu::now().since(cpu0);
-    let mut errors: Vec<String> = Vec::new();
-    if let Some(e) = first_err.lock().ok().and_then(|f| f.clone()) {
-        errors.push(format!(
-            "{} connects failed, first: {e}",
-            failed.load(Ordering::Relaxed)
-        ));
-    }
-    if alive_at_end < connected {
-        errors.push(format!(
-            "{} connections dropped while idle, first: {}",
-            connected - alive_at_end,
-            dropped.first().map(String::as_str).unwrap_or("?")
-        ));
-    }
-    let broker = match (a.broker_pid, before, after) {
+}
+
+/// The broker's memory and CPU over the run (with `--broker-pid`).
+fn broker_json(
+    a: &IdleArgs,
+    before: Option<Rss>,
+    settled: Option<Rss>,
+    after: Option<Rss>,
+    connected: u64,
+) -> Value {
+    match (a.broker_pid, before, after) {
         (Some(pid), Some(b), Some(af)) => {
             let per = |x: u64, base: u64| {
                 (connected > 0).then(|| round((x as f64 - base as f64) / connected as f64, 2))
@@ -622,30 +702,5 @@ async fn run_async(a: IdleArgs, nofile: u64) -> Result<Value, String> {
         }
         (Some(pid), _, _) => json!({"pid": pid, "error": "broker gone"}),
         _ => Value::Null,
-    };
-    let per_conn = broker.get("rss_kib_per_conn").cloned();
-    let anon_per_conn = broker.get("rss_anon_kib_per_conn").cloned();
-    Ok(json!({
-        "bench": format!("{}-idle", a.proto.name()),
-        "target": format!("{}:{}", a.host, a.port),
-        "tls": a.tls,
-        "tls_version": a.tls_version.map(|v| match v {
-            TlsVersion::V12 => "1.2",
-            TlsVersion::V13 => "1.3",
-        }),
-        "connections": a.connections,
-        "connected": connected,
-        "failed": failed.load(Ordering::Relaxed),
-        "alive_at_end": alive_at_end,
-        "connect_s": round(connect_s, 3),
-        "connects_per_s": round(connected as f64 / connect_s.max(1e-9), 0),
-        "hold_s": a.hold.as_secs_f64(),
-        "broker": broker,
-        "rss_kib_per_conn": per_conn,
-        "rss_anon_kib_per_conn": anon_per_conn,
-        "client_cpu_s": round(client_cpu.total().as_secs_f64(), 3),
-        "nofile_limit": nofile,
-        "errors": errors,
-        "loadavg_at_start": load,
-    }))
+    }
 }

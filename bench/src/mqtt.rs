@@ -299,6 +299,33 @@ async fn ack_reader(
     (acked, err)
 }
 
+/// Finishes a QoS 1/2 publisher's outstanding flows (PUBREL for each PUBREC) until its
+/// window is whole again, for at most `--drain-timeout` (10 s at least).
+async fn finish_flows(
+    a: &MqttArgs,
+    window: &Semaphore,
+    rel_rx: &mut mpsc::UnboundedReceiver<u16>,
+    done: &CancellationToken,
+    w: &mut OwnedWriteHalf,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    let t = tokio::time::Instant::now() + a.load.drain_timeout.max(Duration::from_secs(10));
+    while window.available_permits() < a.inflight && !done.is_cancelled() {
+        tokio::select! {
+            _ = tokio::time::sleep_until(t) => break,
+            _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            Some(pid) = rel_rx.recv() => {
+                pid_packet(out, PUBREL, pid);
+                while let Ok(pid) = rel_rx.try_recv() {
+                    pid_packet(out, PUBREL, pid);
+                }
+                write_out(w, out).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn publisher(
     c: Conn,
@@ -374,21 +401,7 @@ async fn publisher(
         }
         write_out(&mut w, &mut out).await?;
         if qos > 0 {
-            // finish the outstanding flows (bounded)
-            let t = tokio::time::Instant::now() + a.load.drain_timeout.max(Duration::from_secs(10));
-            while window.available_permits() < a.inflight && !done.is_cancelled() {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(t) => break,
-                    _ = tokio::time::sleep(Duration::from_millis(2)) => {}
-                    Some(pid) = rel_rx.recv() => {
-                        pid_packet(&mut out, PUBREL, pid);
-                        while let Ok(pid) = rel_rx.try_recv() {
-                            pid_packet(&mut out, PUBREL, pid);
-                        }
-                        write_out(&mut w, &mut out).await?;
-                    }
-                }
-            }
+            finish_flows(&a, &window, &mut rel_rx, &done, &mut w, &mut out).await?;
         }
         closing.store(true, Ordering::Relaxed);
         out.extend_from_slice(&[DISCONNECT << 4, 0]);

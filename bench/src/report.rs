@@ -392,17 +392,25 @@ pub fn table(input: &str) -> String {
         .iter()
         .find(|v| get_s(v, "bench") == "dd")
         .and_then(|v| get_f(v, &["mb_per_s"]));
-    let lp = |variant: &str, size: Option<f64>| {
-        rows.iter()
-            .find(|v| {
-                get_s(v, "bench") == "fsync-loop"
-                    && get_s(v, "variant") == variant
-                    && get_f(v, &["size"]) == size
-            })
-            .and_then(|v| get_f(v, &["ops_per_s"]))
-    };
     let mut out = String::new();
+    baseline_table(&mut out, &rows);
+    store_table(&mut out, &rows, dd);
+    out
+}
 
+/// The ops/s of the write+fdatasync loop `variant` at `size`, if measured.
+fn loop_ops(rows: &[Value], variant: &str, size: Option<f64>) -> Option<f64> {
+    rows.iter()
+        .find(|v| {
+            get_s(v, "bench") == "fsync-loop"
+                && get_s(v, "variant") == variant
+                && get_f(v, &["size"]) == size
+        })
+        .and_then(|v| get_f(v, &["ops_per_s"]))
+}
+
+/// The disk baselines: dd and the write+fdatasync loops.
+fn baseline_table(out: &mut String, rows: &[Value]) {
     let base: Vec<&Value> = rows
         .iter()
         .filter(|v| matches!(get_s(v, "bench"), "dd" | "fsync-loop"))
@@ -430,7 +438,10 @@ pub fn table(input: &str) -> String {
         }
         out.push('\n');
     }
+}
 
+/// The store runs, against the baselines (`dd`: dd's MB/s).
+fn store_table(out: &mut String, rows: &[Value], dd: Option<f64>) {
     let store: Vec<&Value> = rows
         .iter()
         .filter(|v| get_s(v, "bench") == "store")
@@ -455,43 +466,47 @@ pub fn table(input: &str) -> String {
                 fmt_num(get_f(v, &["cpu_us_per_op"])),
                 fmt_num(ops_per_flush(v)),
                 fmt_num(writes_per_op(v)),
-                fmt_ratio(ratio(ops, lp("overwrite", size))),
-                fmt_ratio(ratio(ops, lp("fallocated", size))),
+                fmt_ratio(ratio(ops, loop_ops(rows, "overwrite", size))),
+                fmt_ratio(ratio(ops, loop_ops(rows, "fallocated", size))),
                 pct.map(|p| format!("{p:.1} %"))
                     .unwrap_or_else(|| "–".into()),
             ));
         }
         out.push('\n');
-        let reads: Vec<&&Value> = store
-            .iter()
-            .filter(|v| v.get("read").is_some_and(|r| !r.is_null()))
-            .collect();
-        if !reads.is_empty() {
-            out.push_str(
-                "| read back after | size | writers | msgs read | msgs/s | MB/s | verified |\n",
-            );
-            out.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
-            for v in reads {
-                let r = &v["read"];
-                out.push_str(&format!(
-                    "| {} | {} | {} | {} | {} | {} | {} |\n",
-                    get_s(v, "flush"),
-                    fmt_size(get_f(v, &["size"]).unwrap_or(0.0) as u64),
-                    get_f(v, &["writers"]).unwrap_or(0.0) as u64,
-                    fmt_num(get_f(r, &["ops"])),
-                    fmt_num(get_f(r, &["ops_per_s"])),
-                    fmt_num(get_f(r, &["mb_per_s"])),
-                    if r.get("ok").and_then(Value::as_bool) == Some(true) {
-                        "yes"
-                    } else {
-                        "NO"
-                    },
-                ));
-            }
-            out.push('\n');
-        }
+        read_back_table(out, &store);
     }
-    out
+}
+
+/// The store runs that read back what they wrote.
+fn read_back_table(out: &mut String, store: &[&Value]) {
+    let reads: Vec<&&Value> = store
+        .iter()
+        .filter(|v| v.get("read").is_some_and(|r| !r.is_null()))
+        .collect();
+    if !reads.is_empty() {
+        out.push_str(
+            "| read back after | size | writers | msgs read | msgs/s | MB/s | verified |\n",
+        );
+        out.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+        for v in reads {
+            let r = &v["read"];
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} |\n",
+                get_s(v, "flush"),
+                fmt_size(get_f(v, &["size"]).unwrap_or(0.0) as u64),
+                get_f(v, &["writers"]).unwrap_or(0.0) as u64,
+                fmt_num(get_f(r, &["ops"])),
+                fmt_num(get_f(r, &["ops_per_s"])),
+                fmt_num(get_f(r, &["mb_per_s"])),
+                if r.get("ok").and_then(Value::as_bool) == Some(true) {
+                    "yes"
+                } else {
+                    "NO"
+                },
+            ));
+        }
+        out.push('\n');
+    }
 }
 
 #[cfg(test)]

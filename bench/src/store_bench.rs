@@ -10,11 +10,11 @@ use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 use triad_store::flush::FlushMode;
 use triad_store::record::{NewMessage, FLAG_PERSISTENT};
-use triad_store::store::{QueueId, Store, StoreConfig};
+use triad_store::store::{QueueId, Store, StoreConfig, StoreStats};
 
 use crate::args::{Flush, StoreArgs};
 use crate::report::{latency_json, new_histogram, round};
-use crate::sys::{loadavg, Cpu, Scratch};
+use crate::sys::{loadavg, Cpu, DevStat, Scratch};
 
 /// Bytes 0..4 of a body: writer id, 4..12: the writer's sequence number (little endian);
 /// then a fixed pattern. Bodies under 12 bytes are the pattern alone.
@@ -208,142 +208,16 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
     }
     let load = loadavg();
     let scratch = Scratch::create(&a.dir, "bench-data", a.allow_tmpfs, a.keep)?;
-    let mut cfg = StoreConfig::new(&scratch.path);
-    cfg.segment_size = a.segment_size;
-    if let Some(n) = a.small_queue_entries {
-        cfg.small_queue_entries = n;
-    }
-    if let Some(n) = a.cq_entries_per_file {
-        cfg.cq_entries_per_file = n;
-    }
-    cfg.flush = match a.flush {
-        Flush::Sync => FlushMode::Sync,
-        Flush::Async => FlushMode::async_default(),
-    };
-    if a.consume {
-        cfg.retention_interval = Duration::from_secs(1);
-    }
-    let store = Store::open(cfg).map_err(|e| format!("open store: {e}"))?;
-    let queues: Vec<QueueId> = (0..a.queues)
-        .map(|i| store.create_queue("/", &format!("bench-{i}"), true))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("create queue: {e}"))?;
-    let slow = match a.slow_every {
-        Some(every) => Some((
-            store
-                .create_queue("/", "bench-slow", true)
-                .map_err(|e| format!("create queue: {e}"))?,
-            every,
-        )),
-        None => None,
-    };
+    let store = open_store(a, &scratch)?;
+    let (queues, slow) = create_queues(a, &store)?;
     let consume = Consume {
         ack: a.consume,
         slow,
     };
-
-    let stop = AtomicBool::new(false);
-    let progress: Vec<Padded> = (0..a.writers).map(|_| Padded::default()).collect();
-    let barrier = Barrier::new(a.writers + 1);
-    let cap = a.time_cap();
-    let quotas: Vec<Option<u64>> = (0..a.writers as u64)
-        .map(|i| {
-            a.count
-                .map(|c| c / a.writers as u64 + u64::from(i < c % a.writers as u64))
-        })
-        .collect();
-
     // the log's size on disk once a second (with --consume)
     let mut disk_samples: Vec<u64> = Vec::new();
-    let (tx, rx) = mpsc::channel::<Done>();
-    let (hist, secs, cpu, dev) = std::thread::scope(|s| -> Result<_, String> {
-        for w in 0..a.writers {
-            let tx = tx.clone();
-            let (store, stop, barrier) = (&store, &stop, &barrier);
-            let prog = &progress[w].0;
-            let q = queues[w % queues.len()];
-            let quota = quotas[w];
-            std::thread::Builder::new()
-                .name(format!("writer-{w}"))
-                .spawn_scoped(s, move || {
-                    let result = writer(store, w, q, a.size, quota, stop, prog, barrier, consume);
-                    if result.is_err() {
-                        stop.store(true, Ordering::Relaxed);
-                    }
-                    let _ = tx.send(Done { writer: w, result });
-                })
-                .map_err(|e| format!("spawn: {e}"))?;
-        }
-        drop(tx);
-        let dev0 = scratch.dev_stat();
-        let cpu0 = Cpu::now();
-        barrier.wait();
-        let t0 = Instant::now();
-        let mut merged = new_histogram();
-        let mut finished = 0;
-        let mut first_err = None;
-        let mut last = (t0, 0u64);
-        let mut next_tick = t0 + Duration::from_secs(1);
-        while finished < a.writers {
-            let now = Instant::now();
-            if let Some(c) = cap {
-                if now >= t0 + c {
-                    stop.store(true, Ordering::Relaxed);
-                }
-            }
-            let mut wake = next_tick;
-            if let Some(c) = cap {
-                if !stop.load(Ordering::Relaxed) {
-                    wake = wake.min(t0 + c);
-                }
-            }
-            match rx.recv_timeout(wake.saturating_duration_since(now)) {
-                Ok(d) => {
-                    finished += 1;
-                    match d.result {
-                        Ok(h) => merged.add(&h).map_err(|e| format!("merge: {e}"))?,
-                        Err(e) => {
-                            first_err.get_or_insert(format!("writer {}: {e}", d.writer));
-                        }
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-            let now = Instant::now();
-            if now >= next_tick {
-                let total: u64 = progress.iter().map(|p| p.0.load(Ordering::Relaxed)).sum();
-                let dt = now.duration_since(last.0).as_secs_f64();
-                let rate = (total - last.1) as f64 / dt;
-                if !a.quiet {
-                    eprintln!(
-                        "[{:>4.0}s] {:>10.0} appends/s {:>9.1} MB/s  total {}",
-                        now.duration_since(t0).as_secs_f64(),
-                        rate,
-                        rate * a.size as f64 / 1e6,
-                        total
-                    );
-                }
-                last = (now, total);
-                next_tick += Duration::from_secs(1);
-                if a.consume {
-                    disk_samples.push(log_on_disk(&store));
-                }
-            }
-        }
-        let secs = t0.elapsed().as_secs_f64();
-        let cpu = Cpu::now().since(cpu0);
-        let dev = match (dev0, scratch.dev_stat()) {
-            (Some(a), Some(b)) => Some(b.since(a)),
-            _ => None,
-        };
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        Ok((merged, secs, cpu, dev))
-    })?;
-
-    let ops = hist.len();
+    let run = run_writers(a, &store, &queues, consume, &scratch, &mut disk_samples)?;
+    let ops = run.hist.len();
     let stats = store.stats();
     let on_disk = log_on_disk(&store);
     let slow_live: Option<u64> = slow.map(|(q, _)| {
@@ -371,44 +245,270 @@ pub fn run(a: &StoreArgs) -> Result<Value, String> {
     });
     store.close().map_err(|e| format!("close: {e}"))?;
 
-    let size = a.size as u64;
-    Ok(json!({
-        "bench": "store",
-        "flush": a.flush.name(),
-        "size": size,
-        "writers": a.writers,
-        "queues": a.queues,
-        "ops": ops,
-        "seconds": round(secs, 3),
-        "ops_per_s": round(ops as f64 / secs, 0),
-        "mb_per_s": round((ops * size) as f64 / secs / 1e6, 2),
-        "lat_us": latency_json(&hist),
-        "cpu_us_per_op": round(cpu.total().as_secs_f64() * 1e6 / ops.max(1) as f64, 2),
-        "cpu_user_s": round(cpu.user.as_secs_f64(), 3),
-        "cpu_sys_s": round(cpu.sys.as_secs_f64(), 3),
-        "commitlog_written": stats.commitlog_end,
-        "commitlog_on_disk": on_disk,
-        "commitlog_on_disk_max": disk_samples.iter().max(),
-        "commitlog_on_disk_samples": disk_samples.len(),
-        "segments": stats.segments,
-        "compactions": stats.compactions,
-        "pass_waits": stats.pass_waits,
-        "pass_wait_timeouts": stats.pass_wait_timeouts,
-        "consume": a.consume,
-        "slow_every": a.slow_every,
-        "slow_live_bytes": slow_live,
-        "dev": dev.map(|d| json!({
-            "flushes": d.flushes,
-            "writes": d.writes,
-            "write_mb": round(d.sectors_written as f64 * 512.0 / 1e6, 1),
-        })),
-        "fs": scratch.fs,
-        "loadavg_at_start": load,
-        "segment_size": a.segment_size,
-        "small_queue_entries": a.small_queue_entries.unwrap_or(64),
-        "cq_entries_per_file": a.cq_entries_per_file.unwrap_or(300_000),
-        "read": read,
-    }))
+    let report = Report {
+        run,
+        stats,
+        on_disk,
+        disk_samples,
+        slow_live,
+        load,
+        read,
+    };
+    Ok(report.json(a, &scratch))
+}
+
+/// Opens the store the writers append to, configured from the arguments.
+fn open_store(a: &StoreArgs, scratch: &Scratch) -> Result<Store, String> {
+    let mut cfg = StoreConfig::new(&scratch.path);
+    cfg.segment_size = a.segment_size;
+    if let Some(n) = a.small_queue_entries {
+        cfg.small_queue_entries = n;
+    }
+    if let Some(n) = a.cq_entries_per_file {
+        cfg.cq_entries_per_file = n;
+    }
+    cfg.flush = match a.flush {
+        Flush::Sync => FlushMode::Sync,
+        Flush::Async => FlushMode::async_default(),
+    };
+    if a.consume {
+        cfg.retention_interval = Duration::from_secs(1);
+    }
+    Store::open(cfg).map_err(|e| format!("open store: {e}"))
+}
+
+/// `--slow-every`'s queue and how often it gets a message.
+type SlowQueue = (QueueId, u64);
+
+/// The writers' queues (`bench-N`) and, with `--slow-every`, the slow queue.
+fn create_queues(
+    a: &StoreArgs,
+    store: &Store,
+) -> Result<(Vec<QueueId>, Option<SlowQueue>), String> {
+    let queues: Vec<QueueId> = (0..a.queues)
+        .map(|i| store.create_queue("/", &format!("bench-{i}"), true))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("create queue: {e}"))?;
+    let slow = match a.slow_every {
+        Some(every) => Some((
+            store
+                .create_queue("/", "bench-slow", true)
+                .map_err(|e| format!("create queue: {e}"))?,
+            every,
+        )),
+        None => None,
+    };
+    Ok((queues, slow))
+}
+
+/// What the writers did: the merged latency histogram, the wall time, CPU and device
+/// counters over the run.
+struct WritersRun {
+    hist: Histogram<u64>,
+    secs: f64,
+    cpu: Cpu,
+    dev: Option<DevStat>,
+}
+
+/// Runs the writer threads to their quota or the time cap, printing progress each
+/// second (and sampling the log on disk with `--consume`).
+fn run_writers(
+    a: &StoreArgs,
+    store: &Store,
+    queues: &[QueueId],
+    consume: Consume,
+    scratch: &Scratch,
+    disk_samples: &mut Vec<u64>,
+) -> Result<WritersRun, String> {
+    let stop = AtomicBool::new(false);
+    let progress: Vec<Padded> = (0..a.writers).map(|_| Padded::default()).collect();
+    let barrier = Barrier::new(a.writers + 1);
+    let quotas: Vec<Option<u64>> = (0..a.writers as u64)
+        .map(|i| {
+            a.count
+                .map(|c| c / a.writers as u64 + u64::from(i < c % a.writers as u64))
+        })
+        .collect();
+
+    let (tx, rx) = mpsc::channel::<Done>();
+    std::thread::scope(|s| -> Result<_, String> {
+        for w in 0..a.writers {
+            let tx = tx.clone();
+            let (stop, barrier) = (&stop, &barrier);
+            let prog = &progress[w].0;
+            let q = queues[w % queues.len()];
+            let quota = quotas[w];
+            std::thread::Builder::new()
+                .name(format!("writer-{w}"))
+                .spawn_scoped(s, move || {
+                    let result = writer(store, w, q, a.size, quota, stop, prog, barrier, consume);
+                    if result.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    let _ = tx.send(Done { writer: w, result });
+                })
+                .map_err(|e| format!("spawn: {e}"))?;
+        }
+        drop(tx);
+        let dev0 = scratch.dev_stat();
+        let cpu0 = Cpu::now();
+        barrier.wait();
+        let t0 = Instant::now();
+        let hist = collect_writers(a, store, &rx, &progress, &stop, t0, disk_samples)?;
+        let secs = t0.elapsed().as_secs_f64();
+        let cpu = Cpu::now().since(cpu0);
+        let dev = match (dev0, scratch.dev_stat()) {
+            (Some(a), Some(b)) => Some(b.since(a)),
+            _ => None,
+        };
+        Ok(WritersRun {
+            hist,
+            secs,
+            cpu,
+            dev,
+        })
+    })
+}
+
+/// Waits for the writers, stopping them at the time cap and printing progress each
+/// second; returns their merged histogram, or the first writer's error.
+fn collect_writers(
+    a: &StoreArgs,
+    store: &Store,
+    rx: &mpsc::Receiver<Done>,
+    progress: &[Padded],
+    stop: &AtomicBool,
+    t0: Instant,
+    disk_samples: &mut Vec<u64>,
+) -> Result<Histogram<u64>, String> {
+    let cap = a.time_cap();
+    let mut merged = new_histogram();
+    let mut finished = 0;
+    let mut first_err = None;
+    let mut last = (t0, 0u64);
+    let mut next_tick = t0 + Duration::from_secs(1);
+    while finished < a.writers {
+        let now = Instant::now();
+        if let Some(c) = cap {
+            if now >= t0 + c {
+                stop.store(true, Ordering::Relaxed);
+            }
+        }
+        let mut wake = next_tick;
+        if let Some(c) = cap {
+            if !stop.load(Ordering::Relaxed) {
+                wake = wake.min(t0 + c);
+            }
+        }
+        match rx.recv_timeout(wake.saturating_duration_since(now)) {
+            Ok(d) => {
+                finished += 1;
+                match d.result {
+                    Ok(h) => merged.add(&h).map_err(|e| format!("merge: {e}"))?,
+                    Err(e) => {
+                        first_err.get_or_insert(format!("writer {}: {e}", d.writer));
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        let now = Instant::now();
+        if now >= next_tick {
+            let total: u64 = progress.iter().map(|p| p.0.load(Ordering::Relaxed)).sum();
+            let dt = now.duration_since(last.0).as_secs_f64();
+            let rate = (total - last.1) as f64 / dt;
+            if !a.quiet {
+                eprintln!(
+                    "[{:>4.0}s] {:>10.0} appends/s {:>9.1} MB/s  total {}",
+                    now.duration_since(t0).as_secs_f64(),
+                    rate,
+                    rate * a.size as f64 / 1e6,
+                    total
+                );
+            }
+            last = (now, total);
+            next_tick += Duration::from_secs(1);
+            if a.consume {
+                disk_samples.push(log_on_disk(store));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    Ok(merged)
+}
+
+/// What the run's JSON report is made of, besides the arguments.
+struct Report {
+    run: WritersRun,
+    stats: StoreStats,
+    on_disk: u64,
+    disk_samples: Vec<u64>,
+    slow_live: Option<u64>,
+    load: Option<f64>,
+    read: Option<Value>,
+}
+
+impl Report {
+    /// The run's JSON report.
+    fn json(self, a: &StoreArgs, scratch: &Scratch) -> Value {
+        let Report {
+            run:
+                WritersRun {
+                    hist,
+                    secs,
+                    cpu,
+                    dev,
+                },
+            stats,
+            on_disk,
+            disk_samples,
+            slow_live,
+            load,
+            read,
+        } = self;
+        let ops = hist.len();
+        let size = a.size as u64;
+        json!({
+            "bench": "store",
+            "flush": a.flush.name(),
+            "size": size,
+            "writers": a.writers,
+            "queues": a.queues,
+            "ops": ops,
+            "seconds": round(secs, 3),
+            "ops_per_s": round(ops as f64 / secs, 0),
+            "mb_per_s": round((ops * size) as f64 / secs / 1e6, 2),
+            "lat_us": latency_json(&hist),
+            "cpu_us_per_op": round(cpu.total().as_secs_f64() * 1e6 / ops.max(1) as f64, 2),
+            "cpu_user_s": round(cpu.user.as_secs_f64(), 3),
+            "cpu_sys_s": round(cpu.sys.as_secs_f64(), 3),
+            "commitlog_written": stats.commitlog_end,
+            "commitlog_on_disk": on_disk,
+            "commitlog_on_disk_max": disk_samples.iter().max(),
+            "commitlog_on_disk_samples": disk_samples.len(),
+            "segments": stats.segments,
+            "compactions": stats.compactions,
+            "pass_waits": stats.pass_waits,
+            "pass_wait_timeouts": stats.pass_wait_timeouts,
+            "consume": a.consume,
+            "slow_every": a.slow_every,
+            "slow_live_bytes": slow_live,
+            "dev": dev.map(|d| json!({
+                "flushes": d.flushes,
+                "writes": d.writes,
+                "write_mb": round(d.sectors_written as f64 * 512.0 / 1e6, 1),
+            })),
+            "fs": scratch.fs,
+            "loadavg_at_start": load,
+            "segment_size": a.segment_size,
+            "small_queue_entries": a.small_queue_entries.unwrap_or(64),
+            "cq_entries_per_file": a.cq_entries_per_file.unwrap_or(300_000),
+            "read": read,
+        })
+    }
 }
 
 mod fleet {
@@ -417,7 +517,7 @@ mod fleet {
     //! `--small-queue-entries 0`), without the rest of the store, so the figures are the
     //! consume-queue layer's own: the store's queue registry and ack state come on top.
 
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::sync::Arc;
     use std::time::Instant;
 
@@ -534,6 +634,121 @@ mod fleet {
         }
     }
 
+    /// The queues of a fleet run: where they live and how they are opened.
+    struct Fleet {
+        root: PathBuf,
+        shared: Option<Arc<SharedIndex>>,
+        per_file: u64,
+        small: u64,
+        quiet: bool,
+    }
+
+    impl Fleet {
+        fn open(&self, i: u64) -> Result<ConsumeQueue, String> {
+            let dir = self.root.join(format!("dev-{i}"));
+            let r = match &self.shared {
+                Some(sh) => ConsumeQueue::open_small(
+                    &dir,
+                    self.per_file,
+                    SmallConfig {
+                        shared: Some(Arc::clone(sh)),
+                        id: u32::try_from(i).map_err(|_| "too many queues")?,
+                        max: self.small,
+                    },
+                    &[],
+                    0,
+                ),
+                None => ConsumeQueue::open(&dir, self.per_file),
+            };
+            r.map_err(|e| format!("queue {i}: {e}"))
+        }
+
+        fn progress(&self, what: &str, i: u64) {
+            if !self.quiet && i > 0 && i.is_multiple_of(20_000) {
+                eprintln!("  {what}: {i}");
+            }
+        }
+
+        /// Creates `n` queues (stopping at the first failure, noted in `failed`).
+        fn create(&self, n: u64, failed: &mut Option<String>) -> Vec<ConsumeQueue> {
+            let mut queues = Vec::with_capacity(n as usize);
+            for i in 0..n {
+                match self.open(i) {
+                    Ok(q) => queues.push(q),
+                    Err(e) => {
+                        *failed = Some(format!("create: {e}"));
+                        break;
+                    }
+                }
+                self.progress("created", i);
+            }
+            queues
+        }
+
+        /// `per_queue` entries in every queue, round robin (a fan-out of one message per
+        /// round to every queue); returns how many were put.
+        fn put_rounds(
+            &self,
+            queues: &[ConsumeQueue],
+            per_queue: u64,
+            failed: &mut Option<String>,
+        ) -> u64 {
+            let mut puts = 0u64;
+            'rounds: for m in 0..per_queue {
+                for (i, q) in queues.iter().enumerate() {
+                    if failed.is_some() {
+                        break 'rounds;
+                    }
+                    if let Err(e) = q.put(m, entry(puts * 100)) {
+                        *failed = Some(format!("put {m} into queue {i} after {puts} puts: {e}"));
+                        break 'rounds;
+                    }
+                    puts += 1;
+                    self.progress("put", puts);
+                }
+            }
+            puts
+        }
+
+        /// The checkpoint's flush: the shared index, then every queue.
+        fn flush(&self, queues: &[ConsumeQueue], failed: &mut Option<String>) {
+            let mut flush_err = None;
+            if let Some(sh) = &self.shared {
+                flush_err = sh.flush().err();
+            }
+            for q in queues {
+                if let Err(e) = q.flush() {
+                    flush_err.get_or_insert(e);
+                }
+            }
+            if let Some(e) = flush_err {
+                failed.get_or_insert(format!("flush: {e}"));
+            }
+        }
+
+        /// One busy queue (queue `n` or `n + 1`): with a consumer that keeps up (entries
+        /// acked as they are appended) and without one (the queue grows: own files in
+        /// both designs).
+        fn busy(&self, n: u64, entries: u64) -> Result<serde_json::Map<String, Value>, String> {
+            let mut busy = serde_json::Map::new();
+            for (name, consumed) in [("kept_up", true), ("backlog", false)] {
+                let q = self.open(n + u64::from(!consumed))?;
+                let (t0, cpu0) = (Instant::now(), Cpu::now());
+                for l in 0..entries {
+                    q.put(l, entry(l * 100))
+                        .map_err(|e| format!("busy put {l}: {e}"))?;
+                    if consumed {
+                        q.trim_below(l + 1);
+                    }
+                }
+                let mut r = rate(entries, t0, cpu0);
+                r["own_files"] = json!(q.has_own_files());
+                busy.insert(name.into(), r);
+            }
+            Ok(busy)
+        }
+    }
+
     pub fn run(a: &StoreArgs, n: u64) -> Result<Value, String> {
         let load = loadavg();
         let small = a.small_queue_entries.unwrap_or(64);
@@ -551,103 +766,39 @@ mod fleet {
         } else {
             None
         };
-        let open = |i: u64| -> Result<ConsumeQueue, String> {
-            let dir = root.join(format!("dev-{i}"));
-            let r = match &shared {
-                Some(sh) => ConsumeQueue::open_small(
-                    &dir,
-                    per_file,
-                    SmallConfig {
-                        shared: Some(Arc::clone(sh)),
-                        id: u32::try_from(i).map_err(|_| "too many queues")?,
-                        max: small,
-                    },
-                    &[],
-                    0,
-                ),
-                None => ConsumeQueue::open(&dir, per_file),
-            };
-            r.map_err(|e| format!("queue {i}: {e}"))
-        };
-        let progress = |what: &str, i: u64| {
-            if !a.quiet && i > 0 && i.is_multiple_of(20_000) {
-                eprintln!("  {what}: {i}");
-            }
+        let fleet = Fleet {
+            root,
+            shared,
+            per_file,
+            small,
+            quiet: a.quiet,
         };
 
         // 1. create: what an idle queue costs
         let s0 = snap(&scratch.path);
         let (t0, cpu0) = (Instant::now(), Cpu::now());
-        let mut queues = Vec::with_capacity(n as usize);
         let mut failed = None;
-        for i in 0..n {
-            match open(i) {
-                Ok(q) => queues.push(q),
-                Err(e) => {
-                    failed = Some(format!("create: {e}"));
-                    break;
-                }
-            }
-            progress("created", i);
-        }
+        let queues = fleet.create(n, &mut failed);
         let create = rate(queues.len() as u64, t0, cpu0);
         let s1 = snap(&scratch.path);
 
-        // 2. --per-queue entries in every queue, round robin (a fan-out of one message
-        // per round to every queue), then the checkpoint's flush
+        // 2. --per-queue entries in every queue, then the checkpoint's flush
         let (t0, cpu0) = (Instant::now(), Cpu::now());
-        let mut puts = 0u64;
-        'rounds: for m in 0..a.per_queue {
-            for (i, q) in queues.iter().enumerate() {
-                if failed.is_some() {
-                    break 'rounds;
-                }
-                if let Err(e) = q.put(m, entry(puts * 100)) {
-                    failed = Some(format!("put {m} into queue {i} after {puts} puts: {e}"));
-                    break 'rounds;
-                }
-                puts += 1;
-                progress("put", puts);
-            }
-        }
+        let puts = fleet.put_rounds(&queues, a.per_queue, &mut failed);
         let put = rate(puts, t0, cpu0);
         let (t0, cpu0) = (Instant::now(), Cpu::now());
-        let mut flush_err = None;
-        if let Some(sh) = &shared {
-            flush_err = sh.flush().err();
-        }
-        for q in &queues {
-            if let Err(e) = q.flush() {
-                flush_err.get_or_insert(e);
-            }
-        }
-        if let Some(e) = flush_err {
-            failed.get_or_insert(format!("flush: {e}"));
-        }
+        fleet.flush(&queues, &mut failed);
         let flush = rate(1, t0, cpu0);
         let s2 = snap(&scratch.path);
         let held = queues.len() as u64;
         drop(queues);
 
-        // 3. one busy queue: with a consumer that keeps up (entries acked as they are
-        // appended) and without one (the queue grows: own files in both designs)
-        let mut busy = serde_json::Map::new();
-        if a.busy > 0 && failed.is_none() {
-            for (name, consumed) in [("kept_up", true), ("backlog", false)] {
-                let q = open(n + u64::from(!consumed))?;
-                let (t0, cpu0) = (Instant::now(), Cpu::now());
-                for l in 0..a.busy {
-                    q.put(l, entry(l * 100))
-                        .map_err(|e| format!("busy put {l}: {e}"))?;
-                    if consumed {
-                        q.trim_below(l + 1);
-                    }
-                }
-                let mut r = rate(a.busy, t0, cpu0);
-                r["own_files"] = json!(q.has_own_files());
-                busy.insert(name.into(), r);
-            }
-        }
+        // 3. one busy queue, consumed and not
+        let busy = if a.busy > 0 && failed.is_none() {
+            fleet.busy(n, a.busy)?
+        } else {
+            serde_json::Map::new()
+        };
         let out = json!({
             "bench": "store-fleet",
             "design": if small > 0 { "shared" } else { "files" },

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::{Deserialize, Serialize};
-use triad_store::journal::{key_parts, KeyBuilder, MetaOp};
+use triad_store::journal::{key_parts, KeyBuilder, MetaJournal, MetaOp};
 use triad_store::store::Store;
 
 use crate::access::{Pattern, Permission, TopicPermission, VhostAccess};
@@ -211,6 +211,125 @@ fn seed_changed(seeds: &BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8], now: &[u8]) -> b
     seeds.get(&seed_key(key)).map(Vec::as_slice) != Some(now)
 }
 
+/// The journal writes that seed what the configuration names and changed since the last
+/// start: each entry and its seed record (what was seeded, to compare with next time).
+fn seed_ops(seeds: &BTreeMap<Vec<u8>, Vec<u8>>, cfg: &CoreConfig) -> Vec<MetaOp> {
+    let mut ops = Vec::new();
+    for u in &cfg.users {
+        let key = user_key(&u.name);
+        let rec = UserRecord {
+            password_hash: u.password_hash.to_base64(),
+            tags: u.tags.clone(),
+        };
+        // The default user's hash is made at each start with a fresh salt: what is
+        // compared for it is whether the password seeded last time still verifies.
+        let seeded_same = match (&cfg.default_password, seeds.get(&seed_key(&key))) {
+            (Some((name, pass)), Some(prev)) if name == &u.name => {
+                serde_json::from_slice::<UserRecord>(prev).is_ok_and(|p| {
+                    p.tags == u.tags
+                        && PasswordHash::parse(&p.password_hash).is_ok_and(|h| h.verify(pass))
+                })
+            }
+            _ => !seed_changed(seeds, &key, &json(&rec)),
+        };
+        if !seeded_same {
+            ops.push(MetaOp::put(key.clone(), json(&rec)));
+            ops.push(MetaOp::put(seed_key(&key), json(&rec)));
+        }
+    }
+    for p in &cfg.permissions {
+        let key = perm_key(&p.user, &p.vhost);
+        let rec = PermRecord {
+            configure: p.configure.as_str().to_owned(),
+            write: p.write.as_str().to_owned(),
+            read: p.read.as_str().to_owned(),
+        };
+        let v = json(&rec);
+        if seed_changed(seeds, &key, &v) {
+            ops.push(MetaOp::put(key.clone(), v.clone()));
+            ops.push(MetaOp::put(seed_key(&key), v));
+        }
+    }
+    for t in &cfg.topic_permissions {
+        let key = topic_key(&t.user, &t.vhost, &t.exchange);
+        let rec = TopicRecord {
+            write: t.write.as_str().to_owned(),
+            read: t.read.as_str().to_owned(),
+        };
+        let v = json(&rec);
+        if seed_changed(seeds, &key, &v) {
+            ops.push(MetaOp::put(key.clone(), v.clone()));
+            ops.push(MetaOp::put(seed_key(&key), v));
+        }
+    }
+    ops
+}
+
+/// Reads the journal's users into `st`.
+fn load_users(j: &MetaJournal, st: &mut State) -> Result<(), CoreError> {
+    for (k, v) in j.scan(&[TAG_USER])? {
+        let parts = k
+            .get(1..)
+            .and_then(key_parts)
+            .ok_or_else(|| corrupt("user"))?;
+        let [name] = parts.as_slice() else {
+            return Err(corrupt("user"));
+        };
+        let name = String::from_utf8_lossy(name).into_owned();
+        let rec: UserRecord = serde_json::from_slice(&v).map_err(|_| corrupt("user"))?;
+        let hash = PasswordHash::parse(&rec.password_hash).map_err(|_| corrupt("user"))?;
+        st.users.insert(
+            name.clone(),
+            UserConfig {
+                name,
+                password_hash: hash,
+                tags: rec.tags,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Reads the journal's vhost permissions into `st` (compiled afterwards).
+fn load_permissions(j: &MetaJournal, st: &mut State) -> Result<(), CoreError> {
+    for (k, v) in j.scan(&[TAG_PERMISSION])? {
+        let parts = k
+            .get(1..)
+            .and_then(key_parts)
+            .ok_or_else(|| corrupt("permission"))?;
+        let [user, vhost] = parts.as_slice() else {
+            return Err(corrupt("permission"));
+        };
+        let rec: PermRecord = serde_json::from_slice(&v).map_err(|_| corrupt("permission"))?;
+        st.perms.insert(
+            (
+                String::from_utf8_lossy(user).into_owned(),
+                String::from_utf8_lossy(vhost).into_owned(),
+            ),
+            rec,
+        );
+    }
+    Ok(())
+}
+
+/// Reads the journal's topic permissions into `st`.
+fn load_topic_permissions(j: &MetaJournal, st: &mut State) -> Result<(), CoreError> {
+    for (k, v) in j.scan(&[TAG_TOPIC])? {
+        let parts = k
+            .get(1..)
+            .and_then(key_parts)
+            .ok_or_else(|| corrupt("topic permission"))?;
+        let [user, vhost, exchange] = parts.as_slice() else {
+            return Err(corrupt("topic permission"));
+        };
+        let rec: TopicRecord =
+            serde_json::from_slice(&v).map_err(|_| corrupt("topic permission"))?;
+        let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        st.topics.insert((s(user), s(vhost), s(exchange)), rec);
+    }
+    Ok(())
+}
+
 impl AuthDb {
     /// Loads the journal's users and rights, seeding what the configuration names and
     /// changed since the last start (see the module docs). Call before the journal's
@@ -218,107 +337,12 @@ impl AuthDb {
     pub fn open(store: Arc<Store>, cfg: &CoreConfig) -> Result<AuthDb, CoreError> {
         let j = store.journal();
         let seeds: BTreeMap<Vec<u8>, Vec<u8>> = j.scan(&[TAG_SEED])?.into_iter().collect();
-        let mut ops = Vec::new();
-        for u in &cfg.users {
-            let key = user_key(&u.name);
-            let rec = UserRecord {
-                password_hash: u.password_hash.to_base64(),
-                tags: u.tags.clone(),
-            };
-            // The default user's hash is made at each start with a fresh salt: what is
-            // compared for it is whether the password seeded last time still verifies.
-            let seeded_same = match (&cfg.default_password, seeds.get(&seed_key(&key))) {
-                (Some((name, pass)), Some(prev)) if name == &u.name => {
-                    serde_json::from_slice::<UserRecord>(prev).is_ok_and(|p| {
-                        p.tags == u.tags
-                            && PasswordHash::parse(&p.password_hash).is_ok_and(|h| h.verify(pass))
-                    })
-                }
-                _ => !seed_changed(&seeds, &key, &json(&rec)),
-            };
-            if !seeded_same {
-                ops.push(MetaOp::put(key.clone(), json(&rec)));
-                ops.push(MetaOp::put(seed_key(&key), json(&rec)));
-            }
-        }
-        for p in &cfg.permissions {
-            let key = perm_key(&p.user, &p.vhost);
-            let rec = PermRecord {
-                configure: p.configure.as_str().to_owned(),
-                write: p.write.as_str().to_owned(),
-                read: p.read.as_str().to_owned(),
-            };
-            let v = json(&rec);
-            if seed_changed(&seeds, &key, &v) {
-                ops.push(MetaOp::put(key.clone(), v.clone()));
-                ops.push(MetaOp::put(seed_key(&key), v));
-            }
-        }
-        for t in &cfg.topic_permissions {
-            let key = topic_key(&t.user, &t.vhost, &t.exchange);
-            let rec = TopicRecord {
-                write: t.write.as_str().to_owned(),
-                read: t.read.as_str().to_owned(),
-            };
-            let v = json(&rec);
-            if seed_changed(&seeds, &key, &v) {
-                ops.push(MetaOp::put(key.clone(), v.clone()));
-                ops.push(MetaOp::put(seed_key(&key), v));
-            }
-        }
-        j.commit(ops)?;
+        j.commit(seed_ops(&seeds, cfg))?;
 
         let mut st = State::default();
-        for (k, v) in j.scan(&[TAG_USER])? {
-            let parts = k
-                .get(1..)
-                .and_then(key_parts)
-                .ok_or_else(|| corrupt("user"))?;
-            let [name] = parts.as_slice() else {
-                return Err(corrupt("user"));
-            };
-            let name = String::from_utf8_lossy(name).into_owned();
-            let rec: UserRecord = serde_json::from_slice(&v).map_err(|_| corrupt("user"))?;
-            let hash = PasswordHash::parse(&rec.password_hash).map_err(|_| corrupt("user"))?;
-            st.users.insert(
-                name.clone(),
-                UserConfig {
-                    name,
-                    password_hash: hash,
-                    tags: rec.tags,
-                },
-            );
-        }
-        for (k, v) in j.scan(&[TAG_PERMISSION])? {
-            let parts = k
-                .get(1..)
-                .and_then(key_parts)
-                .ok_or_else(|| corrupt("permission"))?;
-            let [user, vhost] = parts.as_slice() else {
-                return Err(corrupt("permission"));
-            };
-            let rec: PermRecord = serde_json::from_slice(&v).map_err(|_| corrupt("permission"))?;
-            st.perms.insert(
-                (
-                    String::from_utf8_lossy(user).into_owned(),
-                    String::from_utf8_lossy(vhost).into_owned(),
-                ),
-                rec,
-            );
-        }
-        for (k, v) in j.scan(&[TAG_TOPIC])? {
-            let parts = k
-                .get(1..)
-                .and_then(key_parts)
-                .ok_or_else(|| corrupt("topic permission"))?;
-            let [user, vhost, exchange] = parts.as_slice() else {
-                return Err(corrupt("topic permission"));
-            };
-            let rec: TopicRecord =
-                serde_json::from_slice(&v).map_err(|_| corrupt("topic permission"))?;
-            let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-            st.topics.insert((s(user), s(vhost), s(exchange)), rec);
-        }
+        load_users(j, &mut st)?;
+        load_permissions(j, &mut st)?;
+        load_topic_permissions(j, &mut st)?;
         let pairs: Vec<(String, String)> = st.perms.keys().cloned().collect();
         for (u, v) in pairs {
             st.compile(&u, &v)?;

@@ -1,6 +1,6 @@
 //! The broker's clock: what the core's expiry decisions read (message TTL, `x-expires`,
 //! the retry back-off, delayed delivery, half-message check-backs, stream retention by
-//! age). [`Clock::system`] is the default and reads the system clock, as before.
+//! age), and MQTT's persistent session expiry. [`Clock::system`] is the default and reads the system clock, as before.
 //! [`Clock::manual`] is for tests: it stands at the system time of its making and moves
 //! only when a test [`advance`](Clock::advance)s it, so a test of a one-minute TTL
 //! advances a minute instead of waiting one, and "not yet" holds until it does.
@@ -35,7 +35,8 @@ struct Manual {
     start: Instant,
     /// How far the clock has been advanced, ms.
     ahead_ms: AtomicU64,
-    /// Woken on each advance; bounded by the vhosts with a delay queue.
+    /// Woken on each advance; bounded by the vhosts with a delay queue, plus one for
+    /// MQTT session expiry.
     wakers: Mutex<Vec<Waker>>,
 }
 
@@ -119,8 +120,9 @@ impl Clock {
         }
     }
 
-    /// Runs `wake` after each [`Clock::advance`] (nothing for the system clock).
-    pub(crate) fn on_advance(&self, wake: impl Fn() + Send + Sync + 'static) {
+    /// Runs `wake` after each [`Clock::advance`] (nothing for the system clock): a task
+    /// that sleeps until a due time by this clock registers once, at its start.
+    pub fn on_advance(&self, wake: impl Fn() + Send + Sync + 'static) {
         if let Some(m) = &self.manual {
             m.wakers
                 .lock()

@@ -325,29 +325,9 @@ fn lex(text: &str) -> Result<Vec<(usize, Tok)>, SelectorError> {
                 i += n;
             }
             b'\'' => {
-                // '' inside is one quote
-                let mut s = Vec::new();
-                i += 1;
-                loop {
-                    match b.get(i) {
-                        None => return err(start, "unterminated string literal"),
-                        Some(b'\'') if b.get(i + 1) == Some(&b'\'') => {
-                            s.push(b'\'');
-                            i += 2;
-                        }
-                        Some(b'\'') => {
-                            i += 1;
-                            break;
-                        }
-                        Some(&x) => {
-                            s.push(x);
-                            i += 1;
-                        }
-                    }
-                }
-                // the input is a &str and quotes are ASCII, so this is valid UTF-8
-                let s = String::from_utf8(s).or_else(|_| err(start, "invalid UTF-8"))?;
-                out.push((start, Tok::Str(s)));
+                let (tok, n) = string_literal(b, i)?;
+                out.push((start, tok));
+                i += n;
             }
             b'0'..=b'9' | b'.' => {
                 let (tok, n) = number(text, i)?;
@@ -355,32 +335,63 @@ fn lex(text: &str) -> Result<Vec<(usize, Tok)>, SelectorError> {
                 i += n;
             }
             _ => {
-                let ch = text
-                    .get(i..)
-                    .and_then(|r| r.chars().next())
-                    .unwrap_or('\u{fffd}');
-                if !(ch.is_alphabetic() || ch == '_' || ch == '$') {
-                    return err(start, format!("unexpected character '{ch}'"));
-                }
-                let rest = text.get(i..).unwrap_or("");
-                let len = rest
-                    .char_indices()
-                    .find(|(_, c)| !(c.is_alphanumeric() || *c == '_' || *c == '$'))
-                    .map(|(k, _)| k)
-                    .unwrap_or(rest.len());
-                let word = rest.get(..len).unwrap_or("");
-                out.push((
-                    start,
-                    match keyword(word) {
-                        Some(k) => Tok::Kw(k),
-                        None => Tok::Ident(word.to_string()),
-                    },
-                ));
-                i += len;
+                let (tok, n) = word(text, i)?;
+                out.push((start, tok));
+                i += n;
             }
         }
     }
     Ok(out)
+}
+
+/// A quoted string literal starting at `i` (`''` inside is one quote): returns the token
+/// and its length in bytes, quotes included.
+fn string_literal(b: &[u8], start: usize) -> Result<(Tok, usize), SelectorError> {
+    let mut s = Vec::new();
+    let mut i = start + 1;
+    loop {
+        match b.get(i) {
+            None => return err(start, "unterminated string literal"),
+            Some(b'\'') if b.get(i + 1) == Some(&b'\'') => {
+                s.push(b'\'');
+                i += 2;
+            }
+            Some(b'\'') => {
+                i += 1;
+                break;
+            }
+            Some(&x) => {
+                s.push(x);
+                i += 1;
+            }
+        }
+    }
+    // the input is a &str and quotes are ASCII, so this is valid UTF-8
+    let s = String::from_utf8(s).or_else(|_| err(start, "invalid UTF-8"))?;
+    Ok((Tok::Str(s), i - start))
+}
+
+/// A keyword or identifier starting at `i`: returns the token and its length in bytes.
+fn word(text: &str, i: usize) -> Result<(Tok, usize), SelectorError> {
+    let ch = text
+        .get(i..)
+        .and_then(|r| r.chars().next())
+        .unwrap_or('\u{fffd}');
+    if !(ch.is_alphabetic() || ch == '_' || ch == '$') {
+        return err(i, format!("unexpected character '{ch}'"));
+    }
+    let rest = text.get(i..).unwrap_or("");
+    let len = rest
+        .char_indices()
+        .find(|(_, c)| !(c.is_alphanumeric() || *c == '_' || *c == '$'))
+        .map(|(k, _)| k)
+        .unwrap_or(rest.len());
+    let word = rest.get(..len).unwrap_or("");
+    let tok = match keyword(word) {
+        Some(k) => Tok::Kw(k),
+        None => Tok::Ident(word.to_string()),
+    };
+    Ok((tok, len))
 }
 
 /// A numeric literal at `i`: returns the token and its length in bytes.

@@ -504,21 +504,57 @@ fn a_streams_stats_count_its_deliveries_acks_and_consumers() {
 #[test]
 fn age_retention_keeps_the_young_entries_after_old_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path());
+    let clock = Clock::manual();
+    let b = open_clocked(dir.path(), clock.clone());
     let v = b.vhost("/").unwrap();
     declare(&v, "s", stream_args(&[("x-max-age", s("1s"))])).unwrap();
     for i in 0..7 {
         publish(&v, "s", &format!("old{i}"));
     }
-    std::thread::sleep(Duration::from_millis(1300));
+    // the store stamps entries by the system clock: the young ones go in once it has
+    // moved past the old ones' stamp (a millisecond or so), and the manual clock then
+    // stands exactly 1 s after the first young stamp, so "old" and "young" are told apart
+    // to the millisecond instead of by a sleep
+    let old_ts = store_ts(&b, "s", 6);
+    testing::eventually_blocking(
+        "the system clock to pass the old entries' stamp",
+        Duration::from_secs(5),
+        || system_ms() > old_ts,
+    );
     for i in 0..2 {
         publish(&v, "s", &format!("young{i}"));
     }
+    let (young_ts, last_ts) = (store_ts(&b, "s", 7), store_ts(&b, "s", 8));
+    assert!(old_ts < young_ts);
+    clock.advance(Duration::from_millis(young_ts + 1_000 - clock.now_ms()));
     let q = v.queue("s").unwrap();
     b.tick();
     assert_eq!(q.stream().unwrap().range(), (7, 9));
     b.tick();
     assert_eq!(q.stream().unwrap().range(), (7, 9));
+    // and the young ones go once they are older than 1 s too
+    clock.advance(Duration::from_millis(last_ts + 1 - young_ts));
+    b.tick();
+    assert_eq!(q.stream().unwrap().range(), (9, 9));
+}
+
+/// The store time of entry `off` of queue `queue` in vhost "/", ms.
+fn store_ts(b: &Broker, queue: &str, off: u64) -> u64 {
+    let id = b.store().find_queue("/", queue).unwrap();
+    b.store()
+        .read_queue(id, off)
+        .unwrap()
+        .unwrap()
+        .1
+        .store_ts_ms
+}
+
+/// The system time, ms since the epoch (what the store stamps entries with).
+fn system_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 #[test]

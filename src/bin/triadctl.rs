@@ -160,7 +160,16 @@ fn table(rows: &Value, cols: &[&str]) {
     }
 }
 
-fn run(args: Vec<String>) -> Result<(), Failure> {
+/// The global options and the command line after them.
+struct Options {
+    client: Client,
+    vhost: String,
+    json_out: bool,
+    rest: Vec<String>,
+}
+
+/// Parses the global options; `None`: `--help` was asked for (and printed).
+fn parse_options(args: Vec<String>) -> Result<Option<Options>, Failure> {
     let mut host = "127.0.0.1".to_owned();
     let mut port = 15672u16;
     let (mut user, mut password) = ("guest".to_owned(), "guest".to_owned());
@@ -194,279 +203,372 @@ fn run(args: Vec<String>) -> Result<(), Failure> {
             },
             "-h" | "--help" => {
                 println!("{USAGE}");
-                return Ok(());
+                return Ok(None);
             }
             _ => rest.push(a),
         }
     }
-    let c = Client {
+    let client = Client {
         host,
         port,
         auth: base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")),
     };
-    let Some((cmd, args)) = rest.split_first() else {
+    Ok(Some(Options {
+        client,
+        vhost,
+        json_out,
+        rest,
+    }))
+}
+
+fn run(args: Vec<String>) -> Result<(), Failure> {
+    let Some(o) = parse_options(args)? else {
+        return Ok(());
+    };
+    let Some((cmd, args)) = o.rest.split_first() else {
         return Err(Failure::Usage("no command".into()));
     };
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let want = |n: usize| -> Result<(), Failure> {
+    let ctl = Ctl {
+        c: o.client,
+        v: enc(&o.vhost),
+        vhost: o.vhost,
+        json_out: o.json_out,
+        cmd: cmd.as_str(),
+    };
+    match cmd.as_str() {
+        "status" => ctl.status(&args),
+        "query_msg" => ctl.query_msg(&args),
+        "export_definitions" | "import_definitions" => ctl.definitions(&args),
+        c if c.starts_with("list_") => ctl.list(&args),
+        _ => ctl.change(&args),
+    }
+}
+
+/// One command's run: the client, the vhost, the output format.
+struct Ctl<'a> {
+    c: Client,
+    /// `--vhost`.
+    vhost: String,
+    /// `--vhost`, percent-encoded for a path.
+    v: String,
+    json_out: bool,
+    cmd: &'a str,
+}
+
+impl Ctl<'_> {
+    fn unknown(&self) -> Failure {
+        Failure::Usage(format!("unknown command or wrong arguments: {}", self.cmd))
+    }
+
+    fn want(&self, args: &[&str], n: usize) -> Result<(), Failure> {
         if args.len() == n {
             Ok(())
         } else {
             Err(Failure::Usage(format!(
-                "{cmd} takes {n} argument(s), got {}",
+                "{} takes {n} argument(s), got {}",
+                self.cmd,
                 args.len()
             )))
         }
-    };
-    let v = enc(&vhost);
-    let show = |val: Value, cols: &[&str]| {
-        if json_out {
+    }
+
+    fn show(&self, val: Value, cols: &[&str]) {
+        if self.json_out {
             println!("{}", serde_json::to_string_pretty(&val).unwrap_or_default());
         } else {
             table(&val, cols);
         }
-    };
-    let done = |what: String| {
-        if json_out {
+    }
+
+    fn done(&self, what: String) {
+        if self.json_out {
             println!("{}", json!({"ok": true, "done": what}));
         } else {
             println!("{what}");
         }
-    };
-    let list = |path: &str, cols: &[&str]| -> Result<(), Failure> {
-        want(0)?;
-        show(c.call("GET", path, None)?, cols);
-        Ok(())
-    };
-    match (cmd.as_str(), args.as_slice()) {
-        ("status", _) => {
-            want(0)?;
-            let o = c.call("GET", "/api/overview", None)?;
-            if json_out {
-                println!("{}", serde_json::to_string_pretty(&o).unwrap_or_default());
-            } else {
-                table(
-                    &json!([o]),
-                    &[
-                        "node",
-                        "product_version",
-                        "object_totals.connections",
-                        "object_totals.queues",
-                        "queue_totals.messages",
-                        "message_stats.publish_details.rate",
-                    ],
-                );
-            }
-        }
-        ("list_queues", _) => list(
-            &format!("/api/queues/{v}"),
-            &[
-                "name",
-                "messages",
-                "messages_ready",
-                "messages_unacknowledged",
-                "consumers",
-                "policy",
-            ],
-        )?,
-        ("list_exchanges", _) => list(
-            &format!("/api/exchanges/{v}"),
-            &["name", "type", "durable", "auto_delete", "internal"],
-        )?,
-        ("list_bindings", _) => list(
-            &format!("/api/bindings/{v}"),
-            &["source", "destination", "destination_type", "routing_key"],
-        )?,
-        ("list_connections", _) => list(
-            "/api/connections",
-            &["name", "protocol", "user", "vhost", "ssl"],
-        )?,
-        ("list_consumers", _) => list(
-            &format!("/api/consumers/{v}"),
-            &[
-                "queue.name",
-                "consumer_tag",
-                "ack_required",
-                "prefetch_count",
-            ],
-        )?,
-        ("list_users", _) => list("/api/users", &["name", "tags"])?,
-        ("list_vhosts", _) => list("/api/vhosts", &["name", "messages"])?,
-        ("list_permissions", _) => list(
-            &format!("/api/vhosts/{v}/permissions"),
-            &["user", "configure", "write", "read"],
-        )?,
-        ("list_policies", _) => list(
-            &format!("/api/policies/{v}"),
-            &["name", "pattern", "apply-to", "priority", "definition"],
-        )?,
-        ("add_user", [name, pw, tags @ ..]) if tags.len() <= 1 => {
-            c.call(
-                "PUT",
-                &format!("/api/users/{}", enc(name)),
-                Some(&json!({"password": pw, "tags": tags.first().copied().unwrap_or("")})),
-            )?;
-            done(format!("user {name} added"));
-        }
-        ("change_password", [name, pw]) => {
-            let u = c.call("GET", &format!("/api/users/{}", enc(name)), None)?;
-            c.call(
-                "PUT",
-                &format!("/api/users/{}", enc(name)),
-                Some(&json!({"password": pw, "tags": u.get("tags").cloned().unwrap_or(json!(""))})),
-            )?;
-            done(format!("password of {name} changed"));
-        }
-        ("delete_user", [name]) => {
-            c.call("DELETE", &format!("/api/users/{}", enc(name)), None)?;
-            done(format!("user {name} deleted"));
-        }
-        ("add_vhost", [name]) => {
-            c.call(
-                "PUT",
-                &format!("/api/vhosts/{}", enc(name)),
-                Some(&json!({})),
-            )?;
-            done(format!("vhost {name} added"));
-        }
-        ("delete_vhost", [name]) => {
-            c.call("DELETE", &format!("/api/vhosts/{}", enc(name)), None)?;
-            done(format!("vhost {name} deleted"));
-        }
-        ("set_permissions", [u, conf, write, read]) => {
-            c.call(
-                "PUT",
-                &format!("/api/permissions/{v}/{}", enc(u)),
-                Some(&json!({"configure": conf, "write": write, "read": read})),
-            )?;
-            done(format!("permissions of {u} in {vhost} set"));
-        }
-        ("set_policy", [name, pattern, def, more @ ..]) if more.len() <= 2 => {
-            let definition: Value = serde_json::from_str(def)
-                .map_err(|e| Failure::Usage(format!("definition is not JSON: {e}")))?;
-            let priority: i64 = match more.first() {
-                Some(p) => p
-                    .parse()
-                    .map_err(|_| Failure::Usage("priority must be an integer".into()))?,
-                None => 0,
-            };
-            let apply_to = more.get(1).copied().unwrap_or("all");
-            c.call("PUT", &format!("/api/policies/{v}/{}", enc(name)), Some(&json!({"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to})))?;
-            done(format!("policy {name} set in {vhost}"));
-        }
-        ("clear_policy", [name]) => {
-            c.call("DELETE", &format!("/api/policies/{v}/{}", enc(name)), None)?;
-            done(format!("policy {name} cleared"));
-        }
-        ("purge_queue", [name]) => {
-            c.call(
-                "DELETE",
-                &format!("/api/queues/{v}/{}/contents", enc(name)),
-                None,
-            )?;
-            done(format!("queue {name} purged"));
-        }
-        ("delete_queue", [name]) => {
-            c.call("DELETE", &format!("/api/queues/{v}/{}", enc(name)), None)?;
-            done(format!("queue {name} deleted"));
-        }
-        ("close_connection", [name]) => {
-            c.call("DELETE", &format!("/api/connections/{}", enc(name)), None)?;
-            done(format!("connection {name} closed"));
-        }
-        ("export_definitions", files) if files.len() <= 1 => {
-            let d = c.call("GET", "/api/definitions", None)?;
-            let text = serde_json::to_string_pretty(&d).unwrap_or_default();
-            match files.first() {
-                Some(f) => std::fs::write(f, text)
-                    .map_err(|e| Failure::Usage(format!("cannot write {f}: {e}")))?,
-                None => println!("{text}"),
-            }
-        }
-        ("import_definitions", [file]) => {
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| Failure::Usage(format!("cannot read {file}: {e}")))?;
-            let d: Value = serde_json::from_str(&text)
-                .map_err(|e| Failure::Usage(format!("{file} is not JSON: {e}")))?;
-            c.call("POST", "/api/definitions", Some(&d))?;
-            done(format!("definitions imported from {file}"));
-        }
-        ("query_msg", opts) => {
-            let mut q: Vec<(&str, &str)> = Vec::new();
-            let mut k = opts.iter();
-            while let Some(o) = k.next() {
-                let key = match *o {
-                    "--id" | "--queue" | "--offset" | "--from" | "--to" | "--count" | "--topic" => {
-                        o.trim_start_matches('-')
-                    }
-                    "--full" => {
-                        q.push(("body", "full"));
-                        continue;
-                    }
-                    other => {
-                        return Err(Failure::Usage(format!(
-                            "query_msg: unknown option '{other}'"
-                        )))
-                    }
-                };
-                let val = k
-                    .next()
-                    .ok_or_else(|| Failure::Usage(format!("{o} needs a value")))?;
-                q.push((key, val));
-            }
-            let get = |k: &str| q.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
-            let mut params: Vec<String> = q
-                .iter()
-                .filter(|(n, _)| matches!(*n, "count" | "body" | "from" | "to"))
-                .map(|(n, v)| format!("{n}={}", enc(v)))
-                .collect();
-            let by_topic = get("topic").is_some();
-            let path = match (get("id"), get("queue"), get("offset"), get("from"), get("topic")) {
-                (Some(id), None, None, None, None) => {
-                    format!("/api/messages/by-id/{}", enc(id))
-                }
-                (None, Some(queue), Some(off), None, None) => {
-                    format!("/api/messages/{v}/{}/offset/{}", enc(queue), enc(off))
-                }
-                (None, Some(queue), None, Some(_), None) => {
-                    format!("/api/messages/{v}/{}/time", enc(queue))
-                }
-                (None, None, None, _, Some(topic)) => {
-                    params.push(format!("topic={}", enc(topic)));
-                    format!("/api/messages/by-topic/{v}")
-                }
-                _ => {
-                    return Err(Failure::Usage(
-                        "query_msg needs --id ID, --queue Q --offset N, --queue Q --from MS or --topic T"
-                            .into(),
-                    ))
-                }
-            };
-            if get("to").is_some() && get("from").is_none() && !by_topic {
-                return Err(Failure::Usage("--to needs --from".into()));
-            }
-            params.sort();
-            let sep = if params.is_empty() { "" } else { "?" };
-            let found = c.call("GET", &format!("{path}{sep}{}", params.join("&")), None)?;
-            show(
-                found,
+    }
+
+    fn status(&self, args: &[&str]) -> Result<(), Failure> {
+        self.want(args, 0)?;
+        let o = self.c.call("GET", "/api/overview", None)?;
+        if self.json_out {
+            println!("{}", serde_json::to_string_pretty(&o).unwrap_or_default());
+        } else {
+            table(
+                &json!([o]),
                 &[
-                    "commit_offset",
-                    "store_time",
-                    "payload_bytes",
-                    "routing_key",
-                    "properties.message_id",
-                    "payload",
+                    "node",
+                    "product_version",
+                    "object_totals.connections",
+                    "object_totals.queues",
+                    "queue_totals.messages",
+                    "message_stats.publish_details.rate",
                 ],
             );
         }
-        _ => {
-            return Err(Failure::Usage(format!(
-                "unknown command or wrong arguments: {cmd}"
-            )))
-        }
+        Ok(())
     }
-    Ok(())
+
+    /// The `list_*` commands.
+    fn list(&self, args: &[&str]) -> Result<(), Failure> {
+        let v = &self.v;
+        let (path, cols): (String, &[&str]) = match self.cmd {
+            "list_queues" => (
+                format!("/api/queues/{v}"),
+                &[
+                    "name",
+                    "messages",
+                    "messages_ready",
+                    "messages_unacknowledged",
+                    "consumers",
+                    "policy",
+                ],
+            ),
+            "list_exchanges" => (
+                format!("/api/exchanges/{v}"),
+                &["name", "type", "durable", "auto_delete", "internal"],
+            ),
+            "list_bindings" => (
+                format!("/api/bindings/{v}"),
+                &["source", "destination", "destination_type", "routing_key"],
+            ),
+            "list_connections" => (
+                "/api/connections".to_owned(),
+                &["name", "protocol", "user", "vhost", "ssl"],
+            ),
+            "list_consumers" => (
+                format!("/api/consumers/{v}"),
+                &[
+                    "queue.name",
+                    "consumer_tag",
+                    "ack_required",
+                    "prefetch_count",
+                ],
+            ),
+            "list_users" => ("/api/users".to_owned(), &["name", "tags"]),
+            "list_vhosts" => ("/api/vhosts".to_owned(), &["name", "messages"]),
+            "list_permissions" => (
+                format!("/api/vhosts/{v}/permissions"),
+                &["user", "configure", "write", "read"],
+            ),
+            "list_policies" => (
+                format!("/api/policies/{v}"),
+                &["name", "pattern", "apply-to", "priority", "definition"],
+            ),
+            _ => return Err(self.unknown()),
+        };
+        self.want(args, 0)?;
+        self.show(self.c.call("GET", &path, None)?, cols);
+        Ok(())
+    }
+
+    /// The commands that change something: users, vhosts, permissions, policies, queues,
+    /// connections.
+    fn change(&self, args: &[&str]) -> Result<(), Failure> {
+        let (c, v, vhost) = (&self.c, &self.v, &self.vhost);
+        match (self.cmd, args) {
+            ("add_user", [name, pw, tags @ ..]) if tags.len() <= 1 => {
+                c.call(
+                    "PUT",
+                    &format!("/api/users/{}", enc(name)),
+                    Some(&json!({"password": pw, "tags": tags.first().copied().unwrap_or("")})),
+                )?;
+                self.done(format!("user {name} added"));
+            }
+            ("change_password", [name, pw]) => {
+                let u = c.call("GET", &format!("/api/users/{}", enc(name)), None)?;
+                c.call(
+                    "PUT",
+                    &format!("/api/users/{}", enc(name)),
+                    Some(&json!({"password": pw, "tags": u.get("tags").cloned().unwrap_or(json!(""))})),
+                )?;
+                self.done(format!("password of {name} changed"));
+            }
+            ("delete_user", [name]) => {
+                c.call("DELETE", &format!("/api/users/{}", enc(name)), None)?;
+                self.done(format!("user {name} deleted"));
+            }
+            ("add_vhost", [name]) => {
+                c.call(
+                    "PUT",
+                    &format!("/api/vhosts/{}", enc(name)),
+                    Some(&json!({})),
+                )?;
+                self.done(format!("vhost {name} added"));
+            }
+            ("delete_vhost", [name]) => {
+                c.call("DELETE", &format!("/api/vhosts/{}", enc(name)), None)?;
+                self.done(format!("vhost {name} deleted"));
+            }
+            ("set_permissions", [u, conf, write, read]) => {
+                c.call(
+                    "PUT",
+                    &format!("/api/permissions/{v}/{}", enc(u)),
+                    Some(&json!({"configure": conf, "write": write, "read": read})),
+                )?;
+                self.done(format!("permissions of {u} in {vhost} set"));
+            }
+            ("set_policy", [name, pattern, def, more @ ..]) if more.len() <= 2 => {
+                self.set_policy(name, pattern, def, more)?
+            }
+            ("clear_policy", [name]) => {
+                c.call("DELETE", &format!("/api/policies/{v}/{}", enc(name)), None)?;
+                self.done(format!("policy {name} cleared"));
+            }
+            ("purge_queue", [name]) => {
+                c.call(
+                    "DELETE",
+                    &format!("/api/queues/{v}/{}/contents", enc(name)),
+                    None,
+                )?;
+                self.done(format!("queue {name} purged"));
+            }
+            ("delete_queue", [name]) => {
+                c.call("DELETE", &format!("/api/queues/{v}/{}", enc(name)), None)?;
+                self.done(format!("queue {name} deleted"));
+            }
+            ("close_connection", [name]) => {
+                c.call("DELETE", &format!("/api/connections/{}", enc(name)), None)?;
+                self.done(format!("connection {name} closed"));
+            }
+            _ => return Err(self.unknown()),
+        }
+        Ok(())
+    }
+
+    /// `set_policy NAME PATTERN DEFINITION-JSON [PRIORITY [APPLY-TO]]`.
+    fn set_policy(
+        &self,
+        name: &str,
+        pattern: &str,
+        def: &str,
+        more: &[&str],
+    ) -> Result<(), Failure> {
+        let (v, vhost) = (&self.v, &self.vhost);
+        let definition: Value = serde_json::from_str(def)
+            .map_err(|e| Failure::Usage(format!("definition is not JSON: {e}")))?;
+        let priority: i64 = match more.first() {
+            Some(p) => p
+                .parse()
+                .map_err(|_| Failure::Usage("priority must be an integer".into()))?,
+            None => 0,
+        };
+        let apply_to = more.get(1).copied().unwrap_or("all");
+        self.c.call("PUT", &format!("/api/policies/{v}/{}", enc(name)), Some(&json!({"pattern": pattern, "definition": definition, "priority": priority, "apply-to": apply_to})))?;
+        self.done(format!("policy {name} set in {vhost}"));
+        Ok(())
+    }
+
+    /// `export_definitions [FILE]` and `import_definitions FILE`.
+    fn definitions(&self, args: &[&str]) -> Result<(), Failure> {
+        match (self.cmd, args) {
+            ("export_definitions", files) if files.len() <= 1 => {
+                let d = self.c.call("GET", "/api/definitions", None)?;
+                let text = serde_json::to_string_pretty(&d).unwrap_or_default();
+                match files.first() {
+                    Some(f) => std::fs::write(f, text)
+                        .map_err(|e| Failure::Usage(format!("cannot write {f}: {e}")))?,
+                    None => println!("{text}"),
+                }
+            }
+            ("import_definitions", [file]) => {
+                let text = std::fs::read_to_string(file)
+                    .map_err(|e| Failure::Usage(format!("cannot read {file}: {e}")))?;
+                let d: Value = serde_json::from_str(&text)
+                    .map_err(|e| Failure::Usage(format!("{file} is not JSON: {e}")))?;
+                self.c.call("POST", "/api/definitions", Some(&d))?;
+                self.done(format!("definitions imported from {file}"));
+            }
+            _ => return Err(self.unknown()),
+        }
+        Ok(())
+    }
+
+    /// `query_msg`: messages by id, queue offset, queue time or MQTT topic.
+    fn query_msg(&self, opts: &[&str]) -> Result<(), Failure> {
+        let v = &self.v;
+        let q = query_options(opts)?;
+        let get = |k: &str| q.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+        let mut params: Vec<String> = q
+            .iter()
+            .filter(|(n, _)| matches!(*n, "count" | "body" | "from" | "to"))
+            .map(|(n, v)| format!("{n}={}", enc(v)))
+            .collect();
+        let by_topic = get("topic").is_some();
+        let path = match (
+            get("id"),
+            get("queue"),
+            get("offset"),
+            get("from"),
+            get("topic"),
+        ) {
+            (Some(id), None, None, None, None) => {
+                format!("/api/messages/by-id/{}", enc(id))
+            }
+            (None, Some(queue), Some(off), None, None) => {
+                format!("/api/messages/{v}/{}/offset/{}", enc(queue), enc(off))
+            }
+            (None, Some(queue), None, Some(_), None) => {
+                format!("/api/messages/{v}/{}/time", enc(queue))
+            }
+            (None, None, None, _, Some(topic)) => {
+                params.push(format!("topic={}", enc(topic)));
+                format!("/api/messages/by-topic/{v}")
+            }
+            _ => return Err(Failure::Usage(
+                "query_msg needs --id ID, --queue Q --offset N, --queue Q --from MS or --topic T"
+                    .into(),
+            )),
+        };
+        if get("to").is_some() && get("from").is_none() && !by_topic {
+            return Err(Failure::Usage("--to needs --from".into()));
+        }
+        params.sort();
+        let sep = if params.is_empty() { "" } else { "?" };
+        let found = self
+            .c
+            .call("GET", &format!("{path}{sep}{}", params.join("&")), None)?;
+        self.show(
+            found,
+            &[
+                "commit_offset",
+                "store_time",
+                "payload_bytes",
+                "routing_key",
+                "properties.message_id",
+                "payload",
+            ],
+        );
+        Ok(())
+    }
+}
+
+/// `query_msg`'s options as (name, value) pairs; `--full` is `body=full`.
+fn query_options<'a>(opts: &[&'a str]) -> Result<Vec<(&'a str, &'a str)>, Failure> {
+    let mut q: Vec<(&str, &str)> = Vec::new();
+    let mut k = opts.iter();
+    while let Some(o) = k.next() {
+        let key = match *o {
+            "--id" | "--queue" | "--offset" | "--from" | "--to" | "--count" | "--topic" => {
+                o.trim_start_matches('-')
+            }
+            "--full" => {
+                q.push(("body", "full"));
+                continue;
+            }
+            other => {
+                return Err(Failure::Usage(format!(
+                    "query_msg: unknown option '{other}'"
+                )))
+            }
+        };
+        let val = k
+            .next()
+            .ok_or_else(|| Failure::Usage(format!("{o} needs a value")))?;
+        q.push((key, val));
+    }
+    Ok(q)
 }
 
 fn main() -> ExitCode {

@@ -10,10 +10,15 @@
 //! export carries, are skipped with a log line: a single Triad node has no cluster; so
 //! are vhost descriptions and tags (RabbitMQ's default vhost always has one).
 
+use std::sync::Arc;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use triad_core::auth::{PermissionEntry, TopicPermissionEntry};
-use triad_core::{ExchangeDef, ExchangeKind, PasswordHash, QueueDeclare, UserConfig};
+use triad_core::policy::Policy;
+use triad_core::{
+    Broker, ExchangeDef, ExchangeKind, FieldTable, PasswordHash, QueueDeclare, UserConfig, Vhost,
+};
 
 use super::json::{boolean, json_table, table_json, tags};
 use super::list::Chunks;
@@ -46,7 +51,6 @@ fn section(out: &mut Chunks, name: &str, items: impl Iterator<Item = Value>) {
 }
 
 fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
-    let auth = api.broker().auth();
     let vhosts: Vec<String> = match only {
         Some(v) => vec![v.to_owned()],
         None => api.broker().vhost_names(),
@@ -58,44 +62,8 @@ fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
         )
         .as_bytes(),
     );
-    let with_vhost = |mut j: Value, v: &str| {
-        if only.is_none() {
-            j["vhost"] = json!(v);
-        }
-        j
-    };
     if only.is_none() {
-        let limits = super::user_limits::export(api);
-        section(
-            out,
-            "users",
-            auth.users().into_iter().map(|u| {
-                let l = limits.get(&u.name).cloned().unwrap_or_else(|| json!({}));
-                json!({"name": u.name, "password_hash": u.password_hash,
-                    "hashing_algorithm": SHA256, "tags": u.tags, "limits": l})
-            }),
-        );
-        section(
-            out,
-            "vhosts",
-            vhosts.iter().map(
-                |v| json!({"name": v, "limits": [], "metadata": {"description": "", "tags": []}}),
-            ),
-        );
-        section(
-            out,
-            "permissions",
-            auth.permissions().into_iter().map(|p| {
-                json!({"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read})
-            }),
-        );
-        section(
-            out,
-            "topic_permissions",
-            auth.topic_permissions().into_iter().map(|t| {
-                json!({"user": t.user, "vhost": t.vhost, "exchange": t.exchange, "write": t.write, "read": t.read})
-            }),
-        );
+        export_access(api, &vhosts, out);
         section(out, "global_parameters", std::iter::empty());
     }
     section(out, "parameters", std::iter::empty());
@@ -103,6 +71,60 @@ fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
         .iter()
         .filter_map(|v| api.broker().vhost(v).ok())
         .collect();
+    export_policies(&vhs, only, out);
+    export_queues(&vhs, only, out);
+    export_exchanges(&vhs, only, out);
+    export_bindings(&vhs, only, out);
+    out.put(b"}");
+}
+
+/// An exported entity of `vhost`: named with its vhost in a whole-broker export.
+fn with_vhost(mut j: Value, vhost: &str, only: Option<&str>) -> Value {
+    if only.is_none() {
+        j["vhost"] = json!(vhost);
+    }
+    j
+}
+
+/// The whole-broker sections: users (with their limits), vhosts, permissions and topic
+/// permissions.
+fn export_access(api: &Api, vhosts: &[String], out: &mut Chunks) {
+    let auth = api.broker().auth();
+    let limits = super::user_limits::export(api);
+    section(
+        out,
+        "users",
+        auth.users().into_iter().map(|u| {
+            let l = limits.get(&u.name).cloned().unwrap_or_else(|| json!({}));
+            json!({"name": u.name, "password_hash": u.password_hash,
+                "hashing_algorithm": SHA256, "tags": u.tags, "limits": l})
+        }),
+    );
+    section(
+        out,
+        "vhosts",
+        vhosts
+            .iter()
+            .map(|v| json!({"name": v, "limits": [], "metadata": {"description": "", "tags": []}})),
+    );
+    section(
+        out,
+        "permissions",
+        auth.permissions().into_iter().map(|p| {
+            json!({"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write, "read": p.read})
+        }),
+    );
+    section(
+        out,
+        "topic_permissions",
+        auth.topic_permissions().into_iter().map(|t| {
+            json!({"user": t.user, "vhost": t.vhost, "exchange": t.exchange, "write": t.write, "read": t.read})
+        }),
+    );
+}
+
+/// The vhosts' policies, by name.
+fn export_policies(vhs: &[Arc<Vhost>], only: Option<&str>, out: &mut Chunks) {
     section(
         out,
         "policies",
@@ -120,6 +142,10 @@ fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
             })
         }),
     );
+}
+
+/// The vhosts' queues other than exclusive ones.
+fn export_queues(vhs: &[Arc<Vhost>], only: Option<&str>, out: &mut Chunks) {
     section(
         out,
         "queues",
@@ -133,10 +159,15 @@ fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
                 Some(with_vhost(
                     json!({"name": n, "durable": q.durable(), "auto_delete": q.auto_delete(), "arguments": table_json(q.arguments())}),
                     vh.name(),
+                    only,
                 ))
             })
         }),
     );
+}
+
+/// The vhosts' exchanges other than the default and `amq.` ones, by name.
+fn export_exchanges(vhs: &[Arc<Vhost>], only: Option<&str>, out: &mut Chunks) {
     section(
         out,
         "exchanges",
@@ -150,11 +181,16 @@ fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
                         json!({"name": x.name, "type": x.kind.as_str(), "durable": x.durable,
                             "auto_delete": x.auto_delete, "internal": x.internal, "arguments": table_json(&x.arguments)}),
                         vh.name(),
+                        only,
                     )
                 })
                 .collect::<Vec<_>>()
         }),
     );
+}
+
+/// The vhosts' bindings other than the default exchange's.
+fn export_bindings(vhs: &[Arc<Vhost>], only: Option<&str>, out: &mut Chunks) {
     section(
         out,
         "bindings",
@@ -170,11 +206,11 @@ fn write_export(api: &Api, only: Option<&str>, out: &mut Chunks) {
                     json!({"source": b.source, "destination": dest, "destination_type": dtype,
                         "routing_key": b.routing_key, "arguments": table_json(&b.arguments)}),
                     vh.name(),
+                    only,
                 )
             })
         }),
     );
-    out.put(b"}");
 }
 
 #[derive(Deserialize, Default)]
@@ -236,6 +272,37 @@ fn user_entry(u: &Value) -> Result<UserConfig, ApiError> {
 pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiError> {
     let d: Defs = serde_json::from_value(body.clone())
         .map_err(|e| bad(format!("not a definitions file: {e}")))?;
+    refuse_untaken(&d)?;
+    let users = d
+        .users
+        .iter()
+        .map(|u| {
+            let e = user_entry(u)?;
+            let limits = super::user_limits::parse(&e.name, u.get("limits"))?;
+            Ok((e, limits))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let policies = d
+        .policies
+        .iter()
+        .map(|p| {
+            let vhost = vhost_of(only, p, "policies")?;
+            let name = s(p, "name", "policies")?;
+            super::policies::policy(&vhost, name, p)
+                .map_err(|e| bad(format!("policy '{name}': {}", e.reason)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let broker = api.broker();
+    import_access(broker, only, &d, users)?;
+    import_topology(broker, only, &d, policies)?;
+    tracing::info!(by = %api.user.name, vhost = ?only, "definitions imported");
+    Ok(())
+}
+
+/// Refuses, before anything is changed, what an import does not take: operator
+/// policies, runtime parameters, vhost limits, global parameters other than RabbitMQ's
+/// cluster ones (skipped with a log line).
+fn refuse_untaken(d: &Defs) -> Result<(), ApiError> {
     // refuse what is not taken before changing anything
     if !d.operator_policies.is_empty() {
         return Err(ApiError::not_implemented(
@@ -274,32 +341,35 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
             }
         }
     }
-    let users = d
-        .users
-        .iter()
-        .map(|u| {
-            let e = user_entry(u)?;
-            let limits = super::user_limits::parse(&e.name, u.get("limits"))?;
-            Ok((e, limits))
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    let vhost_of = |v: &Value, what: &str| -> Result<String, ApiError> {
-        match only {
-            Some(o) => Ok(o.to_owned()),
-            None => s(v, "vhost", what).map(str::to_owned),
-        }
-    };
-    let policies = d
-        .policies
-        .iter()
-        .map(|p| {
-            let vhost = vhost_of(p, "policies")?;
-            let name = s(p, "name", "policies")?;
-            super::policies::policy(&vhost, name, p)
-                .map_err(|e| bad(format!("policy '{name}': {}", e.reason)))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let broker = api.broker();
+    Ok(())
+}
+
+/// The vhost an imported entity goes into: `only`, else its own `vhost`.
+fn vhost_of(only: Option<&str>, v: &Value, what: &str) -> Result<String, ApiError> {
+    match only {
+        Some(o) => Ok(o.to_owned()),
+        None => s(v, "vhost", what).map(str::to_owned),
+    }
+}
+
+/// An entity's boolean `k` (`default` when absent).
+fn flag(v: &Value, k: &str, default: bool) -> Result<bool, ApiError> {
+    boolean(v.get(k), default).map_err(|e| bad(format!("{k}: {e}")))
+}
+
+/// An entity's `arguments` as a field table.
+fn table(v: &Value) -> Result<FieldTable, ApiError> {
+    json_table(v.get("arguments").unwrap_or(&Value::Null)).map_err(bad)
+}
+
+/// Imports the users (checked, with their limits), vhosts, permissions and topic
+/// permissions.
+fn import_access(
+    broker: &Broker,
+    only: Option<&str>,
+    d: &Defs,
+    users: Vec<(UserConfig, Vec<(&'static str, u32)>)>,
+) -> Result<(), ApiError> {
     for (u, limits) in users {
         let name = u.name.clone();
         broker.auth().put_user(u)?;
@@ -320,7 +390,7 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
         }
     }
     for p in &d.permissions {
-        let vhost = vhost_of(p, "permissions")?;
+        let vhost = vhost_of(only, p, "permissions")?;
         if !broker.has_vhost(&vhost) {
             return Err(bad(format!("permissions: no vhost '{vhost}'")));
         }
@@ -335,21 +405,27 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
     for t in &d.topic_permissions {
         broker.auth().set_topic_permission(TopicPermissionEntry {
             user: s(t, "user", "topic_permissions")?.to_owned(),
-            vhost: vhost_of(t, "topic_permissions")?,
+            vhost: vhost_of(only, t, "topic_permissions")?,
             exchange: s(t, "exchange", "topic_permissions")?.to_owned(),
             write: s(t, "write", "topic_permissions")?.to_owned(),
             read: s(t, "read", "topic_permissions")?.to_owned(),
         })?;
     }
-    let flag = |v: &Value, k: &str, default: bool| {
-        boolean(v.get(k), default).map_err(|e| bad(format!("{k}: {e}")))
-    };
-    let table = |v: &Value| json_table(v.get("arguments").unwrap_or(&Value::Null)).map_err(bad);
+    Ok(())
+}
+
+/// Imports the policies (checked), exchanges, queues and bindings.
+fn import_topology(
+    broker: &Broker,
+    only: Option<&str>,
+    d: &Defs,
+    policies: Vec<Policy>,
+) -> Result<(), ApiError> {
     for p in policies {
         broker.vhost(&p.vhost)?.set_policy(p)?;
     }
     for x in &d.exchanges {
-        let vh = broker.vhost(&vhost_of(x, "exchanges")?)?;
+        let vh = broker.vhost(&vhost_of(only, x, "exchanges")?)?;
         let kind: ExchangeKind = s(x, "type", "exchanges")?.parse()?;
         let mut def = ExchangeDef::new(s(x, "name", "exchanges")?, kind);
         def.durable = flag(x, "durable", true)?;
@@ -359,7 +435,7 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
         vh.declare_exchange(def, false)?;
     }
     for q in &d.queues {
-        let vh = broker.vhost(&vhost_of(q, "queues")?)?;
+        let vh = broker.vhost(&vhost_of(only, q, "queues")?)?;
         vh.declare_queue(QueueDeclare {
             name: s(q, "name", "queues")?.to_owned(),
             durable: flag(q, "durable", true)?,
@@ -369,7 +445,7 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
         })?;
     }
     for b in &d.bindings {
-        let vh = broker.vhost(&vhost_of(b, "bindings")?)?;
+        let vh = broker.vhost(&vhost_of(only, b, "bindings")?)?;
         let (src, dst) = (
             s(b, "source", "bindings")?,
             s(b, "destination", "bindings")?,
@@ -382,6 +458,5 @@ pub fn import(api: &Api, only: Option<&str>, body: &Value) -> Result<(), ApiErro
             other => return Err(bad(format!("bindings: unknown destination_type '{other}'"))),
         }
     }
-    tracing::info!(by = %api.user.name, vhost = ?only, "definitions imported");
     Ok(())
 }

@@ -186,38 +186,7 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
                 .map(|r| message_json(api, r, &sh))
                 .collect::<Vec<_>>()))
         }
-        ["by-topic", vhost] => {
-            api.require_admin()?;
-            api.vhost_read(vhost)?;
-            if !api.ctx.config.mqtt.index_topics {
-                return Err(ApiError::bad_request(
-                    "MQTT publishes are not indexed by topic: set mqtt.index_topics = true",
-                ));
-            }
-            let topic = api
-                .param("topic")
-                .ok_or_else(|| ApiError::bad_request("topic is required"))?;
-            if topic.is_empty() || topic.len() > 255 {
-                return Err(ApiError::bad_request("topic must be 1 to 255 bytes"));
-            }
-            if topic.contains(['+', '#']) {
-                return Err(ApiError::bad_request(
-                    "topic must be a topic name, not a filter (no + or #)",
-                ));
-            }
-            let (from, to) = time_range(api)?;
-            let key = triad_core::vhost::topic_key(
-                vhost,
-                &triad_mqtt::topic::topic_to_routing_key(topic),
-            );
-            let found = store
-                .lookup_key_between(&key, usize::try_from(sh.count).unwrap_or(10), from, to)
-                .map_err(internal)?;
-            ok_json(&json!(found
-                .iter()
-                .map(|r| message_json(api, r, &sh))
-                .collect::<Vec<_>>()))
-        }
+        ["by-topic", vhost] => by_topic(api, vhost, &sh),
         [vhost, queue, "offset", n] => {
             let id = queue_id(api, vhost, queue)?;
             let from: u64 = n
@@ -235,41 +204,77 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             }
             ok_json(&json!(out))
         }
-        [vhost, queue, "time"] => {
-            let id = queue_id(api, vhost, queue)?;
-            let (from, to) = time_range(api)?;
-            let info = store.queue_info(id).map_err(internal)?;
-            let ts = |off: u64| -> Option<u64> {
-                store
-                    .read_queue(id, off)
-                    .ok()
-                    .flatten()
-                    .map(|(_, r)| r.store_ts_ms)
-            };
-            // first entry stored at or after `from` (store times rise with the offset);
-            // an unreadable entry counts as earlier
-            let (mut lo, mut hi) = (info.min_offset, info.next_offset);
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                if ts(mid).is_none_or(|t| t < from) {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
-            }
-            let mut out = Vec::new();
-            let mut off = lo;
-            while off < info.next_offset && (out.len() as u64) < sh.count {
-                if let Ok(Some((_, r))) = store.read_queue(id, off) {
-                    if r.store_ts_ms > to {
-                        break;
-                    }
-                    out.push(message_json(api, &r, &sh));
-                }
-                off += 1;
-            }
-            ok_json(&json!(out))
-        }
+        [vhost, queue, "time"] => by_time(api, vhost, queue, &sh),
         _ => Err(ApiError::not_found()),
     }
+}
+
+/// `by-topic/{vhost}?topic=`: an MQTT topic's publishes (with `mqtt.index_topics`).
+fn by_topic(api: &Api, vhost: &str, sh: &Shape) -> ApiResult {
+    let store = api.broker().store();
+    api.require_admin()?;
+    api.vhost_read(vhost)?;
+    if !api.ctx.config.mqtt.index_topics {
+        return Err(ApiError::bad_request(
+            "MQTT publishes are not indexed by topic: set mqtt.index_topics = true",
+        ));
+    }
+    let topic = api
+        .param("topic")
+        .ok_or_else(|| ApiError::bad_request("topic is required"))?;
+    if topic.is_empty() || topic.len() > 255 {
+        return Err(ApiError::bad_request("topic must be 1 to 255 bytes"));
+    }
+    if topic.contains(['+', '#']) {
+        return Err(ApiError::bad_request(
+            "topic must be a topic name, not a filter (no + or #)",
+        ));
+    }
+    let (from, to) = time_range(api)?;
+    let key = triad_core::vhost::topic_key(vhost, &triad_mqtt::topic::topic_to_routing_key(topic));
+    let found = store
+        .lookup_key_between(&key, usize::try_from(sh.count).unwrap_or(10), from, to)
+        .map_err(internal)?;
+    ok_json(&json!(found
+        .iter()
+        .map(|r| message_json(api, r, sh))
+        .collect::<Vec<_>>()))
+}
+
+/// `{vhost}/{queue}/time?from=&to=`: a queue's entries stored in a time range.
+fn by_time(api: &Api, vhost: &str, queue: &str, sh: &Shape) -> ApiResult {
+    let store = api.broker().store();
+    let id = queue_id(api, vhost, queue)?;
+    let (from, to) = time_range(api)?;
+    let info = store.queue_info(id).map_err(internal)?;
+    let ts = |off: u64| -> Option<u64> {
+        store
+            .read_queue(id, off)
+            .ok()
+            .flatten()
+            .map(|(_, r)| r.store_ts_ms)
+    };
+    // first entry stored at or after `from` (store times rise with the offset);
+    // an unreadable entry counts as earlier
+    let (mut lo, mut hi) = (info.min_offset, info.next_offset);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if ts(mid).is_none_or(|t| t < from) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    let mut out = Vec::new();
+    let mut off = lo;
+    while off < info.next_offset && (out.len() as u64) < sh.count {
+        if let Ok(Some((_, r))) = store.read_queue(id, off) {
+            if r.store_ts_ms > to {
+                break;
+            }
+            out.push(message_json(api, &r, sh));
+        }
+        off += 1;
+    }
+    ok_json(&json!(out))
 }

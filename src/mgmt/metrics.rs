@@ -18,10 +18,12 @@
 //! the append holds anyway); nothing else is added to a message path.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
+use triad_core::conns::ConnInfo;
 use triad_core::Broker;
 
 use crate::http::Body;
@@ -142,6 +144,17 @@ fn identity(out: &mut String, endpoint: &str) {
 pub fn aggregated(broker: &Broker) -> String {
     let mut out = String::with_capacity(8192);
     identity(&mut out, "default");
+    let conns = totals(&mut out, broker);
+    alarms(&mut out, broker);
+    // Triad's own
+    connections_by_protocol(&mut out, &conns);
+    store_metrics(&mut out, broker);
+    out
+}
+
+/// RabbitMQ's broker-wide gauges and message counters (one pass over each vhost's
+/// queues); returns the connections it counted.
+fn totals(out: &mut String, broker: &Broker) -> Vec<Arc<ConnInfo>> {
     let (mut queues, mut consumers) = (0u64, 0u64);
     let mut sums = [0u64; QUEUE_GAUGES.len()];
     let mut values = [0u64; 8];
@@ -167,7 +180,7 @@ pub fn aggregated(broker: &Broker) -> String {
     }
     let conns = broker.connections().list();
     one(
-        &mut out,
+        out,
         "rabbitmq_connections",
         "gauge",
         "Connections currently open",
@@ -175,7 +188,7 @@ pub fn aggregated(broker: &Broker) -> String {
         conns.len(),
     );
     one(
-        &mut out,
+        out,
         "rabbitmq_queues",
         "gauge",
         "Queues available",
@@ -183,7 +196,7 @@ pub fn aggregated(broker: &Broker) -> String {
         queues,
     );
     one(
-        &mut out,
+        out,
         "rabbitmq_consumers",
         "gauge",
         "Consumers currently connected",
@@ -191,7 +204,7 @@ pub fn aggregated(broker: &Broker) -> String {
         consumers,
     );
     for (sum, (name, help, _)) in sums.iter().zip(QUEUE_GAUGES.iter()) {
-        one(&mut out, name, "gauge", help, "", sum);
+        one(out, name, "gauge", help, "", sum);
     }
     // [publish, deliver, deliver_no_ack, get, get_no_ack, redeliver, ack, deliver_get]
     let [publish, deliver, deliver_no_ack, get, get_no_ack, redeliver, ack, deliver_get] = values;
@@ -206,11 +219,16 @@ pub fn aggregated(broker: &Broker) -> String {
         ("rabbitmq_global_messages_acknowledged_total", "Total number of messages acknowledged by consumers", ack),
     ];
     for (name, help, v) in counters {
-        one(&mut out, name, "counter", help, "", v);
+        one(out, name, "counter", help, "", v);
     }
+    conns
+}
+
+/// RabbitMQ's resource alarm gauges.
+fn alarms(out: &mut String, broker: &Broker) {
     let alarms = broker.current_alarms();
     one(
-        &mut out,
+        out,
         "rabbitmq_alarms_memory_used_watermark",
         "gauge",
         "is 1 if VM memory watermark alarm is in effect",
@@ -218,23 +236,25 @@ pub fn aggregated(broker: &Broker) -> String {
         u8::from(alarms.memory),
     );
     one(
-        &mut out,
+        out,
         "rabbitmq_alarms_free_disk_space_watermark",
         "gauge",
         "is 1 if free disk space watermark alarm is in effect",
         "",
         u8::from(alarms.disk),
     );
+}
 
-    // Triad's own
+/// `triad_connections`, by protocol.
+fn connections_by_protocol(out: &mut String, conns: &[Arc<ConnInfo>]) {
     head(
-        &mut out,
+        out,
         "triad_connections",
         "gauge",
         "Connections currently open, by protocol",
     );
     let mut by_proto: Vec<(&str, usize)> = Vec::new();
-    for c in &conns {
+    for c in conns {
         match by_proto.iter_mut().find(|(p, _)| *p == c.protocol) {
             Some((_, n)) => *n += 1,
             None => by_proto.push((c.protocol, 1)),
@@ -244,9 +264,13 @@ pub fn aggregated(broker: &Broker) -> String {
     for (p, n) in by_proto {
         let _ = writeln!(out, "triad_connections{{protocol=\"{}\"}} {n}", esc(p));
     }
+}
+
+/// The store's gauges, counters and histograms.
+fn store_metrics(out: &mut String, broker: &Broker) {
     let st = broker.store().stats();
     one(
-        &mut out,
+        out,
         "triad_store_commitlog_bytes",
         "gauge",
         "Bytes of commitlog between the oldest kept offset and the end",
@@ -254,7 +278,7 @@ pub fn aggregated(broker: &Broker) -> String {
         st.commitlog_end.saturating_sub(st.commitlog_min),
     );
     one(
-        &mut out,
+        out,
         "triad_store_appended_bytes",
         "gauge",
         "Commitlog end offset: bytes appended over the store's life",
@@ -262,7 +286,7 @@ pub fn aggregated(broker: &Broker) -> String {
         st.commitlog_end,
     );
     one(
-        &mut out,
+        out,
         "triad_store_unflushed_bytes",
         "gauge",
         "Bytes appended but not yet flushed to disk",
@@ -270,7 +294,7 @@ pub fn aggregated(broker: &Broker) -> String {
         st.commitlog_end.saturating_sub(st.flushed),
     );
     one(
-        &mut out,
+        out,
         "triad_store_segments",
         "gauge",
         "Commitlog segment files",
@@ -278,7 +302,7 @@ pub fn aggregated(broker: &Broker) -> String {
         st.segments,
     );
     one(
-        &mut out,
+        out,
         "triad_store_segment_bytes",
         "gauge",
         "Bytes of commitlog segment files on disk (each preallocated whole)",
@@ -286,7 +310,7 @@ pub fn aggregated(broker: &Broker) -> String {
         st.segment_bytes,
     );
     one(
-        &mut out,
+        out,
         "triad_store_appends_total",
         "counter",
         "Records appended to the commitlog since the broker started",
@@ -294,7 +318,7 @@ pub fn aggregated(broker: &Broker) -> String {
         st.appends,
     );
     one(
-        &mut out,
+        out,
         "triad_store_compactions_total",
         "counter",
         "Commitlog segments compacted (live records copied forward, segment deleted)",
@@ -302,7 +326,7 @@ pub fn aggregated(broker: &Broker) -> String {
         st.compactions,
     );
     one(
-        &mut out,
+        out,
         "triad_store_compaction_reclaimed_bytes_total",
         "counter",
         "Bytes compactions gave back: segment size less the bytes copied forward",
@@ -310,7 +334,7 @@ pub fn aggregated(broker: &Broker) -> String {
         st.compacted_bytes_reclaimed,
     );
     one(
-        &mut out,
+        out,
         "triad_store_segments_deleted_total",
         "counter",
         "Commitlog segments deleted (no queue needed them, or compacted)",
@@ -319,28 +343,27 @@ pub fn aggregated(broker: &Broker) -> String {
     );
     let fs = broker.store().flush_stats();
     histogram(
-        &mut out,
+        out,
         "triad_store_fsync_seconds",
         "Duration of each group commit's commitlog flush (msync), by the flusher thread",
         &fs.sync_us.snapshot(),
         1e6,
     );
     histogram(
-        &mut out,
+        out,
         "triad_store_group_commit_bytes",
         "Bytes each group commit made durable (its batch)",
         &fs.batch_bytes.snapshot(),
         1.0,
     );
     one(
-        &mut out,
+        out,
         "triad_store_failed",
         "gauge",
         "is 1 if the store has failed (disk full)",
         "",
         u8::from(broker.store().disk_full()),
     );
-    out
 }
 
 /// The per-object metrics, streamed.

@@ -576,7 +576,6 @@ fn find<T>(items: Vec<T>, pred: impl Fn(&T) -> bool) -> Result<T, ApiError> {
 
 /// Every GET.
 pub fn get(api: &Api, path: &[&str]) -> ApiResult {
-    let auth = api.broker().auth();
     match path {
         ["overview"] => overview(api),
         ["whoami"] => ok_json(&whoami(api)),
@@ -594,6 +593,45 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             ok_json(&node_json(api))
         }
         ["health", "checks", rest @ ..] => health(api, rest),
+        ["vhosts", ..] => get_vhosts(api, path),
+        ["channels"] => super::channels::all(api),
+        ["channels", name] => super::channels::one(api, name),
+        ["connections", name, "channels"] => super::channels::of_connection(api, name),
+        ["queues" | "exchanges" | "bindings", ..] => get_topology(api, path),
+        ["connections"] => list_connections(api, None),
+        ["connections", name] => {
+            let c = visible_connection(api, name)?;
+            ok_json(&connection_json(&c))
+        }
+        ["consumers"] => list_consumers(api, api.visible_vhosts()),
+        ["consumers", v] => {
+            api.vhost_read(v)?;
+            list_consumers(api, vec![(*v).to_owned()])
+        }
+        ["users" | "permissions" | "topic-permissions", ..] => get_access(api, path),
+        ["messages", rest @ ..] => super::messages::get(api, rest),
+        ["user-limits"] => super::user_limits::get(api, None),
+        ["user-limits", u] => super::user_limits::get(api, Some(u)),
+        ["policies"] => super::policies::get(api, None, None),
+        ["policies", v] => super::policies::get(api, Some(v), None),
+        ["policies", v, name] => super::policies::get(api, Some(v), Some(name)),
+        ["definitions"] => {
+            api.require_admin()?;
+            Ok(super::defs::export(api, None))
+        }
+        ["definitions", v] => {
+            api.require_admin()?;
+            api.vhost_read(v)?;
+            Ok(super::defs::export(api, Some(v)))
+        }
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+/// GET `/vhosts...`: vhosts, their permissions, connections and channels.
+fn get_vhosts(api: &Api, path: &[&str]) -> ApiResult {
+    let auth = api.broker().auth();
+    match path {
         ["vhosts"] => {
             let q = ListQuery::parse(&api.params)?;
             let names = api.visible_vhosts();
@@ -636,9 +674,13 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             list_connections(api, Some(v))
         }
         ["vhosts", v, "channels"] => super::channels::of_vhost(api, v),
-        ["channels"] => super::channels::all(api),
-        ["channels", name] => super::channels::one(api, name),
-        ["connections", name, "channels"] => super::channels::of_connection(api, name),
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+/// GET `/queues...`, `/exchanges...` and `/bindings...`.
+fn get_topology(api: &Api, path: &[&str]) -> ApiResult {
+    match path {
         ["queues"] => list_queues(api, api.visible_vhosts()),
         ["queues", v] => {
             api.vhost_read(v)?;
@@ -708,16 +750,14 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
             })?;
             ok_json(&binding_json(v, &b))
         }
-        ["connections"] => list_connections(api, None),
-        ["connections", name] => {
-            let c = visible_connection(api, name)?;
-            ok_json(&connection_json(&c))
-        }
-        ["consumers"] => list_consumers(api, api.visible_vhosts()),
-        ["consumers", v] => {
-            api.vhost_read(v)?;
-            list_consumers(api, vec![(*v).to_owned()])
-        }
+        _ => Err(ApiError::not_found()),
+    }
+}
+
+/// GET `/users...`, `/permissions...` and `/topic-permissions...`.
+fn get_access(api: &Api, path: &[&str]) -> ApiResult {
+    let auth = api.broker().auth();
+    match path {
         ["users"] => {
             api.require_admin()?;
             let limits = super::user_limits::export(api);
@@ -805,21 +845,6 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
                 return Err(ApiError::not_found());
             }
             ok_json(&json!(items))
-        }
-        ["messages", rest @ ..] => super::messages::get(api, rest),
-        ["user-limits"] => super::user_limits::get(api, None),
-        ["user-limits", u] => super::user_limits::get(api, Some(u)),
-        ["policies"] => super::policies::get(api, None, None),
-        ["policies", v] => super::policies::get(api, Some(v), None),
-        ["policies", v, name] => super::policies::get(api, Some(v), Some(name)),
-        ["definitions"] => {
-            api.require_admin()?;
-            Ok(super::defs::export(api, None))
-        }
-        ["definitions", v] => {
-            api.require_admin()?;
-            api.vhost_read(v)?;
-            Ok(super::defs::export(api, Some(v)))
         }
         _ => Err(ApiError::not_found()),
     }

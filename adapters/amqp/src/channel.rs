@@ -598,44 +598,9 @@ impl Session {
 
     fn basic_method(&mut self, id: u16, m: basic::AMQPMethod) -> Result<(), AmqpError> {
         match m {
-            basic::AMQPMethod::Qos(q) => {
-                let ch = self.chan(id)?;
-                let n = u32::from(q.prefetch_count);
-                if q.global {
-                    match &ch.gate {
-                        Some(g) => g.set_limit(n),
-                        None => ch.gate = Some(CreditGate::new(n)),
-                    }
-                } else {
-                    ch.prefetch = n;
-                }
-                self.send(
-                    id,
-                    AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
-                );
-                Ok(())
-            }
+            basic::AMQPMethod::Qos(q) => self.basic_qos(id, q),
             basic::AMQPMethod::Consume(c) => self.consume(id, c),
-            basic::AMQPMethod::Cancel(c) => {
-                let tag: Arc<str> = Arc::from(c.consumer_tag.as_str());
-                let ch = self.chan(id)?;
-                if let Some(h) = ch.consumers.remove(&tag) {
-                    h.cancel();
-                    self.consumer_channels.remove(&tag);
-                } else if ch.reply.as_ref().is_some_and(|r| *r.tag() == tag) {
-                    ch.reply = None;
-                    self.consumer_channels.remove(&tag);
-                }
-                if !c.nowait {
-                    self.send(
-                        id,
-                        AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
-                            consumer_tag: c.consumer_tag,
-                        })),
-                    );
-                }
-                Ok(())
-            }
+            basic::AMQPMethod::Cancel(c) => self.basic_cancel(id, c),
             // as RabbitMQ (since 3.0): immediate delivery is not offered, and saying so
             // closes the connection (540 NOT_IMPLEMENTED - immediate=true)
             basic::AMQPMethod::Publish(p) if p.immediate => {
@@ -659,38 +624,7 @@ impl Session {
                 });
                 Ok(())
             }
-            basic::AMQPMethod::Get(g) => {
-                let q = self.queue_name(id, g.queue.as_str())?;
-                match self.open_link()?.get(&q, g.no_ack)? {
-                    None => self.send(
-                        id,
-                        AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
-                    ),
-                    Some(d) => {
-                        let ch = self.chan(id)?;
-                        let tag = ch.next_tag;
-                        ch.next_tag += 1;
-                        if d.needs_ack {
-                            ch.unacked.insert(
-                                tag,
-                                Unacked {
-                                    queue: d.queue.clone(),
-                                    offset: d.offset,
-                                },
-                            );
-                        }
-                        let m = basic::AMQPMethod::GetOk(basic::GetOk {
-                            delivery_tag: tag,
-                            redelivered: d.redelivered,
-                            exchange: short(&d.exchange),
-                            routing_key: short(&d.routing_key),
-                            message_count: d.message_count,
-                        });
-                        self.send_content(id, m, &d.properties, &d.body);
-                    }
-                }
-                Ok(())
-            }
+            basic::AMQPMethod::Get(g) => self.basic_get(id, g),
             basic::AMQPMethod::Ack(a) => {
                 self.settle_tags(id, a.delivery_tag, a.multiple, true, false)
             }
@@ -707,24 +641,103 @@ impl Session {
             basic::AMQPMethod::RecoverAsync(r) if !r.requeue => {
                 Err(AmqpError::connection(errors::NOT_IMPLEMENTED, "requeue=false").on(60, 100))
             }
-            basic::AMQPMethod::Recover(_) | basic::AMQPMethod::RecoverAsync(_) => {
-                let sync = matches!(m, basic::AMQPMethod::Recover(_));
-                let ch = self.chan(id)?;
-                let all: Vec<_> = std::mem::take(&mut ch.unacked).into_iter().collect();
-                settle(&all, false, true);
-                if sync {
-                    self.send(
-                        id,
-                        AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
-                    );
-                }
-                Ok(())
-            }
+            basic::AMQPMethod::Recover(_) => self.basic_recover(id, true),
+            basic::AMQPMethod::RecoverAsync(_) => self.basic_recover(id, false),
             _ => Err(AmqpError::connection(
                 errors::COMMAND_INVALID,
                 "unexpected basic method",
             )),
         }
+    }
+
+    /// `basic.qos`: the channel's prefetch (per consumer) or, `global`, its shared gate.
+    fn basic_qos(&mut self, id: u16, q: basic::Qos) -> Result<(), AmqpError> {
+        let ch = self.chan(id)?;
+        let n = u32::from(q.prefetch_count);
+        if q.global {
+            match &ch.gate {
+                Some(g) => g.set_limit(n),
+                None => ch.gate = Some(CreditGate::new(n)),
+            }
+        } else {
+            ch.prefetch = n;
+        }
+        self.send(
+            id,
+            AMQPClass::Basic(basic::AMQPMethod::QosOk(basic::QosOk {})),
+        );
+        Ok(())
+    }
+
+    /// `basic.cancel`: ends the consumer (or the direct reply-to one) with that tag.
+    fn basic_cancel(&mut self, id: u16, c: basic::Cancel) -> Result<(), AmqpError> {
+        let tag: Arc<str> = Arc::from(c.consumer_tag.as_str());
+        let ch = self.chan(id)?;
+        if let Some(h) = ch.consumers.remove(&tag) {
+            h.cancel();
+            self.consumer_channels.remove(&tag);
+        } else if ch.reply.as_ref().is_some_and(|r| *r.tag() == tag) {
+            ch.reply = None;
+            self.consumer_channels.remove(&tag);
+        }
+        if !c.nowait {
+            self.send(
+                id,
+                AMQPClass::Basic(basic::AMQPMethod::CancelOk(basic::CancelOk {
+                    consumer_tag: c.consumer_tag,
+                })),
+            );
+        }
+        Ok(())
+    }
+
+    /// `basic.get`: one message (get-ok with its content) or get-empty.
+    fn basic_get(&mut self, id: u16, g: basic::Get) -> Result<(), AmqpError> {
+        let q = self.queue_name(id, g.queue.as_str())?;
+        match self.open_link()?.get(&q, g.no_ack)? {
+            None => self.send(
+                id,
+                AMQPClass::Basic(basic::AMQPMethod::GetEmpty(basic::GetEmpty {})),
+            ),
+            Some(d) => {
+                let ch = self.chan(id)?;
+                let tag = ch.next_tag;
+                ch.next_tag += 1;
+                if d.needs_ack {
+                    ch.unacked.insert(
+                        tag,
+                        Unacked {
+                            queue: d.queue.clone(),
+                            offset: d.offset,
+                        },
+                    );
+                }
+                let m = basic::AMQPMethod::GetOk(basic::GetOk {
+                    delivery_tag: tag,
+                    redelivered: d.redelivered,
+                    exchange: short(&d.exchange),
+                    routing_key: short(&d.routing_key),
+                    message_count: d.message_count,
+                });
+                self.send_content(id, m, &d.properties, &d.body);
+            }
+        }
+        Ok(())
+    }
+
+    /// `basic.recover` (`sync`, answered with recover-ok) or `basic.recover-async` with
+    /// `requeue`: every unacked delivery of the channel goes back to its queue.
+    fn basic_recover(&mut self, id: u16, sync: bool) -> Result<(), AmqpError> {
+        let ch = self.chan(id)?;
+        let all: Vec<_> = std::mem::take(&mut ch.unacked).into_iter().collect();
+        settle(&all, false, true);
+        if sync {
+            self.send(
+                id,
+                AMQPClass::Basic(basic::AMQPMethod::RecoverOk(basic::RecoverOk {})),
+            );
+        }
+        Ok(())
     }
 
     fn consume(&mut self, id: u16, c: basic::Consume) -> Result<(), AmqpError> {

@@ -292,66 +292,15 @@ pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Packet>, Dec
     let mut r = Reader(frame);
     let p = match packet_type {
         1 => r.connect()?,
-        2 => {
-            let f = r.u8()?;
-            if f & 0xfe != 0 {
-                return Err(DecodeError::Malformed("CONNACK reserved flags"));
-            }
-            let code = r.u8()?;
-            Packet::ConnAck {
-                session_present: f & 1 != 0,
-                code,
-            }
-        }
+        2 => r.connack()?,
         3 => r.publish(flags)?,
         4 => Packet::PubAck(r.pkid()?),
         5 => Packet::PubRec(r.pkid()?),
         6 => Packet::PubRel(r.pkid()?),
         7 => Packet::PubComp(r.pkid()?),
-        8 => {
-            let pkid = r.pkid()?;
-            let mut filters = Vec::new();
-            while r.0.has_remaining() {
-                if filters.len() >= limits.max_filters {
-                    return Err(DecodeError::TooManyFilters);
-                }
-                let f = r.string()?;
-                let q = r.u8()?;
-                if q & 0xfc != 0 {
-                    return Err(DecodeError::Malformed("SUBSCRIBE reserved bits"));
-                }
-                if q > 2 {
-                    return Err(DecodeError::InvalidQos);
-                }
-                filters.push((f, q));
-            }
-            if filters.is_empty() {
-                return Err(DecodeError::NoFilters);
-            }
-            Packet::Subscribe(Subscribe { pkid, filters })
-        }
-        9 => {
-            let pkid = r.pkid()?;
-            let codes = r.0.split_to(r.0.len()).to_vec();
-            if codes.iter().any(|c| !matches!(c, 0 | 1 | 2 | 0x80)) {
-                return Err(DecodeError::Malformed("SUBACK return code"));
-            }
-            Packet::SubAck(SubAck { pkid, codes })
-        }
-        10 => {
-            let pkid = r.pkid()?;
-            let mut filters = Vec::new();
-            while r.0.has_remaining() {
-                if filters.len() >= limits.max_filters {
-                    return Err(DecodeError::TooManyFilters);
-                }
-                filters.push(r.string()?);
-            }
-            if filters.is_empty() {
-                return Err(DecodeError::NoFilters);
-            }
-            Packet::Unsubscribe(Unsubscribe { pkid, filters })
-        }
+        8 => r.subscribe(limits)?,
+        9 => r.suback()?,
+        10 => r.unsubscribe(limits)?,
         11 => Packet::UnsubAck(r.pkid()?),
         12 => Packet::PingReq,
         13 => Packet::PingResp,
@@ -367,6 +316,71 @@ pub fn decode(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Packet>, Dec
 struct Reader(Bytes);
 
 impl Reader {
+    /// CONNACK's body: flags (only session-present may be set) and return code.
+    fn connack(&mut self) -> Result<Packet, DecodeError> {
+        let f = self.u8()?;
+        if f & 0xfe != 0 {
+            return Err(DecodeError::Malformed("CONNACK reserved flags"));
+        }
+        let code = self.u8()?;
+        Ok(Packet::ConnAck {
+            session_present: f & 1 != 0,
+            code,
+        })
+    }
+
+    /// SUBSCRIBE's body: packet id, then at least one (filter, QoS), at most
+    /// `limits.max_filters`.
+    fn subscribe(&mut self, limits: &Limits) -> Result<Packet, DecodeError> {
+        let pkid = self.pkid()?;
+        let mut filters = Vec::new();
+        while self.0.has_remaining() {
+            if filters.len() >= limits.max_filters {
+                return Err(DecodeError::TooManyFilters);
+            }
+            let f = self.string()?;
+            let q = self.u8()?;
+            if q & 0xfc != 0 {
+                return Err(DecodeError::Malformed("SUBSCRIBE reserved bits"));
+            }
+            if q > 2 {
+                return Err(DecodeError::InvalidQos);
+            }
+            filters.push((f, q));
+        }
+        if filters.is_empty() {
+            return Err(DecodeError::NoFilters);
+        }
+        Ok(Packet::Subscribe(Subscribe { pkid, filters }))
+    }
+
+    /// SUBACK's body: packet id, then one return code per filter.
+    fn suback(&mut self) -> Result<Packet, DecodeError> {
+        let pkid = self.pkid()?;
+        let codes = self.0.split_to(self.0.len()).to_vec();
+        if codes.iter().any(|c| !matches!(c, 0 | 1 | 2 | 0x80)) {
+            return Err(DecodeError::Malformed("SUBACK return code"));
+        }
+        Ok(Packet::SubAck(SubAck { pkid, codes }))
+    }
+
+    /// UNSUBSCRIBE's body: packet id, then at least one filter, at most
+    /// `limits.max_filters`.
+    fn unsubscribe(&mut self, limits: &Limits) -> Result<Packet, DecodeError> {
+        let pkid = self.pkid()?;
+        let mut filters = Vec::new();
+        while self.0.has_remaining() {
+            if filters.len() >= limits.max_filters {
+                return Err(DecodeError::TooManyFilters);
+            }
+            filters.push(self.string()?);
+        }
+        if filters.is_empty() {
+            return Err(DecodeError::NoFilters);
+        }
+        Ok(Packet::Unsubscribe(Unsubscribe { pkid, filters }))
+    }
+
     fn u8(&mut self) -> Result<u8, DecodeError> {
         if self.0.is_empty() {
             return Err(DecodeError::Malformed("truncated"));

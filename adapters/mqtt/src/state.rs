@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use triad_core::Durability;
 use triad_core::{
-    Broker, ConnectionId, CoreError, FieldTable, Properties, Publish, QueueDeclare, Vhost,
+    Broker, Clock, ConnectionId, CoreError, FieldTable, Properties, Publish, QueueDeclare, Vhost,
 };
 
 use crate::durable::DurableLog;
@@ -45,8 +45,9 @@ struct Stored {
     /// Stream subscriptions (`$stream/...` → granted QoS); their positions are the
     /// streams' stored consumer offsets ([`crate::stream::consumer_name`]).
     streams: BTreeMap<String, u8>,
-    /// Wall-clock ms since the Unix epoch at which the client disconnected; 0 while it
-    /// is connected (or for sessions stored before `session_expiry` was turned on).
+    /// Ms since the Unix epoch, by the broker's clock, at which the client disconnected;
+    /// 0 while it is connected (or for sessions stored before `session_expiry` was turned
+    /// on).
     disconnected_at: u64,
 }
 
@@ -306,14 +307,6 @@ fn decode_stored(json: &[u8]) -> serde_json::Result<(Option<Box<str>>, Subs, Sub
     Ok((owner, subs, streams))
 }
 
-/// Wall-clock ms since the Unix epoch (persisted, so it must survive a restart).
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 /// A persistent session's due time on the expiry timer.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Due {
@@ -456,6 +449,17 @@ impl MqttState {
         &self.broker
     }
 
+    /// The broker's clock, which session expiry reads (`CoreConfig::clock`).
+    fn clock(&self) -> &Clock {
+        &self.broker.config().clock
+    }
+
+    /// Ms since the Unix epoch by the broker's clock (disconnect times are persisted,
+    /// so this is wall-clock time that survives a restart).
+    fn now_ms(&self) -> u64 {
+        self.clock().now_ms()
+    }
+
     /// The MQTT state of a vhost, opened on first use.
     pub fn vhost_state(&self, name: &str) -> Result<Arc<VhostState>, CoreError> {
         let mut g = lock(&self.vhosts);
@@ -560,7 +564,9 @@ impl MqttState {
     fn schedule_away(&self, vs: &VhostState) {
         let Some(ex) = self.expiry.get() else { return };
         let name = vs.vhost.name().to_string();
-        let away = vs.sessions.away(now_ms(), |c| self.is_connected(&name, c));
+        let away = vs
+            .sessions
+            .away(self.now_ms(), |c| self.is_connected(&name, c));
         for (client, t) in away {
             ex.push(&name, &client, t, t.saturating_add(ex.after_ms()));
         }
@@ -580,7 +586,7 @@ impl MqttState {
     /// stored with the session and the session goes on the expiry timer.
     pub(crate) fn session_disconnected(&self, vs: &VhostState, client: &str) {
         let Some(ex) = self.expiry.get() else { return };
-        let now = now_ms();
+        let now = self.now_ms();
         if let Err(e) = vs.sessions.mark_disconnected(client, now) {
             tracing::warn!(client, error = %e, "cannot store the MQTT session's disconnect time");
         }
@@ -601,11 +607,20 @@ impl MqttState {
         after: Duration,
         shutdown: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        let _ = self.expiry.set(Arc::new(Expiry {
+        let expiry = Arc::new(Expiry {
             after,
             heap: Mutex::new(BinaryHeap::new()),
             wake: Notify::new(),
-        }));
+        });
+        if self.expiry.set(expiry.clone()).is_ok() {
+            // a manual clock's advance may make a session due: look again
+            let ex = Arc::downgrade(&expiry);
+            self.clock().on_advance(move || {
+                if let Some(ex) = ex.upgrade() {
+                    ex.wake.notify_one();
+                }
+            });
+        }
         let opened: Vec<Arc<VhostState>> = lock(&self.vhosts).values().cloned().collect();
         for vs in &opened {
             self.schedule_away(vs);
@@ -617,7 +632,7 @@ impl MqttState {
                 let Some(ex) = st.expiry.get().cloned() else {
                     return;
                 };
-                let now = now_ms();
+                let now = st.now_ms();
                 let due = {
                     let mut heap = lock(&ex.heap);
                     match heap.peek() {
@@ -669,7 +684,7 @@ impl MqttState {
                 // reschedules), or on its way out; look again in a second
                 drop(g);
                 if let Some(ex) = self.expiry.get() {
-                    ex.push(&d.vhost, &d.client, d.disconnected_at, now_ms() + 1000);
+                    ex.push(&d.vhost, &d.client, d.disconnected_at, self.now_ms() + 1000);
                 }
                 return;
             }

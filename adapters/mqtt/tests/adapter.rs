@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use triad_core::testing::eventually;
-use triad_core::{Broker, CoreConfig};
+use triad_core::{Broker, Clock, CoreConfig};
 use triad_mqtt::codec::{self, Connect, Packet, Publish, Subscribe, Will};
 use triad_mqtt::{serve, MqttContext, MqttLimits, MqttState};
 use triad_store::store::{Store, StoreConfig};
@@ -1375,5 +1376,88 @@ async fn topic_permissions_with_the_client_id() {
         .unwrap();
     assert_eq!(body(&c1.publish().await), "marker");
     c1.disconnect().await;
+    s.stop().await;
+}
+
+/// Waits until no client is connected: the last one's disconnect (and its time, for
+/// session expiry) has been recorded.
+async fn all_disconnected(state: &MqttState) {
+    eventually(
+        "the clients' disconnects recorded",
+        Duration::from_secs(10),
+        || state.stats.connected.load(Ordering::Relaxed) == 0,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expiry_counts_from_each_disconnect_by_the_broker_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::manual();
+    let cfg = CoreConfig {
+        clock: clock.clone(),
+        ..CoreConfig::default()
+    };
+    let ctx = context(open_broker_with(dir.path(), cfg));
+    let state = ctx.state.clone();
+    let expiry = state.spawn_session_expiry(Duration::from_secs(3600), ctx.shutdown.clone());
+    let s = start_ctx(ctx).await;
+    let vh = s.ctx.broker.vhost(s.ctx.broker.default_vhost()).unwrap();
+    let present = |client: &str| vh.queue(&format!("mqtt-subscription-{client}")).is_some();
+
+    // early leaves at T, late at T + 30 min
+    for client in ["early", "late"] {
+        let (mut c, _) = connect_with(opts(s.addr, client, false)).await;
+        c.sub(&format!("{client}/#"), QoS::AtLeastOnce).await;
+        c.disconnect().await;
+        all_disconnected(&state).await;
+        if client == "early" {
+            clock.advance(Duration::from_secs(1800));
+        }
+    }
+    assert!(present("early") && present("late"));
+
+    // T + 1 h + 1 s: early is due, late (due at T + 1 h 30 min) is not
+    clock.advance(Duration::from_secs(1801));
+    eventually("early's session to expire", Duration::from_secs(10), || {
+        !present("early")
+    })
+    .await;
+    assert!(present("late"), "expired 30 min 1 s after its disconnect");
+    let (c, ack) = connect_with(opts(s.addr, "early", false)).await;
+    assert!(
+        !ack.session_present,
+        "the expired session was reported present"
+    );
+    c.disconnect().await;
+
+    // late comes back just before its due time and leaves again: counted from then
+    clock.advance(Duration::from_secs(1798));
+    let (c, ack) = connect_with(opts(s.addr, "late", false)).await;
+    assert!(
+        ack.session_present,
+        "expired 59 min 59 s after its disconnect"
+    );
+    c.disconnect().await;
+    all_disconnected(&state).await;
+    clock.advance(Duration::from_secs(1800));
+    // the entry of its first disconnect is due and stale; the second is 30 min away
+    let (c, ack) = connect_with(opts(s.addr, "late", false)).await;
+    assert!(
+        ack.session_present,
+        "expired 30 min after its second disconnect"
+    );
+    c.disconnect().await;
+    all_disconnected(&state).await;
+    clock.advance(Duration::from_secs(3601));
+    eventually("late's session to expire", Duration::from_secs(10), || {
+        !present("late")
+    })
+    .await;
+
+    drop(vh);
+    s.ctx.shutdown.cancel();
+    expiry.await.unwrap();
+    drop(state);
     s.stop().await;
 }

@@ -747,6 +747,45 @@ impl Session {
         let dest = Destination::parse(dest_s)
             .map_err(|e| Fail::new("Unknown destination", e.to_string()))?;
         let opts = SubscribeOptions::parse(f)?;
+        let id = self.new_subscription_id(f, dest_s)?;
+        // compiled before anything is declared, so a bad one leaves nothing behind
+        let filter = subscription_filter(f)?;
+        // the same for the stream headers (x-stream-offset)
+        let stream = stream_consume(f)?;
+        let mode = ack_mode(f)?;
+        let prefetch = opt_number::<u32>(f, "prefetch-count")?.unwrap_or(0);
+        let priority = opt_number::<i32>(f, "x-priority")?.unwrap_or(0);
+        let exclusive = opts.exclusive;
+        let args = queue_arguments(f)?;
+        let SubscribedQueue {
+            queue,
+            destination_override,
+            durable_queue,
+        } = self.subscribed_queue(f, dest, dest_s, &opts, &id, args)?;
+        let mut req = self.consume_request(&id, mode, prefetch, exclusive, priority);
+        req.filter = filter;
+        let consumer = self.linked()?.consume_stream(&queue, req, stream)?;
+        self.subs.insert(
+            id.clone(),
+            Subscription {
+                consumer,
+                destination_override,
+                durable_queue,
+            },
+        );
+        self.ledgers
+            .entry(id)
+            .and_modify(|l| l.mode = mode)
+            .or_insert(Ledger {
+                mode,
+                pending: BTreeMap::new(),
+            });
+        Ok(())
+    }
+
+    /// The id a SUBSCRIBE opens (its `id` header; STOMP 1.0 may leave it out and use the
+    /// destination), refused when too long, already open, or one too many.
+    fn new_subscription_id(&self, f: &Frame, dest_s: &str) -> Res<String> {
         let id = match (f.header("id"), self.version) {
             (Some(id), _) => id.to_string(),
             (None, Version::V10) => dest_s.to_string(),
@@ -774,32 +813,20 @@ impl Session {
                 format!("a subscription with id '{id}' already exists on this connection"),
             ));
         }
-        // compiled before anything is declared, so a bad one leaves nothing behind
-        let filter = MessageFilter::compile(f.header("selector"), f.header("x-tag-filter"))
-            .map_err(|e| match e {
-                CoreError::PreconditionFailed(m) if m.starts_with("invalid selector") => {
-                    Fail::new("invalid selector", m)
-                }
-                CoreError::PreconditionFailed(m) => Fail::new("invalid x-tag-filter header", m),
-                other => other.into(),
-            })?;
-        // the same for the stream headers (x-stream-offset)
-        let stream = stream_consume(f)?;
-        let mode = match f.header("ack").unwrap_or("auto") {
-            "auto" => AckMode::Auto,
-            "client" => AckMode::Client,
-            "client-individual" => AckMode::ClientIndividual,
-            other => {
-                return Err(Fail::new(
-                    "invalid ack header",
-                    format!("ack mode '{other}' is not auto, client or client-individual"),
-                ))
-            }
-        };
-        let prefetch = opt_number::<u32>(f, "prefetch-count")?.unwrap_or(0);
-        let priority = opt_number::<i32>(f, "x-priority")?.unwrap_or(0);
-        let exclusive = opts.exclusive;
-        let args = queue_arguments(f)?;
+        Ok(id)
+    }
+
+    /// The queue a SUBSCRIBE to `dest` consumes from, declared or bound as the
+    /// destination asks.
+    fn subscribed_queue(
+        &mut self,
+        f: &Frame,
+        dest: Destination,
+        dest_s: &str,
+        opts: &SubscribeOptions,
+        id: &str,
+        args: FieldTable,
+    ) -> Res<SubscribedQueue> {
         let mut durable_queue = None;
         let mut destination_override = None;
         let queue = match dest {
@@ -844,7 +871,7 @@ impl Session {
                 ok.name
             }
             Destination::Topic(key) => {
-                let (q, d) = self.binding_queue(f, &opts, &id, "amq.topic", &key, args)?;
+                let (q, d) = self.binding_queue(f, opts, id, "amq.topic", &key, args)?;
                 durable_queue = d;
                 q
             }
@@ -852,30 +879,16 @@ impl Session {
                 if !self.linked()?.vhost().has_exchange(&exchange) {
                     return Err(CoreError::exchange_not_found(&exchange).into());
                 }
-                let (q, d) = self.binding_queue(f, &opts, &id, &exchange, &key, args)?;
+                let (q, d) = self.binding_queue(f, opts, id, &exchange, &key, args)?;
                 durable_queue = d;
                 q
             }
         };
-        let mut req = self.consume_request(&id, mode, prefetch, exclusive, priority);
-        req.filter = filter;
-        let consumer = self.linked()?.consume_stream(&queue, req, stream)?;
-        self.subs.insert(
-            id.clone(),
-            Subscription {
-                consumer,
-                destination_override,
-                durable_queue,
-            },
-        );
-        self.ledgers
-            .entry(id)
-            .and_modify(|l| l.mode = mode)
-            .or_insert(Ledger {
-                mode,
-                pending: BTreeMap::new(),
-            });
-        Ok(())
+        Ok(SubscribedQueue {
+            queue,
+            destination_override,
+            durable_queue,
+        })
     }
 
     /// The queue behind a topic or exchange subscription: a durable named one for
@@ -1342,6 +1355,37 @@ fn opt_number<T: std::str::FromStr>(f: &Frame, name: &str) -> Res<Option<T>> {
 fn parse_heartbeat(v: &str) -> Option<(u64, u64)> {
     let (a, b) = v.split_once(',')?;
     Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+/// The queue a SUBSCRIBE consumes from, and what its [`Subscription`] remembers of it.
+struct SubscribedQueue {
+    queue: String,
+    destination_override: Option<String>,
+    durable_queue: Option<String>,
+}
+
+/// A SUBSCRIBE's `selector` and `x-tag-filter`, compiled.
+fn subscription_filter(f: &Frame) -> Res<Option<Arc<MessageFilter>>> {
+    MessageFilter::compile(f.header("selector"), f.header("x-tag-filter")).map_err(|e| match e {
+        CoreError::PreconditionFailed(m) if m.starts_with("invalid selector") => {
+            Fail::new("invalid selector", m)
+        }
+        CoreError::PreconditionFailed(m) => Fail::new("invalid x-tag-filter header", m),
+        other => other.into(),
+    })
+}
+
+/// A SUBSCRIBE's `ack` header (`auto` when absent).
+fn ack_mode(f: &Frame) -> Res<AckMode> {
+    match f.header("ack").unwrap_or("auto") {
+        "auto" => Ok(AckMode::Auto),
+        "client" => Ok(AckMode::Client),
+        "client-individual" => Ok(AckMode::ClientIndividual),
+        other => Err(Fail::new(
+            "invalid ack header",
+            format!("ack mode '{other}' is not auto, client or client-individual"),
+        )),
+    }
 }
 
 /// A stream subscription's `x-stream-offset` (`first`, `last`, `next`, an offset, an

@@ -680,33 +680,9 @@ impl Vhost {
         d: QueueDeclare,
     ) -> Result<(QueueDeclareOk, Durability), CoreError> {
         if d.passive {
-            let name = d.name;
-            if let Some(access) = &d.access {
-                access.queue_declare_passive(&name)?;
-            }
-            let q = self.queue_for(&name, d.conn)?;
-            q.touch();
-            return Ok(self.declared(name, &q));
+            return self.declare_queue_passive(d);
         }
-        let name = if d.name.is_empty() {
-            format!("amq.gen-{}", random_suffix())
-        } else {
-            // the broker's own declare (no `access`) may use its reserved names
-            if d.name.starts_with("amq.")
-                && !(d.access.is_none() && reserved::is_reserved_queue(&d.name))
-            {
-                return Err(CoreError::AccessRefused(format!(
-                    "queue name '{}' contains reserved prefix 'amq.*'",
-                    d.name
-                )));
-            }
-            d.name.clone()
-        };
-        if name.len() > 255 {
-            return Err(CoreError::PreconditionFailed(
-                "queue name longer than 255 bytes".into(),
-            ));
-        }
+        let name = Self::declared_queue_name(&d)?;
         if let Some(access) = &d.access {
             access.queue_declare(&name, &d.arguments)?;
         }
@@ -727,69 +703,119 @@ impl Vhost {
                 d.auto_delete,
             )?;
         }
-        // exclusive queues never outlive their connection, so they are never durable
-        let durable = d.durable && !d.exclusive;
-        let done = {
-            let mut queues = self.queues_mut();
-            if let Some(q) = queues.get(&name) {
-                // lost a race with another declare
-                let q = q.clone();
-                drop(queues);
-                self.check_exclusive(&q, d.conn)?;
-                return Ok(self.declared(name, &q));
-            }
-            if self.max_queues > 0 && queues.len() >= self.max_queues {
-                tracing::info!(vhost = %self.name, queue = %name, max = self.max_queues, "queue limit reached");
-                return Err(CoreError::PreconditionFailed(format!(
-                    "cannot declare queue '{name}': queue limit in vhost '{}' ({}) is reached",
-                    self.name, self.max_queues
+        self.create_declared_queue(name, &d, args)
+    }
+
+    /// `queue.declare` with `passive`: the queue must exist (and be usable by `d.conn`).
+    fn declare_queue_passive(
+        &self,
+        d: QueueDeclare,
+    ) -> Result<(QueueDeclareOk, Durability), CoreError> {
+        let name = d.name;
+        if let Some(access) = &d.access {
+            access.queue_declare_passive(&name)?;
+        }
+        let q = self.queue_for(&name, d.conn)?;
+        q.touch();
+        Ok(self.declared(name, &q))
+    }
+
+    /// The name a (non-passive) declare gets: a generated `amq.gen-` one for an empty
+    /// name; a reserved `amq.` name only for the broker's own declare; at most 255 bytes.
+    fn declared_queue_name(d: &QueueDeclare) -> Result<String, CoreError> {
+        let name = if d.name.is_empty() {
+            format!("amq.gen-{}", random_suffix())
+        } else {
+            // the broker's own declare (no `access`) may use its reserved names
+            if d.name.starts_with("amq.")
+                && !(d.access.is_none() && reserved::is_reserved_queue(&d.name))
+            {
+                return Err(CoreError::AccessRefused(format!(
+                    "queue name '{}' contains reserved prefix 'amq.*'",
+                    d.name
                 )));
             }
-            let (id, _registered) = self
-                .store
-                .create_queue_deferred(&self.name, &name, durable)?;
-            // the vhost's own record comes after the store's in the journal, so waiting for
-            // it covers both
-            let done = if durable {
-                let record = to_json(&QueueDoc {
-                    name: name.clone(),
-                    auto_delete: d.auto_delete,
-                    arguments: table_to_hex(&d.arguments),
-                });
-                self.journal(vec![MetaOp::put(queue_key(&self.name, &name), record)])?
-            } else {
-                Durability::ready()
-            };
-            let q = Queue::new(
-                QueueSpec {
-                    name: name.clone(),
-                    vhost_name: self.name.clone(),
-                    id,
-                    durable,
-                    exclusive_owner: d.exclusive.then_some(d.conn),
-                    auto_delete: d.auto_delete,
-                    arguments: d.arguments.clone(),
-                    args,
-                    window: self.window,
-                    clock: self.clock.clone(),
-                },
-                self.store.clone(),
-                self.me.clone(),
-            )?;
-            // under the queue map's lock: a policy change walks the map after
-            // changing the list, so it either sees this queue or this sees it
-            if let Some(p) = self.policies.for_queue(&name) {
-                q.apply_policy(Some(p));
-            }
-            if d.exclusive {
-                self.exclusive_mut()
-                    .entry(d.conn)
-                    .or_default()
-                    .push(q.clone());
-            }
-            queues.insert(name.clone(), q);
-            done
+            d.name.clone()
         };
+        if name.len() > 255 {
+            return Err(CoreError::PreconditionFailed(
+                "queue name longer than 255 bytes".into(),
+            ));
+        }
+        Ok(name)
+    }
+
+    /// Creates the queue a declare names, under the queue map's lock: registers it with
+    /// the store, journals its record (when durable), applies the policy in force and
+    /// files it under its exclusive owner. A queue another declare created meanwhile is
+    /// answered as existing.
+    fn create_declared_queue(
+        &self,
+        name: String,
+        d: &QueueDeclare,
+        args: QueueArgs,
+    ) -> Result<(QueueDeclareOk, Durability), CoreError> {
+        // exclusive queues never outlive their connection, so they are never durable
+        let durable = d.durable && !d.exclusive;
+        let mut queues = self.queues_mut();
+        if let Some(q) = queues.get(&name) {
+            // lost a race with another declare
+            let q = q.clone();
+            drop(queues);
+            self.check_exclusive(&q, d.conn)?;
+            return Ok(self.declared(name, &q));
+        }
+        if self.max_queues > 0 && queues.len() >= self.max_queues {
+            tracing::info!(vhost = %self.name, queue = %name, max = self.max_queues, "queue limit reached");
+            return Err(CoreError::PreconditionFailed(format!(
+                "cannot declare queue '{name}': queue limit in vhost '{}' ({}) is reached",
+                self.name, self.max_queues
+            )));
+        }
+        let (id, _registered) = self
+            .store
+            .create_queue_deferred(&self.name, &name, durable)?;
+        // the vhost's own record comes after the store's in the journal, so waiting for
+        // it covers both
+        let done = if durable {
+            let record = to_json(&QueueDoc {
+                name: name.clone(),
+                auto_delete: d.auto_delete,
+                arguments: table_to_hex(&d.arguments),
+            });
+            self.journal(vec![MetaOp::put(queue_key(&self.name, &name), record)])?
+        } else {
+            Durability::ready()
+        };
+        let q = Queue::new(
+            QueueSpec {
+                name: name.clone(),
+                vhost_name: self.name.clone(),
+                id,
+                durable,
+                exclusive_owner: d.exclusive.then_some(d.conn),
+                auto_delete: d.auto_delete,
+                arguments: d.arguments.clone(),
+                args,
+                window: self.window,
+                clock: self.clock.clone(),
+            },
+            self.store.clone(),
+            self.me.clone(),
+        )?;
+        // under the queue map's lock: a policy change walks the map after
+        // changing the list, so it either sees this queue or this sees it
+        if let Some(p) = self.policies.for_queue(&name) {
+            q.apply_policy(Some(p));
+        }
+        if d.exclusive {
+            self.exclusive_mut()
+                .entry(d.conn)
+                .or_default()
+                .push(q.clone());
+        }
+        queues.insert(name.clone(), q);
+        drop(queues);
         Ok((
             QueueDeclareOk {
                 name,
