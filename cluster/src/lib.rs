@@ -8,6 +8,8 @@
 //!   set and the sync gate it moves ([`triad_store::replica::ReplicaGate`]).
 //! - [`follower`]: connects to the leader, writes what it ships into a
 //!   [`triad_store::replica::ReplicaStore`], fsyncs, acknowledges.
+//! - [`status`]: what the leader knows of each replica (durable positions, in sync or
+//!   not, lag in bytes and seconds), for the management API and metrics.
 //!
 //! Connections are few (one per follower) and long-lived, and the work per frame is a
 //! copy and an fsync: plain threads and blocking sockets, not the broker's runtime.
@@ -22,3 +24,4 @@
 pub mod codec;
 pub mod follower;
 pub mod leader;
+pub mod status;
