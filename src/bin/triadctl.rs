@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 const USAGE: &str = "usage: triadctl [--host H] [--port P] [--user U] [--password PW] [--vhost V] [--format table|json] COMMAND [ARGS]
 commands:
-  status
+  status                             cluster_status
   list_queues | list_exchanges | list_bindings | list_connections | list_consumers
   list_users | list_vhosts | list_permissions | list_policies
   add_user NAME PASSWORD [TAGS]      delete_user NAME      change_password NAME PASSWORD
@@ -160,6 +160,34 @@ fn table(rows: &Value, cols: &[&str]) {
     }
 }
 
+/// `cluster_status`'s first lines: the group as a whole.
+fn cluster_summary(s: &Value) {
+    let f = |k: &str| match s.get(k) {
+        Some(Value::String(v)) => v.clone(),
+        Some(Value::Null) | None => "-".to_owned(),
+        Some(v) => v.to_string(),
+    };
+    println!(
+        "node {}  role {}  leader {}  epoch {}  mode {}",
+        f("node"),
+        f("role"),
+        f("leader"),
+        f("epoch"),
+        f("mode")
+    );
+    println!(
+        "in sync {} (min_insync {})  confirms {}  log end {}  replicated {}",
+        f("in_sync_replicas"),
+        f("min_insync"),
+        match s.get("refusing").and_then(Value::as_str) {
+            Some(why) => format!("refused: {why}"),
+            None => "accepted".to_owned(),
+        },
+        f("log_end"),
+        f("replicated_offset")
+    );
+}
+
 fn run(args: Vec<String>) -> Result<(), Failure> {
     let mut host = "127.0.0.1".to_owned();
     let mut port = 15672u16;
@@ -254,6 +282,29 @@ fn run(args: Vec<String>) -> Result<(), Failure> {
                         "object_totals.queues",
                         "queue_totals.messages",
                         "message_stats.publish_details.rate",
+                    ],
+                );
+            }
+        }
+        ("cluster_status", _) => {
+            want(0)?;
+            let s = c.call("GET", "/api/cluster", None)?;
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+            } else {
+                cluster_summary(&s);
+                table(
+                    s.get("nodes").unwrap_or(&Value::Null),
+                    &[
+                        "node",
+                        "role",
+                        "address",
+                        "connected",
+                        "in_sync",
+                        "log_durable",
+                        "journal_durable",
+                        "lag_bytes",
+                        "lag_seconds",
                     ],
                 );
             }
