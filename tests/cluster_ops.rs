@@ -6,29 +6,13 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 
-use common::amqp::{connect, declare_durable, publish_numbered};
-use common::cluster::{follower, in_sync_count, leader_config, T};
-use common::{http_get, http_request, TestBroker};
+use common::cluster::{api, follower, in_sync_count, leader_config, node, publish, T};
+use common::{http_get, TestBroker};
 use serde_json::Value;
 use triad_core::testing::eventually_blocking;
-
-/// `GET path` as guest: the JSON answer.
-fn api(http: SocketAddr, path: &str) -> Value {
-    let resp = http_request(
-        http,
-        &format!(
-            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\nConnection: close\r\n\r\n"
-        ),
-    );
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    let body = resp.split_once("\r\n\r\n").unwrap().1;
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
 
 fn ctl(http: SocketAddr, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_triadctl"))
@@ -44,30 +28,6 @@ fn ctl(http: SocketAddr, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     text
-}
-
-fn node<'a>(status: &'a Value, name: &str) -> &'a Value {
-    status["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["node"] == name)
-        .unwrap_or_else(|| panic!("no node {name} in {status}"))
-}
-
-/// Publishes `count` persistent messages with confirms; (confirmed, nacked).
-fn publish(addr: SocketAddr, queue: &str, start: u64, count: u64) -> (usize, usize) {
-    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
-    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let conn = connect(addr).await.unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        declare_durable(&ch, queue).await.unwrap();
-        publish_numbered(&ch, queue, start, count, &confirmed, Some(&nacked)).await;
-    });
-    let c = confirmed.lock().unwrap().len();
-    let n = nacked.lock().unwrap().len();
-    (c, n)
 }
 
 #[test]
