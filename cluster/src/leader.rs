@@ -31,6 +31,7 @@ use triad_store::store::Store;
 
 use crate::codec::{self, Frame, MAX_CHUNK, MAX_FRAME, VERSION};
 use crate::status::{EndSamples, LeaderStatus, ReplicaStatus};
+use crate::tls::Link;
 
 /// A follower that sends nothing for this long is dropped (it acks every heartbeat).
 pub const SILENCE: Duration = Duration::from_secs(5);
@@ -57,6 +58,9 @@ pub struct LeaderConfig {
     pub min_insync: usize,
     /// A follower further behind than this leaves the in-sync set.
     pub replica_lag_max: u64,
+    /// Mutual TLS ([`crate::tls::server_config`]): followers must present a certificate
+    /// the configured CA signed. `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// What the leader knows of one follower (for logs and [`Leader::status`]).
@@ -347,13 +351,17 @@ impl Shared {
     fn session(
         self: &Arc<Self>,
         id: u64,
-        mut sock: TcpStream,
+        sock: TcpStream,
         peer: SocketAddr,
     ) -> std::io::Result<()> {
         sock.set_nodelay(true)?;
         sock.set_nonblocking(false)?;
         sock.set_read_timeout(Some(HANDSHAKE))?;
         sock.set_write_timeout(Some(SILENCE))?;
+        let mut sock = match &self.cfg.tls {
+            Some(cfg) => Link::accept(sock, cfg.clone())?,
+            None => Link::plain(sock),
+        };
         let mut buf = BytesMut::with_capacity(4096);
         let hello = read_frame(&mut sock, &mut buf)?;
         let Frame::Hello {
@@ -402,7 +410,7 @@ impl Shared {
         let reader = {
             let me = self.clone();
             let mut rsock = sock.try_clone()?;
-            rsock.set_read_timeout(Some(SILENCE))?;
+            rsock.socket().set_read_timeout(Some(SILENCE))?;
             let alive = alive.clone();
             std::thread::Builder::new()
                 .name("repl-acks".into())
@@ -412,16 +420,16 @@ impl Shared {
                         tracing::debug!(error = %e, "replication: ack reader ended");
                     }
                     alive.store(false, Ordering::SeqCst);
-                    let _ = rsock.shutdown(std::net::Shutdown::Both);
+                    let _ = rsock.socket().shutdown(std::net::Shutdown::Both);
                 })?
         };
         let res = self.ship(&mut sock, log_end, journal_pos, &alive);
-        let _ = sock.shutdown(std::net::Shutdown::Both);
+        let _ = sock.socket().shutdown(std::net::Shutdown::Both);
         let _ = reader.join();
         res
     }
 
-    fn read_acks(&self, id: u64, sock: &mut TcpStream, mut buf: BytesMut) -> std::io::Result<()> {
+    fn read_acks(&self, id: u64, sock: &mut Link, mut buf: BytesMut) -> std::io::Result<()> {
         loop {
             match read_frame(sock, &mut buf)? {
                 Frame::Ack {
@@ -449,7 +457,7 @@ impl Shared {
     /// a queue's registration, is shipped first), then waits for appends.
     fn ship(
         &self,
-        sock: &mut TcpStream,
+        sock: &mut Link,
         mut log_sent: u64,
         mut journal_sent: u64,
         alive: &AtomicBool,
@@ -593,7 +601,7 @@ fn push(out: &mut BytesMut, f: &Frame) {
     codec::encode(f, out);
 }
 
-fn flush(sock: &mut TcpStream, out: &mut BytesMut) -> std::io::Result<()> {
+fn flush(sock: &mut impl Write, out: &mut BytesMut) -> std::io::Result<()> {
     if !out.is_empty() {
         sock.write_all(out)?;
         out.clear();
@@ -601,14 +609,14 @@ fn flush(sock: &mut TcpStream, out: &mut BytesMut) -> std::io::Result<()> {
     Ok(())
 }
 
-fn send(sock: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
+fn send(sock: &mut impl Write, f: &Frame) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     codec::encode(f, &mut out);
     sock.write_all(&out)
 }
 
 /// Reads one whole frame (blocking; the socket's read timeout applies).
-pub fn read_frame(sock: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<Frame> {
+pub fn read_frame(sock: &mut impl Read, buf: &mut BytesMut) -> std::io::Result<Frame> {
     loop {
         match codec::decode(buf, MAX_FRAME) {
             Ok(Some(f)) => return Ok(f),

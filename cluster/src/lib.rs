@@ -10,10 +10,12 @@
 //!   [`triad_store::replica::ReplicaStore`], fsyncs, acknowledges.
 //! - [`status`]: what the leader knows of each replica (durable positions, in sync or
 //!   not, lag in bytes and seconds), for the management API and metrics.
+//! - [`tls`]: mutual TLS between nodes (`[cluster.tls]`) and the byte stream both sides
+//!   speak over, plain or TLS.
 //!
 //! Connections are few (one per follower) and long-lived, and the work per frame is a
 //! copy and an fsync: plain threads and blocking sockets, not the broker's runtime.
-//! No election, fencing, TLS or client forwarding yet (later phases).
+//! No election, fencing or client forwarding yet (later phases).
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 #![cfg_attr(
@@ -25,3 +27,4 @@ pub mod codec;
 pub mod follower;
 pub mod leader;
 pub mod status;
+pub mod tls;

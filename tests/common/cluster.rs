@@ -125,20 +125,26 @@ pub fn leader_config(min_insync: u32) -> String {
     )
 }
 
-/// A follower of `leader` in a fresh directory under `root`.
+/// A follower of `leader` in a fresh directory under `root`, connected.
 pub fn follower(root: &Path, name: &str, leader: SocketAddr) -> (Proc, PathBuf) {
+    let (mut p, data) = start_follower(root, name, leader, "");
+    p.wait_for_log("follower: connected to the leader");
+    (p, data)
+}
+
+/// A follower of `leader` in a fresh directory under `root`, its config ending with
+/// `extra` (e.g. a `[cluster.tls]` section); not waited for.
+pub fn start_follower(root: &Path, name: &str, leader: SocketAddr, extra: &str) -> (Proc, PathBuf) {
     let config = root.join(format!("{name}.toml"));
     std::fs::write(
         &config,
         format!(
-            "{TEST_CONFIG}\n[cluster]\nrole = \"follower\"\nnode_id = \"{name}\"\nleader = \"{leader}\"\n"
+            "{TEST_CONFIG}\n[cluster]\nrole = \"follower\"\nnode_id = \"{name}\"\nleader = \"{leader}\"\n{extra}"
         ),
     )
     .unwrap();
     let data = root.join(name);
-    let mut p = Proc::start(name, &data, &config, &[]);
-    p.wait_for_log("follower: connected to the leader");
-    (p, data)
+    (Proc::start(name, &data, &config, &[]), data)
 }
 
 pub fn in_sync_count(leader: &TestBroker) -> usize {
