@@ -3,7 +3,7 @@
 # seed corpus in fuzz/corpus/<target>/, and fails on the first crash, panic or hang.
 #
 #   FUZZ_SECS       seconds per target (default 60)
-#   FUZZ_TARGETS    which targets (default: all five)
+#   FUZZ_TARGETS    which targets (default: all six)
 #   FUZZ_JOBS       targets run at once (default 2: the CI machine's cores)
 #   FUZZ_SANITIZER  cargo-fuzz --sanitizer (default none: the decoders are safe Rust,
 #                   so panics, overflows and hangs are what is looked for; "address"
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 secs=${FUZZ_SECS:-60}
-targets=${FUZZ_TARGETS:-"amqp_decode stomp_decode mqtt_decode store_record selector_parse"}
+targets=${FUZZ_TARGETS:-"amqp_decode stomp_decode mqtt_decode store_record selector_parse replication_decode"}
 jobs=${FUZZ_JOBS:-2}
 sanitizer=${FUZZ_SANITIZER:-none}
 export RUSTC_BOOTSTRAP=1

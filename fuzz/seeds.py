@@ -262,10 +262,42 @@ def store_seeds():
         write("store_record", b"\x00" + r + recs[0])
 
 
+# ---------------------------------------------------------------- replication
+def repl(kind, payload):
+    return struct.pack(">IB", len(payload) + 1, kind) + payload
+
+
+def rstr(s):
+    b = s.encode()
+    return struct.pack(">H", len(b)) + b
+
+
+def replication_seeds():
+    frames = [
+        repl(1, b"TRPL" + struct.pack(">H", 1) + rstr("f1") + struct.pack(">QQQQ", 0, 4096, 77, 4 << 20)),
+        repl(2, rstr("leader") + struct.pack(">Q", 3)),
+        repl(3, rstr("segment size differs")),
+        repl(4, struct.pack(">Q", 4096) + b"raw commitlog bytes"),
+        repl(5, struct.pack(">Q", 9) + b"journal record bytes"),
+        repl(6, struct.pack(">QQQ", 10, 0, 3) + b"xyz"),
+        repl(7, struct.pack(">QQ", 1 << 20, 310)),
+        repl(8, struct.pack(">QQ", 1 << 20, 310)),
+    ]
+    stream = b"".join(frames)
+    for cfg in (b"\x00\x80", b"\x01\x40"):
+        write("replication_decode", cfg + stream)
+        for f in frames:
+            write("replication_decode", cfg + f)
+    # structured: kind byte, then fields
+    for kind in range(8):
+        write("replication_decode", bytes([0x80, 0x7F, kind]) + bytes(range(1, 60)))
+
+
 if __name__ == "__main__":
     amqp_seeds()
     stomp_seeds()
     mqtt_seeds()
     store_seeds()
+    replication_seeds()
     for t in sorted(os.listdir(OUT)):
         print(t, len(os.listdir(os.path.join(OUT, t))), "seeds")

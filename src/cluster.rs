@@ -55,12 +55,17 @@ pub fn start_leader(
             epoch: 0,
             min_insync: r.min_insync as usize,
             replica_lag_max: r.replica_lag_max.bytes(),
+            tls: match c.tls.as_ref().and_then(|t| t.files()) {
+                Some(f) => Some(triad_cluster::tls::server_config(&f)?),
+                None => None,
+            },
         },
     )
     .with_context(|| format!("cannot listen for replication on {listen}"))?;
     info!(
         proto = %"replication",
         addr = %leader.local_addr(),
+        tls = c.tls.is_some(),
         mode = ?r.mode,
         min_insync = r.min_insync,
         "listening"
@@ -80,6 +85,10 @@ pub fn run_follower(config: &Config) -> anyhow::Result<()> {
         leader: c.leader.clone().unwrap_or_default(),
         data_dir: config.store.data_dir.clone(),
         segment_size: config.store.segment_size.bytes(),
+        tls: match c.tls.as_ref().and_then(|t| t.files()) {
+            Some(f) => Some(triad_cluster::tls::client_config(&f)?),
+            None => None,
+        },
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -82,6 +82,34 @@ pub struct ClusterSection {
     pub listen: Option<String>,
     /// A follower's leader: its replication listener, `HOST:PORT`.
     pub leader: Option<String>,
+    /// `[cluster.tls]`: mutual TLS between nodes (absent: plain TCP).
+    pub tls: Option<ClusterTlsSection>,
+}
+
+/// `[cluster.tls]`: the three files are all needed (a partial section is refused).
+/// The leader presents `cert_file` and requires each follower's certificate to chain to
+/// `ca_file`; a follower checks the leader's against `ca_file` for the host of
+/// `cluster.leader` and presents its own `cert_file`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterTlsSection {
+    /// PEM chain, this node's certificate first.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of that certificate.
+    pub key_file: Option<PathBuf>,
+    /// PEM bundle of the CAs the other nodes' certificates must chain to.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl ClusterTlsSection {
+    /// The files, once [`Config::validate`] has checked they are all there.
+    pub fn files(&self) -> Option<triad_cluster::tls::TlsFiles> {
+        Some(triad_cluster::tls::TlsFiles {
+            cert: self.cert_file.clone()?,
+            key: self.key_file.clone()?,
+            ca: self.ca_file.clone()?,
+        })
+    }
 }
 
 /// A node's role, fixed by configuration in phase 1.
@@ -959,13 +987,26 @@ impl Config {
                 "must be 1 to 255 bytes",
             ));
         }
-        if self.tls.enabled() {
-            return Err(invalid(
-                "cluster",
-                "[cluster] with [tls]",
-                "replication has no TLS yet (issue 18, a later phase); a broker with TLS \
-                 configured cannot be in a cluster until then",
-            ));
+        if let Some(t) = &c.tls {
+            for (key, path) in [
+                ("cluster.tls.cert_file", &t.cert_file),
+                ("cluster.tls.key_file", &t.key_file),
+                ("cluster.tls.ca_file", &t.ca_file),
+            ] {
+                match path {
+                    None => {
+                        return Err(invalid(
+                            key,
+                            "",
+                            "[cluster.tls] needs cert_file, key_file and ca_file (mutual TLS)",
+                        ))
+                    }
+                    Some(p) if p.as_os_str().is_empty() => {
+                        return Err(invalid(key, "", "must not be empty"))
+                    }
+                    Some(_) => {}
+                }
+            }
         }
         match c.role {
             ClusterRole::Leader => {
@@ -1478,9 +1519,32 @@ mod tests {
             "[cluster]\nrole = \"leader\"\nnode_id = \"\"\nlisten = \"h:1\"\n",
             "cluster.node_id",
         );
+        // listener TLS and a cluster go together now
+        ok(&format!(
+            "{leader}[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n"
+        ));
+        let tls =
+            "[cluster.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nca_file = \"ca.pem\"\n";
+        ok(&format!("{leader}{tls}"));
+        ok(&format!("{follower}{tls}"));
+        // a partial section is refused, naming what is missing
         refused(
-            &format!("{leader}[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n"),
-            "no TLS yet",
+            &format!("{leader}[cluster.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n"),
+            "cluster.tls.ca_file",
+        );
+        refused(
+            &format!("{follower}[cluster.tls]\nca_file = \"ca.pem\"\n"),
+            "cluster.tls.cert_file",
+        );
+        refused(
+            &format!(
+                "{leader}[cluster.tls]\ncert_file = \"\"\nkey_file = \"k\"\nca_file = \"c\"\n"
+            ),
+            "cluster.tls.cert_file",
+        );
+        refused(
+            &format!("{leader}[cluster.tls]\ncert = \"c.pem\"\n"),
+            "cert",
         );
     }
 

@@ -136,6 +136,9 @@ pub struct ConnContext {
     pub peer_cert_cn: Option<String>,
     /// The HTTP listener's request, WebSocket and connection slots.
     pub http: Arc<crate::websocket::Slots>,
+    /// A replication leader's status (`None`: a standalone broker), for `/api/cluster`
+    /// and `/metrics`.
+    pub cluster: Option<triad_cluster::leader::StatusHandle>,
 }
 
 /// A protocol's connection driver. Implemented for every
@@ -487,6 +490,7 @@ pub(crate) fn test_ctx(proto: Proto, config: Config, shutdown: &CancellationToke
         conn: None,
         peer_cert_cn: None,
         http: Arc::new(crate::websocket::Slots::new(&Config::default(), None)),
+        cluster: None,
     }
 }
 

@@ -194,6 +194,7 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         Arc::clone(&broker),
         tls,
         leader.as_ref().map(|l| l.gate()),
+        leader.as_ref().map(|l| l.status_handle()),
     ));
     drop(leader);
     drop(broker);
@@ -247,6 +248,7 @@ async fn serve(
     broker: Arc<triad_core::Broker>,
     tls: Option<Arc<TlsConfigs>>,
     replica_gate: Option<Arc<triad_store::replica::ReplicaGate>>,
+    cluster: Option<triad_cluster::leader::StatusHandle>,
 ) -> anyhow::Result<()> {
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
@@ -311,6 +313,7 @@ async fn serve(
             conn: None,
             peer_cert_cn: None,
             http: Arc::clone(&http_slots),
+            cluster: cluster.clone(),
         };
         // Health probes do not count toward `limits.max_connections`; WebSockets do.
         let limit = match proto.plain() {

@@ -19,6 +19,7 @@ use triad_store::replica::ReplicaStore;
 
 use crate::codec::{self, Frame, MAX_FRAME, VERSION};
 use crate::leader::{read_frame, SILENCE};
+use crate::tls::Link;
 
 /// The follower's settings.
 #[derive(Debug, Clone)]
@@ -28,6 +29,9 @@ pub struct FollowerConfig {
     pub leader: String,
     pub data_dir: PathBuf,
     pub segment_size: u64,
+    /// Mutual TLS ([`crate::tls::client_config`]): the leader's certificate is verified
+    /// against the configured CA for the host of `leader`. `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Why a follower stopped for good.
@@ -39,6 +43,8 @@ pub enum FollowerError {
     Refused(String),
     #[error("cannot write what the leader shipped: {0}")]
     Write(#[source] triad_store::StoreError),
+    #[error("cluster TLS: {0}")]
+    Tls(String),
 }
 
 /// Where the follower stands (durable), readable while it runs.
@@ -109,11 +115,19 @@ fn session(
     progress: &Progress,
 ) -> Result<(), Ended> {
     let drop_ = Ended::Dropped;
-    let mut sock = connect(&cfg.leader).map_err(drop_)?;
+    let sock = connect(&cfg.leader).map_err(drop_)?;
     sock.set_nodelay(true).map_err(drop_)?;
     // the leader heartbeats every HEARTBEAT; silence for longer means it is gone
     sock.set_read_timeout(Some(SILENCE)).map_err(drop_)?;
     sock.set_write_timeout(Some(SILENCE)).map_err(drop_)?;
+    let mut sock = match &cfg.tls {
+        Some(tls) => {
+            let name = crate::tls::server_name(&cfg.leader)
+                .map_err(|e| Ended::Fatal(FollowerError::Tls(e.to_string())))?;
+            Link::connect(sock, tls.clone(), name).map_err(drop_)?
+        }
+        None => Link::plain(sock),
+    };
     let (log_end, journal_pos) = store
         .sync()
         .map_err(|e| Ended::Fatal(FollowerError::Write(e)))?;

@@ -10,12 +10,17 @@
 //! it is within the bound again. The replicated offset is the highest offset that
 //! `min_insync - 1` in-sync followers all hold (the leader is the other one); with fewer
 //! in sync, the gate refuses: waiting confirms fail instead of being sent.
+//!
+//! [`Leader::status`] tells what the leader knows of each replica (see [`crate::status`]);
+//! a follower that disconnects stays in it, out of sync, until it reconnects (at most
+//! [`MAX_DEPARTED`] are remembered). At most [`MAX_CONNECTIONS`] replication connections
+//! are served at once (each holds two threads); more are closed at accept.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -25,6 +30,8 @@ use triad_store::replica::ReplicaGate;
 use triad_store::store::Store;
 
 use crate::codec::{self, Frame, MAX_CHUNK, MAX_FRAME, VERSION};
+use crate::status::{EndSamples, LeaderStatus, ReplicaStatus};
+use crate::tls::Link;
 
 /// A follower that sends nothing for this long is dropped (it acks every heartbeat).
 pub const SILENCE: Duration = Duration::from_secs(5);
@@ -32,6 +39,10 @@ pub const SILENCE: Duration = Duration::from_secs(5);
 pub const HEARTBEAT: Duration = Duration::from_millis(500);
 /// A follower must say Hello within this.
 const HANDSHAKE: Duration = Duration::from_secs(10);
+/// Replication connections served at once (handshaking ones included).
+pub const MAX_CONNECTIONS: usize = 64;
+/// Disconnected followers remembered for [`Leader::status`].
+pub const MAX_DEPARTED: usize = 64;
 
 /// The leader's settings.
 #[derive(Debug, Clone)]
@@ -47,12 +58,16 @@ pub struct LeaderConfig {
     pub min_insync: usize,
     /// A follower further behind than this leaves the in-sync set.
     pub replica_lag_max: u64,
+    /// Mutual TLS ([`crate::tls::server_config`]): followers must present a certificate
+    /// the configured CA signed. `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
-/// What the leader knows of one follower (for logs and, later, `/api/cluster`).
+/// What the leader knows of one follower (for logs and [`Leader::status`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FollowerStatus {
     pub node: String,
+    pub peer: SocketAddr,
     /// Its durable commitlog end, as last acked.
     pub log_durable: u64,
     /// Its durable journal position, as last acked.
@@ -65,8 +80,33 @@ struct Shared {
     gate: Arc<ReplicaGate>,
     cfg: LeaderConfig,
     followers: Mutex<HashMap<u64, FollowerStatus>>,
+    /// Followers that disconnected, the latest last (see [`MAX_DEPARTED`]).
+    departed: Mutex<VecDeque<FollowerStatus>>,
+    /// (log end, time) samples, for lag in seconds.
+    samples: Mutex<EndSamples>,
+    /// Replication connections being served.
+    connections: AtomicUsize,
+    addr: SocketAddr,
     next_id: AtomicU64,
     stop: AtomicBool,
+}
+
+/// Reads a leader's [`LeaderStatus`] without keeping the leader (or its store) alive:
+/// for the management API.
+#[derive(Clone)]
+pub struct StatusHandle(Weak<Shared>);
+
+impl StatusHandle {
+    /// The status; `None` once the leader is gone.
+    pub fn status(&self) -> Option<LeaderStatus> {
+        self.0.upgrade().map(|s| s.status())
+    }
+}
+
+impl std::fmt::Debug for StatusHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatusHandle")
+    }
 }
 
 /// A running leader; [`Leader::stop`] (or dropping it) ends its threads.
@@ -87,11 +127,16 @@ impl Leader {
         let listener = TcpListener::bind(&cfg.listen)?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
+        let end = store.commitlog().end();
         let shared = Arc::new(Shared {
             store,
             gate,
             cfg,
             followers: Mutex::new(HashMap::new()),
+            departed: Mutex::new(VecDeque::new()),
+            samples: Mutex::new(EndSamples::new(end, Instant::now())),
+            connections: AtomicUsize::new(0),
+            addr,
             next_id: AtomicU64::new(1),
             stop: AtomicBool::new(false),
         });
@@ -124,6 +169,16 @@ impl Leader {
         v
     }
 
+    /// What the leader knows of its group now.
+    pub fn status(&self) -> LeaderStatus {
+        self.shared.status()
+    }
+
+    /// A handle that reads [`Leader::status`] while the leader runs.
+    pub fn status_handle(&self) -> StatusHandle {
+        StatusHandle(Arc::downgrade(&self.shared))
+    }
+
     /// Stops accepting and shipping (connections close within [`HEARTBEAT`]).
     pub fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -144,15 +199,74 @@ impl Shared {
         self.followers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn sample(&self) -> (u64, Instant) {
+        let end = self.store.commitlog().end();
+        let now = Instant::now();
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(end, now);
+        (end, now)
+    }
+
+    fn status(&self) -> LeaderStatus {
+        let (end, now) = self.sample();
+        let (jend, _) = self.store.journal().position();
+        let (replicated, refusing) = self.gate.state();
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let row = |f: &FollowerStatus, connected: bool| ReplicaStatus {
+            node: f.node.clone(),
+            peer: f.peer,
+            connected,
+            log_durable: f.log_durable,
+            journal_durable: f.journal_durable,
+            in_sync: connected && f.in_sync,
+            lag_bytes: end.saturating_sub(f.log_durable),
+            lag_seconds: samples.lag_seconds(f.log_durable, end, now),
+        };
+        let mut replicas: Vec<ReplicaStatus> = self.lock().values().map(|f| row(f, true)).collect();
+        let departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        for f in departed.iter() {
+            if !replicas.iter().any(|r| r.node == f.node) {
+                replicas.push(row(f, false));
+            }
+        }
+        drop((samples, departed));
+        replicas.sort_by(|a, b| a.node.cmp(&b.node));
+        LeaderStatus {
+            node_id: self.cfg.node_id.clone(),
+            address: self.addr,
+            epoch: self.cfg.epoch,
+            sync: self.gate.is_sync(),
+            min_insync: self.cfg.min_insync,
+            replica_lag_max: self.cfg.replica_lag_max,
+            log_end: end,
+            journal_pos: jend,
+            replicated: replicated.min(end),
+            refusing,
+            replicas,
+        }
+    }
+
     fn accept_loop(self: Arc<Self>, listener: TcpListener) {
         while !self.stop.load(Ordering::SeqCst) {
             match listener.accept() {
                 Ok((sock, peer)) => {
+                    if self.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                        self.connections.fetch_sub(1, Ordering::SeqCst);
+                        tracing::warn!(%peer, max = MAX_CONNECTIONS, "replication: too many connections; closing this one");
+                        continue;
+                    }
                     let me = self.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("repl-send".into())
-                        .spawn(move || me.serve(sock, peer));
+                    let spawned =
+                        std::thread::Builder::new()
+                            .name("repl-send".into())
+                            .spawn(move || {
+                                me.clone().serve(sock, peer);
+                                me.connections.fetch_sub(1, Ordering::SeqCst);
+                            });
                     if let Err(e) = spawned {
+                        self.connections.fetch_sub(1, Ordering::SeqCst);
                         tracing::warn!(error = %e, "replication: cannot start a sender");
                     }
                 }
@@ -175,41 +289,34 @@ impl Shared {
             Err(e) => tracing::info!(%peer, error = %e, "replication: follower connection ended"),
         }
         let gone = self.lock().remove(&id);
-        if let Some(f) = gone {
+        if let Some(mut f) = gone {
             if f.in_sync {
                 tracing::warn!(node = %f.node, "replication: replica left the in-sync set (disconnected)");
             }
             tracing::info!(node = %f.node, %peer, "replication: follower disconnected");
+            f.in_sync = false;
+            let mut d = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+            d.retain(|o| o.node != f.node);
+            if d.len() >= MAX_DEPARTED {
+                d.pop_front();
+            }
+            d.push_back(f);
         }
         self.recompute();
     }
 
-    fn session(
-        self: &Arc<Self>,
-        id: u64,
-        mut sock: TcpStream,
-        peer: SocketAddr,
-    ) -> std::io::Result<()> {
-        sock.set_nodelay(true)?;
-        sock.set_nonblocking(false)?;
-        sock.set_read_timeout(Some(HANDSHAKE))?;
-        sock.set_write_timeout(Some(SILENCE))?;
-        let mut buf = BytesMut::with_capacity(4096);
-        let hello = read_frame(&mut sock, &mut buf)?;
-        let Frame::Hello {
-            version,
-            node,
-            epoch: _,
-            log_end,
-            journal_pos,
-            segment_size,
-        } = hello
-        else {
-            return Err(invalid("the first frame is not Hello"));
-        };
+    /// Why a follower's Hello is refused, if it is.
+    fn refusal(
+        &self,
+        version: u16,
+        node: &str,
+        log_end: u64,
+        journal_pos: u64,
+        segment_size: u64,
+    ) -> Option<String> {
         let log = self.store.commitlog();
         let (jend, _) = self.store.journal().position();
-        let refusal = if version != VERSION {
+        if version != VERSION {
             Some(format!(
                 "protocol version {version}; this leader speaks {VERSION}"
             ))
@@ -238,7 +345,37 @@ impl Shared {
             Some(format!("a follower named {node:?} is already connected"))
         } else {
             None
+        }
+    }
+
+    fn session(
+        self: &Arc<Self>,
+        id: u64,
+        sock: TcpStream,
+        peer: SocketAddr,
+    ) -> std::io::Result<()> {
+        sock.set_nodelay(true)?;
+        sock.set_nonblocking(false)?;
+        sock.set_read_timeout(Some(HANDSHAKE))?;
+        sock.set_write_timeout(Some(SILENCE))?;
+        let mut sock = match &self.cfg.tls {
+            Some(cfg) => Link::accept(sock, cfg.clone())?,
+            None => Link::plain(sock),
         };
+        let mut buf = BytesMut::with_capacity(4096);
+        let hello = read_frame(&mut sock, &mut buf)?;
+        let Frame::Hello {
+            version,
+            node,
+            epoch: _,
+            log_end,
+            journal_pos,
+            segment_size,
+        } = hello
+        else {
+            return Err(invalid("the first frame is not Hello"));
+        };
+        let refusal = self.refusal(version, &node, log_end, journal_pos, segment_size);
         if let Some(reason) = refusal {
             tracing::warn!(%node, %peer, %reason, "replication: follower refused");
             send(&mut sock, &Frame::Refused { reason })?;
@@ -252,10 +389,15 @@ impl Shared {
             },
         )?;
         tracing::info!(%node, %peer, log_end, journal_pos, "replication: follower connected");
+        self.departed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|f| f.node != node);
         self.lock().insert(
             id,
             FollowerStatus {
                 node: node.clone(),
+                peer,
                 log_durable: log_end,
                 journal_durable: journal_pos,
                 in_sync: false,
@@ -268,7 +410,7 @@ impl Shared {
         let reader = {
             let me = self.clone();
             let mut rsock = sock.try_clone()?;
-            rsock.set_read_timeout(Some(SILENCE))?;
+            rsock.socket().set_read_timeout(Some(SILENCE))?;
             let alive = alive.clone();
             std::thread::Builder::new()
                 .name("repl-acks".into())
@@ -278,16 +420,16 @@ impl Shared {
                         tracing::debug!(error = %e, "replication: ack reader ended");
                     }
                     alive.store(false, Ordering::SeqCst);
-                    let _ = rsock.shutdown(std::net::Shutdown::Both);
+                    let _ = rsock.socket().shutdown(std::net::Shutdown::Both);
                 })?
         };
         let res = self.ship(&mut sock, log_end, journal_pos, &alive);
-        let _ = sock.shutdown(std::net::Shutdown::Both);
+        let _ = sock.socket().shutdown(std::net::Shutdown::Both);
         let _ = reader.join();
         res
     }
 
-    fn read_acks(&self, id: u64, sock: &mut TcpStream, mut buf: BytesMut) -> std::io::Result<()> {
+    fn read_acks(&self, id: u64, sock: &mut Link, mut buf: BytesMut) -> std::io::Result<()> {
         loop {
             match read_frame(sock, &mut buf)? {
                 Frame::Ack {
@@ -298,6 +440,7 @@ impl Shared {
                         f.log_durable = f.log_durable.max(log_durable);
                         f.journal_durable = f.journal_durable.max(journal_durable);
                     }
+                    self.sample();
                     self.recompute();
                 }
                 other => {
@@ -314,7 +457,7 @@ impl Shared {
     /// a queue's registration, is shipped first), then waits for appends.
     fn ship(
         &self,
-        sock: &mut TcpStream,
+        sock: &mut Link,
         mut log_sent: u64,
         mut journal_sent: u64,
         alive: &AtomicBool,
@@ -324,7 +467,7 @@ impl Shared {
         let mut out = BytesMut::with_capacity(MAX_FRAME);
         let mut last = Instant::now();
         while !self.stop.load(Ordering::SeqCst) && alive.load(Ordering::SeqCst) {
-            let end = log.end();
+            let (end, _) = self.sample();
             let (jend, _) = journal.position();
             let mut sent = false;
             while journal_sent < jend {
@@ -458,7 +601,7 @@ fn push(out: &mut BytesMut, f: &Frame) {
     codec::encode(f, out);
 }
 
-fn flush(sock: &mut TcpStream, out: &mut BytesMut) -> std::io::Result<()> {
+fn flush(sock: &mut impl Write, out: &mut BytesMut) -> std::io::Result<()> {
     if !out.is_empty() {
         sock.write_all(out)?;
         out.clear();
@@ -466,14 +609,14 @@ fn flush(sock: &mut TcpStream, out: &mut BytesMut) -> std::io::Result<()> {
     Ok(())
 }
 
-fn send(sock: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
+fn send(sock: &mut impl Write, f: &Frame) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     codec::encode(f, &mut out);
     sock.write_all(&out)
 }
 
 /// Reads one whole frame (blocking; the socket's read timeout applies).
-pub fn read_frame(sock: &mut TcpStream, buf: &mut BytesMut) -> std::io::Result<Frame> {
+pub fn read_frame(sock: &mut impl Read, buf: &mut BytesMut) -> std::io::Result<Frame> {
     loop {
         match codec::decode(buf, MAX_FRAME) {
             Ok(Some(f)) => return Ok(f),

@@ -8,10 +8,14 @@
 //!   set and the sync gate it moves ([`triad_store::replica::ReplicaGate`]).
 //! - [`follower`]: connects to the leader, writes what it ships into a
 //!   [`triad_store::replica::ReplicaStore`], fsyncs, acknowledges.
+//! - [`status`]: what the leader knows of each replica (durable positions, in sync or
+//!   not, lag in bytes and seconds), for the management API and metrics.
+//! - [`tls`]: mutual TLS between nodes (`[cluster.tls]`) and the byte stream both sides
+//!   speak over, plain or TLS.
 //!
 //! Connections are few (one per follower) and long-lived, and the work per frame is a
 //! copy and an fsync: plain threads and blocking sockets, not the broker's runtime.
-//! No election, fencing, TLS or client forwarding yet (later phases).
+//! No election, fencing or client forwarding yet (later phases).
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 #![cfg_attr(
@@ -22,3 +26,5 @@
 pub mod codec;
 pub mod follower;
 pub mod leader;
+pub mod status;
+pub mod tls;

@@ -56,6 +56,7 @@ fn start_leader(
             epoch: 0,
             min_insync,
             replica_lag_max,
+            tls: None,
         },
     )
     .unwrap();
@@ -82,6 +83,7 @@ impl RunningFollower {
             leader: leader.local_addr().to_string(),
             data_dir: dir.to_path_buf(),
             segment_size: SEG,
+            tls: None,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(Progress::default());
@@ -234,6 +236,7 @@ fn a_follower_with_another_segment_size_is_refused_with_the_reason() {
         leader: leader.local_addr().to_string(),
         data_dir: f.path().to_path_buf(),
         segment_size: SEG * 2,
+        tls: None,
     };
     let err = follower::run(
         &cfg,

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 const USAGE: &str = "usage: triadctl [--host H] [--port P] [--user U] [--password PW] [--vhost V] [--format table|json] COMMAND [ARGS]
 commands:
-  status
+  status                             cluster_status
   list_queues | list_exchanges | list_bindings | list_connections | list_consumers
   list_users | list_vhosts | list_permissions | list_policies
   add_user NAME PASSWORD [TAGS]      delete_user NAME      change_password NAME PASSWORD
@@ -160,6 +160,34 @@ fn table(rows: &Value, cols: &[&str]) {
     }
 }
 
+/// `cluster_status`'s first lines: the group as a whole.
+fn cluster_summary(s: &Value) {
+    let f = |k: &str| match s.get(k) {
+        Some(Value::String(v)) => v.clone(),
+        Some(Value::Null) | None => "-".to_owned(),
+        Some(v) => v.to_string(),
+    };
+    println!(
+        "node {}  role {}  leader {}  epoch {}  mode {}",
+        f("node"),
+        f("role"),
+        f("leader"),
+        f("epoch"),
+        f("mode")
+    );
+    println!(
+        "in sync {} (min_insync {})  confirms {}  log end {}  replicated {}",
+        f("in_sync_replicas"),
+        f("min_insync"),
+        match s.get("refusing").and_then(Value::as_str) {
+            Some(why) => format!("refused: {why}"),
+            None => "accepted".to_owned(),
+        },
+        f("log_end"),
+        f("replicated_offset")
+    );
+}
+
 /// The global options and the command line after them.
 struct Options {
     client: Client,
@@ -238,6 +266,7 @@ fn run(args: Vec<String>) -> Result<(), Failure> {
     };
     match cmd.as_str() {
         "status" => ctl.status(&args),
+        "cluster_status" => ctl.cluster_status(&args),
         "query_msg" => ctl.query_msg(&args),
         "export_definitions" | "import_definitions" => ctl.definitions(&args),
         c if c.starts_with("list_") => ctl.list(&args),
@@ -304,6 +333,31 @@ impl Ctl<'_> {
                     "object_totals.queues",
                     "queue_totals.messages",
                     "message_stats.publish_details.rate",
+                ],
+            );
+        }
+        Ok(())
+    }
+
+    fn cluster_status(&self, args: &[&str]) -> Result<(), Failure> {
+        self.want(args, 0)?;
+        let s = self.c.call("GET", "/api/cluster", None)?;
+        if self.json_out {
+            println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+        } else {
+            cluster_summary(&s);
+            table(
+                s.get("nodes").unwrap_or(&Value::Null),
+                &[
+                    "node",
+                    "role",
+                    "address",
+                    "connected",
+                    "in_sync",
+                    "log_durable",
+                    "journal_durable",
+                    "lag_bytes",
+                    "lag_seconds",
                 ],
             );
         }

@@ -9,7 +9,9 @@
 //!
 //! Like RabbitMQ's Prometheus endpoint, these need no login (they carry counts and,
 //! per object, queue names; put the HTTP listener where only the scraper reaches it if
-//! that matters). Triad's own metrics are prefixed `triad_`.
+//! that matters). Triad's own metrics are prefixed `triad_`; on a replication leader,
+//! `triad_replication_*` give each replica's lag and the in-sync count
+//! ([`super::cluster`]).
 //!
 //! Counters are read when scraped: queue counters under each queue's lock for a moment,
 //! the publish counter summed over its shards, the store's flush histograms (relaxed
@@ -31,7 +33,7 @@ use crate::http::Body;
 const CONTENT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A label value, escaped as the format wants (`\\`, `\"`, `\n`).
-fn esc(s: &str) -> String {
+pub(super) fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -44,11 +46,11 @@ fn esc(s: &str) -> String {
     o
 }
 
-fn head(out: &mut String, name: &str, kind: &str, help: &str) {
+pub(super) fn head(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-fn one(
+pub(super) fn one(
     out: &mut String,
     name: &str,
     kind: &str,
@@ -436,6 +438,7 @@ pub async fn handle(
         return Some(r);
     }
     let mqtt = std::sync::Arc::clone(&ctx.mqtt);
+    let ctx = ctx.clone();
     let body = tokio::task::spawn_blocking(move || {
         let mut out = aggregated(&broker);
         let (retained, sessions) = mqtt.totals();
@@ -455,6 +458,7 @@ pub async fn handle(
             "",
             sessions,
         );
+        super::cluster::metrics(&mut out, &ctx);
         out
     })
     .await;

@@ -20,13 +20,15 @@
 //!   streamed.
 //! - Handlers run on a blocking thread: changes wait for the metadata journal's fsync.
 //!
-//! Modules: [`channels`] (channel listings), [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
+//! Modules: [`channels`] (channel listings), [`cluster`] (`/api/cluster`, replication
+//! metrics), [`json`] (values and properties as JSON), [`list`] (listings), [`read`]
 //! (GET handlers), [`write`] (changes), [`defs`] (definitions export and import),
 //! [`policies`] (policies), [`user_limits`] (per-user limits), [`metrics`] (Prometheus
 //! `/metrics`), [`messages`] (message queries from the store), [`streams`] (stored stream
 //! consumer offsets), [`ui`] (the web dashboard's static files).
 
 pub mod channels;
+pub mod cluster;
 pub mod defs;
 pub mod json;
 pub mod list;

@@ -581,6 +581,10 @@ pub fn get(api: &Api, path: &[&str]) -> ApiResult {
         ["whoami"] => ok_json(&whoami(api)),
         ["stream-offsets", v, q] => super::streams::list(api, v, q),
         ["extensions"] => ok_json(&json!([])),
+        ["cluster"] => {
+            api.require_monitor()?;
+            ok_json(&super::cluster::json(&api.ctx))
+        }
         ["nodes"] => {
             api.require_monitor()?;
             ok_json(&json!([node_json(api)]))

@@ -454,5 +454,8 @@ pub fn parse_listening(line: &str) -> Option<(String, SocketAddr)> {
 
 /// lapin helpers: connect, declare a durable queue, drain a queue (see `amqp.rs`).
 pub mod amqp;
+/// Replication: follower processes, cluster configs, a fault-injecting TCP proxy (see
+/// `cluster.rs`).
+pub mod cluster;
 /// Raw STOMP and MQTT clients, a seeded RNG and an RSS reader (see `raw.rs`).
 pub mod raw;
