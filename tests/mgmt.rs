@@ -1181,6 +1181,8 @@ fn prometheus_metrics_aggregated_and_per_object() {
     assert!(value("triad_store_segment_bytes").is_some_and(|n| n > 0.0));
     assert!(value("triad_store_appends_total").is_some_and(|n| n >= 2.0));
     assert_eq!(value("triad_store_compactions_total"), Some(0.0));
+    assert_eq!(value("triad_store_pass_waits_total"), Some(0.0));
+    assert_eq!(value("triad_store_pass_wait_timeouts_total"), Some(0.0));
     assert!(body.contains("# TYPE triad_store_fsync_seconds histogram"));
     assert!(body.contains("triad_store_group_commit_bytes_bucket{le=\"+Inf\"}"));
     assert_eq!(value("triad_mqtt_persistent_sessions"), Some(0.0));

@@ -343,6 +343,22 @@ fn store_metrics(out: &mut String, broker: &Broker) {
         "",
         st.segments_deleted,
     );
+    one(
+        out,
+        "triad_store_pass_waits_total",
+        "counter",
+        "Appends that waited for the retention pass after a seal before filling the writer's segment (the disk bound)",
+        "",
+        st.pass_waits,
+    );
+    one(
+        out,
+        "triad_store_pass_wait_timeouts_total",
+        "counter",
+        "Of those, waits that ended at their 2 s limit instead of at the pass",
+        "",
+        st.pass_wait_timeouts,
+    );
     let fs = broker.store().flush_stats();
     histogram(
         out,
