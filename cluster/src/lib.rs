@@ -8,10 +8,14 @@
 //!   set and the sync gate it moves ([`triad_store::replica::ReplicaGate`]).
 //! - [`follower`]: connects to the leader, writes what it ships into a
 //!   [`triad_store::replica::ReplicaStore`], fsyncs, acknowledges.
+//! - [`election`] (phase 2): the leader election on etcd's JSON gateway: leases, the
+//!   election key, the epoch of a term.
+//! - [`testing`]: a real etcd on free loopback ports, for tests.
 //!
 //! Connections are few (one per follower) and long-lived, and the work per frame is a
 //! copy and an fsync: plain threads and blocking sockets, not the broker's runtime.
-//! No election, fencing, TLS or client forwarding yet (later phases).
+//! Phase 2 adds the election ([`election`]); the broker's `src/cluster.rs` runs the
+//! roles. No TLS or client forwarding yet (later phases).
 
 #![deny(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 #![cfg_attr(
@@ -20,5 +24,7 @@
 )]
 
 pub mod codec;
+pub mod election;
 pub mod follower;
 pub mod leader;
+pub mod testing;
