@@ -148,10 +148,11 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
 }
 
 fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Result<()> {
-    // Replication (issue 18): a follower serves no client, it copies its leader's logs.
-    if triad::cluster::is_follower(&config) {
-        return triad::cluster::run_follower(&config);
-    }
+    // Replication (issue 18): a follower serves no client, it copies its leader's logs;
+    // an elected node follows until it wins a term.
+    let Some(mut node) = triad::cluster::join(&config)? else {
+        return Ok(());
+    };
     let config = Arc::new(config);
     let s = &config.store;
     info!(
@@ -164,20 +165,12 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         "opening store"
     );
     // Blocking (recovery may read the whole commitlog tail), so before the runtime.
-    let gate = triad::cluster::leader_gate(&config);
     let mut store_config = config.store_config(cli.repair);
-    store_config.replica = gate.clone();
+    store_config.replica = node.gate();
     let store = Store::open(store_config)
         .with_context(|| format!("cannot open the store in {}", s.data_dir.display()))?;
     let store = Arc::new(store);
-    let leader = match gate {
-        Some(g) => Some(triad::cluster::start_leader(
-            &config,
-            Arc::clone(&store),
-            g,
-        )?),
-        None => None,
-    };
+    let leader = node.start_leader(&config, Arc::clone(&store))?;
     let core_config = config
         .core_config()
         .context("invalid users or permissions")?;
@@ -194,6 +187,7 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         Arc::clone(&broker),
         tls,
         leader.as_ref().map(|l| l.gate()),
+        node.lost(),
     ));
     drop(leader);
     drop(broker);
@@ -215,7 +209,8 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
     served?;
     closed?;
     info!("stopped cleanly");
-    Ok(())
+    // a leader that lost its term comes back as a follower (re-exec)
+    node.finish()
 }
 
 /// Reloads the TLS files; on failure the chain in use stays and the error is logged.
@@ -247,6 +242,7 @@ async fn serve(
     broker: Arc<triad_core::Broker>,
     tls: Option<Arc<TlsConfigs>>,
     replica_gate: Option<Arc<triad_store::replica::ReplicaGate>>,
+    leadership_lost: CancellationToken,
 ) -> anyhow::Result<()> {
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
@@ -376,6 +372,7 @@ async fn serve(
         tokio::select! {
             _ = sigterm.recv() => break "SIGTERM",
             _ = sigint.recv() => break "SIGINT",
+            _ = leadership_lost.cancelled() => break "leadership lost",
             _ = sighup.recv() => match &tls {
                 Some(t) => reload_tls(t, "SIGHUP"),
                 None => info!("SIGHUP: no TLS certificate to reload"),

@@ -47,6 +47,19 @@ pub struct Progress {
     pub log_durable: AtomicU64,
     pub journal_durable: AtomicU64,
     pub connected: AtomicBool,
+    /// The connection to the leader, for [`Progress::interrupt`].
+    sock: std::sync::Mutex<Option<TcpStream>>,
+}
+
+impl Progress {
+    /// Ends the connection to the leader now (a blocked read returns), so that a `stop`
+    /// set just before is seen without waiting for the leader's next frame.
+    pub fn interrupt(&self) {
+        let s = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = s.as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
 /// One connection's end.
@@ -83,7 +96,10 @@ pub fn run(
             Err(Ended::Dropped(e)) => {
                 progress.connected.store(false, Ordering::SeqCst);
                 tracing::info!(leader = %cfg.leader, error = %e, "follower: not connected to the leader; retrying");
-                std::thread::sleep(backoff);
+                let until = std::time::Instant::now() + backoff;
+                while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
@@ -111,6 +127,10 @@ fn session(
     let drop_ = Ended::Dropped;
     let mut sock = connect(&cfg.leader).map_err(drop_)?;
     sock.set_nodelay(true).map_err(drop_)?;
+    *progress.sock.lock().unwrap_or_else(|e| e.into_inner()) = sock.try_clone().ok();
+    if stop.load(Ordering::SeqCst) {
+        return Ok(());
+    }
     // the leader heartbeats every HEARTBEAT; silence for longer means it is gone
     sock.set_read_timeout(Some(SILENCE)).map_err(drop_)?;
     sock.set_write_timeout(Some(SILENCE)).map_err(drop_)?;

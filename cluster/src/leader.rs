@@ -40,7 +40,7 @@ pub struct LeaderConfig {
     pub node_id: String,
     /// The replication listener's address.
     pub listen: String,
-    /// The term (phase 1: static, 0).
+    /// The term: the election's epoch (0 for a static leader).
     pub epoch: u64,
     /// Replicas (the leader included) that must hold a record before it is confirmed
     /// (sync mode) and that must be in sync for confirms to be given at all.
@@ -85,6 +85,17 @@ impl Leader {
         cfg: LeaderConfig,
     ) -> std::io::Result<Leader> {
         let listener = TcpListener::bind(&cfg.listen)?;
+        Leader::start_on(listener, store, gate, cfg)
+    }
+
+    /// [`Leader::start`] on a listener bound already (an elected node binds it before
+    /// the election, to advertise its address); `cfg.listen` is not used.
+    pub fn start_on(
+        listener: TcpListener,
+        store: Arc<Store>,
+        gate: Arc<ReplicaGate>,
+        cfg: LeaderConfig,
+    ) -> std::io::Result<Leader> {
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let shared = Arc::new(Shared {

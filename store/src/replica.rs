@@ -34,6 +34,9 @@ struct GateState {
     /// Set while fewer than `min_insync` replicas are in sync: waits above `replicated`
     /// fail with this reason.
     refusing: Option<String>,
+    /// Set when this node stopped being the leader (its lease is gone): every wait fails,
+    /// whatever its offset and mode, for good.
+    fenced: Option<String>,
     wakers: Vec<(u64, Waker)>,
 }
 
@@ -47,6 +50,8 @@ pub struct ReplicaGate {
     /// do not wait (the broker's own start-up records, such as an MQTT state migration,
     /// must not need followers that have not connected yet; no client is served before).
     armed: std::sync::atomic::AtomicBool,
+    /// [`ReplicaGate::fence`] was called (the reason is in the state).
+    fenced: std::sync::atomic::AtomicBool,
     /// The highest commitlog end appended (for the senders).
     written: AtomicU64,
     /// Senders waiting in [`ReplicaGate::wait_appended`].
@@ -65,11 +70,13 @@ impl ReplicaGate {
         Arc::new(ReplicaGate {
             sync,
             armed: std::sync::atomic::AtomicBool::new(false),
+            fenced: std::sync::atomic::AtomicBool::new(false),
             written: AtomicU64::new(0),
             sleepers: AtomicUsize::new(0),
             state: Mutex::new(GateState {
                 replicated: 0,
                 refusing: sync.then(|| "no replica is in sync yet".to_string()),
+                fenced: None,
                 wakers: Vec::new(),
             }),
             progress: Condvar::new(),
@@ -93,7 +100,28 @@ impl ReplicaGate {
     }
 
     fn gates(&self) -> bool {
-        self.sync && self.armed.load(Ordering::SeqCst)
+        (self.sync && self.armed.load(Ordering::SeqCst)) || self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Fencing (a leader that lost its lease): from now on every durability wait, pending
+    /// or new, in sync or async mode, fails with [`StoreError::NotEnoughReplicas`]
+    /// (`reason`), so nothing more is confirmed. There is no way back: the node leaves
+    /// the leader role.
+    pub fn fence(&self, reason: &str) {
+        let mut st = self.lock();
+        st.fenced = Some(format!("fenced: {reason}"));
+        self.fenced.store(true, Ordering::SeqCst);
+        let ready: Vec<Waker> = st.wakers.drain(..).map(|(_, w)| w).collect();
+        drop(st);
+        self.progress.notify_all();
+        for w in ready {
+            w.wake();
+        }
+    }
+
+    /// Whether [`ReplicaGate::fence`] was called.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
     }
 
     /// The store appended up to `end` (called on every append).
@@ -164,6 +192,9 @@ impl ReplicaGate {
     }
 
     fn verdict(&self, st: &GateState, offset: u64) -> Option<Result<()>> {
+        if let Some(why) = &st.fenced {
+            return Some(Err(StoreError::NotEnoughReplicas(why.clone())));
+        }
         if !self.gates() || st.replicated >= offset {
             return Some(Ok(()));
         }
@@ -174,7 +205,11 @@ impl ReplicaGate {
 
     /// Whether `offset` is replicated enough (never blocks).
     pub fn reached(&self, offset: u64) -> bool {
-        !self.gates() || self.lock().replicated >= offset
+        if !self.gates() {
+            return true;
+        }
+        let st = self.lock();
+        st.fenced.is_none() && st.replicated >= offset
     }
 
     pub(crate) fn poll(&self, offset: u64, cx: &mut Context<'_>) -> Poll<Result<()>> {
@@ -419,6 +454,40 @@ impl ReplicaStore {
     }
 }
 
+/// What a broker derives from its two logs (rebuilt by recovery's full replay).
+const DERIVED: [&str; 4] = ["consumequeue", "sharedcq", "index", "timer"];
+
+/// Demotion (a leader's data directory about to be a follower's): removes what a broker
+/// derives from the logs (consume queues, the index, delayed-message timers) and, last,
+/// its checkpoint, so that a later promotion replays the whole log, as from a follower's
+/// copy. The two logs stay. Returns whether there was a broker's state to drop. Takes
+/// the directory's lock while it works (fails if a broker or follower holds it).
+pub fn drop_broker_state(dir: &Path) -> Result<bool> {
+    let ckpt = dir.join("checkpoint");
+    if !ckpt.exists() {
+        return Ok(false);
+    }
+    let _lock = lock_dir(dir)?;
+    // marked unclean first: a promotion after a crash in here runs the full recovery
+    let abort = dir.join("abort");
+    File::create(&abort)
+        .and_then(|f| f.sync_all())
+        .map_err(StoreError::at(&abort))?;
+    for d in DERIVED {
+        let p = dir.join(d);
+        match std::fs::remove_dir_all(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::io(&p, e)),
+        }
+    }
+    sync_dir(dir)?;
+    // the checkpoint last: until it is gone, a restart drops the state again
+    std::fs::remove_file(&ckpt).map_err(StoreError::at(&ckpt))?;
+    sync_dir(dir)?;
+    Ok(true)
+}
+
 fn list(dir: &Path, prefix: &str) -> Result<Vec<u64>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(StoreError::at(dir))? {
@@ -635,5 +704,55 @@ mod tests {
         g.wait(10).unwrap();
         // async mode never waits
         ReplicaGate::new(false).wait(u64::MAX).unwrap();
+    }
+
+    #[test]
+    fn a_fenced_gate_fails_every_pending_and_new_wait_in_both_modes() {
+        for sync in [true, false] {
+            let g = ReplicaGate::new(sync);
+            g.arm();
+            g.set(100, None);
+            let pending = {
+                let g = g.clone();
+                std::thread::spawn(move || g.wait(200))
+            };
+            // an async future pending on the gate is woken too
+            let waker_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            struct Flag(Arc<std::sync::atomic::AtomicBool>);
+            impl std::task::Wake for Flag {
+                fn wake(self: Arc<Self>) {
+                    self.0.store(true, Ordering::SeqCst);
+                }
+            }
+            let waker = Waker::from(Arc::new(Flag(waker_hit.clone())));
+            let mut cx = Context::from_waker(&waker);
+            if sync {
+                assert!(g.poll(300, &mut cx).is_pending());
+            }
+            g.fence("the lease is gone");
+            assert!(g.is_fenced());
+            if sync {
+                assert!(matches!(
+                    pending.join().unwrap(),
+                    Err(StoreError::NotEnoughReplicas(_))
+                ));
+                assert!(waker_hit.load(Ordering::SeqCst));
+            } else {
+                // async mode: that wait had nothing to wait for, so it either returned
+                // before the fence or fails after it; never blocks
+                let _ = pending.join().unwrap();
+            }
+            // new waits fail, below the replicated offset too, and whatever is set later
+            g.set(u64::MAX, None);
+            for off in [0, 50, 500] {
+                let err = g.wait(off).unwrap_err();
+                assert!(err.to_string().contains("lease is gone"), "{err}");
+                assert!(!g.reached(off));
+                assert!(matches!(
+                    g.poll(off, &mut cx),
+                    Poll::Ready(Err(StoreError::NotEnoughReplicas(_)))
+                ));
+            }
+        }
     }
 }

@@ -454,5 +454,7 @@ pub fn parse_listening(line: &str) -> Option<(String, SocketAddr)> {
 
 /// lapin helpers: connect, declare a durable queue, drain a queue (see `amqp.rs`).
 pub mod amqp;
+/// A `triad` process a cluster test drives (follower, role changes, restarts).
+pub mod proc;
 /// Raw STOMP and MQTT clients, a seeded RNG and an RSS reader (see `raw.rs`).
 pub mod raw;
