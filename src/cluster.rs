@@ -13,9 +13,11 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+use triad_cluster::codec::EpochEntry;
 use triad_cluster::election::{
     candidates_prefix, election_key, Campaign, Etcd, EtcdError, Holder, NodeInfo,
 };
+use triad_cluster::epochs::EpochHistory;
 use triad_cluster::follower::{FollowerConfig, Progress};
 use triad_cluster::leader::{Leader, LeaderConfig};
 use triad_store::replica::{ReplicaGate, ReplicaStore};
@@ -61,6 +63,7 @@ pub fn start_leader(
             node_id: c.node_id.clone(),
             listen: listen.clone(),
             epoch: 0,
+            history: EpochHistory::default(),
             min_insync: r.min_insync as usize,
             replica_lag_max: r.replica_lag_max.bytes(),
         },
@@ -142,6 +145,8 @@ pub struct Node {
 /// thread that renews the lease.
 struct Term {
     epoch: u64,
+    /// This node's epoch history, this term included.
+    history: EpochHistory,
     node_id: String,
     listener: Option<std::net::TcpListener>,
     keeper: Option<std::thread::JoinHandle<()>>,
@@ -199,6 +204,7 @@ impl Node {
                 node_id: term.node_id.clone(),
                 listen: String::new(),
                 epoch: term.epoch,
+                history: term.history.clone(),
                 min_insync: r.min_insync as usize,
                 replica_lag_max: r.replica_lag_max.bytes(),
             },
@@ -249,6 +255,12 @@ impl Term {
         if let Some(k) = self.keeper.take() {
             let _ = k.join();
         }
+    }
+}
+
+impl Drop for Term {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -401,15 +413,42 @@ impl Elector {
                 .spawn(move || keep_lease(&etcd, won, ttl, &gate, &lost, &stop))
                 .context("cannot start the lease keeper")?
         };
+        // the term's start, before anything of it is written: the copy's ends (recovery
+        // cuts a torn tail first), appended to the history and fsynced before serving
+        let mut term = Term {
+            epoch: won.epoch,
+            history: EpochHistory::default(),
+            node_id: self.me.node.clone(),
+            listener: None,
+            keeper: Some(keeper),
+            stop_keeper,
+        };
+        let (log_start, journal_start) = {
+            let s = ReplicaStore::open(&self.data_dir, self.segment_size)
+                .context("cannot open the data directory")?;
+            (s.log_end(), s.journal_pos())
+        };
+        let mut history =
+            EpochHistory::load(&self.data_dir).context("cannot read the epoch history")?;
+        history
+            .append(
+                &self.data_dir,
+                EpochEntry {
+                    epoch: won.epoch,
+                    log_start,
+                    journal_start,
+                },
+            )
+            .context("cannot record the new term in the epoch history")?;
+        info!(
+            epoch = won.epoch,
+            log_start, journal_start, "term recorded in the epoch history"
+        );
+        term.history = history;
+        term.listener = Some(self.listener);
         Ok(Some(Node {
             gate: Some(gate),
-            term: Some(Term {
-                epoch: won.epoch,
-                node_id: self.me.node.clone(),
-                listener: Some(self.listener),
-                keeper: Some(keeper),
-                stop_keeper,
-            }),
+            term: Some(term),
             lost,
         }))
     }
@@ -529,8 +568,14 @@ impl Elector {
     async fn try_candidacy(&self, lease: i64, log_end: u64) -> Result<Option<Won>, EtcdError> {
         let poll = self.ttl / 3;
         let mine = format!("{}{}", self.candidates, self.me.node);
+        // the copy's place: (last epoch seen, log end), compared as Raft's up-to-date
+        // check does: a later term's log wins over a longer log of an older term
+        let last_epoch = EpochHistory::load(&self.data_dir)
+            .map(|h| h.last_epoch())
+            .unwrap_or(0);
+        let place = (last_epoch, log_end);
         self.etcd
-            .put(&mine, log_end.to_string().as_bytes(), lease)
+            .put(&mine, format!("{last_epoch} {log_end}").as_bytes(), lease)
             .await?;
         // the other candidates state theirs meanwhile
         tokio::time::sleep(poll).await;
@@ -540,14 +585,17 @@ impl Elector {
             .await?
             .into_iter()
             .filter(|(k, _)| k != mine.as_bytes())
-            .filter_map(|(_, v)| std::str::from_utf8(&v).ok()?.parse::<u64>().ok())
-            .any(|end| end > log_end);
+            .filter_map(|(_, v)| {
+                let (e, end) = std::str::from_utf8(&v).ok()?.split_once(' ')?;
+                Some((e.parse::<u64>().ok()?, end.parse::<u64>().ok()?))
+            })
+            .any(|theirs| theirs > place);
         if better {
             // a node holding more of the log campaigns; wait for it (bounded), then
             // campaign anyway should it not have won
             info!(
-                log_end,
-                "election: a candidate with more of the log stands; waiting for it"
+                last_epoch,
+                log_end, "election: a candidate with more of the log stands; waiting for it"
             );
             for _ in 0..6 {
                 tokio::time::sleep(poll).await;

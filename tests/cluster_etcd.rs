@@ -233,3 +233,100 @@ fn a_leader_that_cannot_renew_its_lease_stops_confirming_within_the_ttl_and_rejo
     let confirmed = confirmed.lock().unwrap().clone();
     assert!(confirmed.is_subset(&got), "confirmed messages lost");
 }
+
+#[test]
+fn an_old_leader_truncates_what_it_wrote_alone_then_follows_the_new_leader() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = etcd.url();
+    let mut nodes: Vec<Proc> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node_config(root.path(), n, &url, 2, "sync"))
+        .collect();
+    let old = eventually_blocking("one leader", T, || leader_of(&nodes));
+    let followers: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+    for &i in &followers {
+        nodes[i].wait_for_log("follower: connected to the leader", T);
+    }
+    eventually_blocking("a follower in sync", T, || {
+        nodes[old].count("joined the in-sync set") >= 1
+    });
+    let addr = nodes[old].addr("amqp");
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(publish(
+        addr,
+        "d",
+        0,
+        200,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 200);
+
+    // both followers die; the leader goes on writing what it cannot confirm (nacked),
+    // then dies too: those records are on its disk only
+    for &i in &followers {
+        nodes[i].kill9();
+    }
+    eventually_blocking("both followers gone", T, || {
+        nodes[old].count("follower disconnected") >= 2
+    });
+    rt.block_on(publish(
+        addr,
+        "d",
+        1_000,
+        300,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(nacked.lock().unwrap().len(), 300, "nacked, never confirmed");
+    assert_eq!(confirmed.lock().unwrap().len(), 200);
+    nodes[old].kill9();
+
+    // the followers come back and elect one of them (once the old lease has expired)
+    for &i in &followers {
+        nodes[i].restart();
+    }
+    let new = eventually_blocking("a new leader", T, || {
+        followers
+            .iter()
+            .copied()
+            .find(|&i| nodes[i].count("broker ready") > 0)
+    });
+    let other = followers.iter().copied().find(|&i| i != new).unwrap();
+    nodes[other].wait_for_log("follower: connected to the leader", T);
+    let addr = nodes[new].addr("amqp");
+    rt.block_on(publish(
+        addr,
+        "d",
+        2_000,
+        100,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 300);
+
+    // the old leader restarts: it truncates its lone suffix and follows
+    nodes[old].restart();
+    nodes[old].wait_for_log("follower: connected to the leader", T);
+    assert!(
+        nodes[old].count("truncated a divergent commitlog suffix") == 1,
+        "the old leader truncated"
+    );
+    let name = nodes[old].name.clone();
+    eventually_blocking("the old leader in sync", T, || {
+        nodes[new].count(&format!("joined the in-sync set node={name}")) >= 1
+    });
+    // what the new leader holds: every confirmed message, none of the nacked ones
+    let got = numbers(&rt.block_on(drain(addr, "d", T)));
+    let got_set: BTreeSet<u64> = got.iter().copied().collect();
+    let confirmed = confirmed.lock().unwrap().clone();
+    assert_eq!(got.len(), got_set.len(), "duplicates");
+    assert_eq!(got_set, confirmed);
+    assert!(nodes[old].is_running());
+    drop(etcd);
+}

@@ -25,6 +25,7 @@ use triad_store::replica::ReplicaGate;
 use triad_store::store::Store;
 
 use crate::codec::{self, Frame, MAX_CHUNK, MAX_FRAME, VERSION};
+use crate::epochs::EpochHistory;
 
 /// A follower that sends nothing for this long is dropped (it acks every heartbeat).
 pub const SILENCE: Duration = Duration::from_secs(5);
@@ -42,6 +43,9 @@ pub struct LeaderConfig {
     pub listen: String,
     /// The term: the election's epoch (0 for a static leader).
     pub epoch: u64,
+    /// This node's epoch history, its own term included (empty for a static leader):
+    /// what it answers a follower that last saw an older term.
+    pub history: EpochHistory,
     /// Replicas (the leader included) that must hold a record before it is confirmed
     /// (sync mode) and that must be in sync for confirms to be given at all.
     pub min_insync: usize,
@@ -210,14 +214,38 @@ impl Shared {
         let Frame::Hello {
             version,
             node,
-            epoch: _,
-            log_end,
-            journal_pos,
+            epoch,
+            log_end: stated_log_end,
+            journal_pos: stated_journal_pos,
             segment_size,
         } = hello
         else {
             return Err(invalid("the first frame is not Hello"));
         };
+        if epoch > self.cfg.epoch {
+            // the follower has seen a later term: this leader is stale (it is about to
+            // be fenced); closing makes the follower look again
+            return Err(invalid(&format!(
+                "follower {node} has seen epoch {epoch}, later than this leader's {}",
+                self.cfg.epoch
+            )));
+        }
+        // Leader-epoch truncation: what the follower holds past the end of its last
+        // epoch in this leader's history was written by a leader that lost that term.
+        let cut = if epoch < self.cfg.epoch {
+            self.cfg.history.end_of(epoch)
+        } else {
+            None
+        };
+        let log_end = cut.map_or(stated_log_end, |(l, _)| l.min(stated_log_end));
+        let journal_pos = match cut {
+            Some((_, j)) if stated_journal_pos > j => 0,
+            _ => stated_journal_pos,
+        };
+        if (log_end, journal_pos) != (stated_log_end, stated_journal_pos) {
+            tracing::info!(%node, epoch, stated_log_end, log_end, stated_journal_pos, journal_pos,
+                "replication: the follower holds a suffix of an older term; it truncates");
+        }
         let log = self.store.commitlog();
         let (jend, _) = self.store.journal().position();
         let refusal = if version != VERSION {
@@ -260,6 +288,9 @@ impl Shared {
             &Frame::Welcome {
                 node: self.cfg.node_id.clone(),
                 epoch: self.cfg.epoch,
+                log_from: log_end,
+                journal_from: journal_pos,
+                history: self.cfg.history.entries().to_vec(),
             },
         )?;
         tracing::info!(%node, %peer, log_end, journal_pos, "replication: follower connected");

@@ -10,6 +10,8 @@
 //!   [`triad_store::replica::ReplicaStore`], fsyncs, acknowledges.
 //! - [`election`] (phase 2): the leader election on etcd's JSON gateway: leases, the
 //!   election key, the epoch of a term.
+//! - [`epochs`] (phase 2): the epoch history in the data directory and the
+//!   divergent-suffix truncation it drives (Kafka's leader epochs).
 //! - [`testing`]: a real etcd on free loopback ports, for tests.
 //!
 //! Connections are few (one per follower) and long-lived, and the work per frame is a
@@ -25,6 +27,7 @@
 
 pub mod codec;
 pub mod election;
+pub mod epochs;
 pub mod follower;
 pub mod leader;
 pub mod testing;

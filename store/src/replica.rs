@@ -346,6 +346,42 @@ impl ReplicaStore {
         self.log.write_raw(offset, data)
     }
 
+    /// Cuts the commitlog at `offset` (a divergent suffix of an older term; see the
+    /// cluster crate's epoch history). Durable once this returns.
+    pub fn truncate_log(&mut self, offset: u64) -> Result<()> {
+        self.log.truncate(offset)?;
+        self.log_synced = self.log_synced.min(self.log.end());
+        Ok(())
+    }
+
+    /// Drops the whole journal copy (it holds records of an older term that the leader
+    /// does not have): every journal and snapshot file goes, and the copy starts again at
+    /// position 0 (the leader ships its snapshot, then the records after it). Durable
+    /// once this returns.
+    pub fn reset_journal(&mut self) -> Result<()> {
+        self.snapshot = None;
+        for prefix in ["journal-", "snapshot-"] {
+            for p in list(&self.meta_dir, prefix)? {
+                let path = self.meta_dir.join(format!("{prefix}{p:020}"));
+                std::fs::remove_file(&path).map_err(StoreError::at(&path))?;
+            }
+        }
+        let (jname, _) = crate::journal::file_names(0);
+        let jpath = self.meta_dir.join(jname);
+        let journal = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&jpath)
+            .map_err(StoreError::at(&jpath))?;
+        journal.sync_all().map_err(StoreError::at(&jpath))?;
+        sync_dir(&self.meta_dir)?;
+        self.journal = journal;
+        self.journal_path = jpath;
+        self.journal_pos = 0;
+        self.journal_synced = 0;
+        Ok(())
+    }
+
     /// Appends the leader's journal bytes at `pos`, which must be this copy's position
     /// (anything else is refused: the leader ships from the position the follower
     /// states).
@@ -608,6 +644,96 @@ mod tests {
         assert_eq!(r.log_end(), offs[3], "cut back to the last whole record");
         ship(&log, &mut r, 1 << 20);
         assert_eq!(r.log_end(), log.end());
+    }
+
+    #[test]
+    fn a_truncated_copy_takes_a_different_suffix_and_a_reset_journal_refills_from_zero() {
+        let l = tempfile::tempdir().unwrap();
+        let l2 = tempfile::tempdir().unwrap();
+        let f = tempfile::tempdir().unwrap();
+        // two leaders whose logs agree up to record 20, then differ
+        let (log, offs) = leader(l.path(), 30);
+        let (other, offs2) = leader(l2.path(), 20);
+        assert_eq!(offs2[..], offs[..20]);
+        assert_eq!(
+            other.read_raw(0, 1 << 20).unwrap(),
+            log.read_raw(0, other.end()).unwrap()
+        );
+        {
+            let mut w = other.writer().unwrap();
+            for i in 0..15u8 {
+                let body = vec![200 + (i % 50); 500];
+                let msg = NewMessage {
+                    queues: &[2],
+                    body: &body,
+                    ..Default::default()
+                };
+                let len = message_len(&msg).unwrap() as u64;
+                other
+                    .append(&mut w, len, |b| encode_message(b, &msg, 9, &[0]))
+                    .unwrap();
+                other.publish(&w);
+            }
+        }
+        let mut r = ReplicaStore::open(f.path(), 4096).unwrap();
+        ship(&log, &mut r, 1000);
+        r.sync().unwrap();
+        // following the other leader from where they agree: refused until truncated
+        let from = offs[20];
+        let err = r
+            .write_log(from, &other.read_raw(from, 4096).unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains("differ"), "{err}");
+        r.truncate_log(from).unwrap();
+        assert_eq!(r.log_end(), from);
+        ship(&other, &mut r, 700);
+        assert_eq!(r.sync().unwrap().0, other.end());
+        drop(r);
+        // reopened (recovery), the copy is the other leader's, record for record
+        let r = ReplicaStore::open(f.path(), 4096).unwrap();
+        assert_eq!(r.log_end(), other.end());
+        let copy = CommitLog::open(&f.path().join("commitlog"), 4096).unwrap();
+        drop(r);
+        let mut theirs = Vec::new();
+        other
+            .recover(0, false, false, |o, _| {
+                theirs.push(o);
+                Ok(())
+            })
+            .unwrap();
+        let mut mine = Vec::new();
+        copy.recover(0, true, false, |o, _| {
+            mine.push(o);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(mine, theirs);
+
+        // the journal: reset, then filled again from position 0
+        use crate::journal::{MetaOp, RawJournal};
+        let jl = tempfile::tempdir().unwrap();
+        let j = MetaJournal::open(jl.path(), u64::MAX).unwrap();
+        for i in 0..5u8 {
+            j.commit(vec![MetaOp::put(vec![b'k', i], vec![i; 10])])
+                .unwrap();
+        }
+        let mut r = ReplicaStore::open(f.path(), 4096).unwrap();
+        let fill = |r: &mut ReplicaStore| {
+            while let Some(RawJournal::Records { pos, bytes }) =
+                j.read_raw(r.journal_pos(), 1000).unwrap()
+            {
+                r.write_journal(pos, &bytes).unwrap();
+            }
+            r.sync().unwrap();
+        };
+        r.write_journal(0, b"garbage of another term").unwrap();
+        r.sync().unwrap();
+        r.reset_journal().unwrap();
+        assert_eq!(r.journal_pos(), 0);
+        fill(&mut r);
+        drop(r);
+        let copy = MetaJournal::open(&f.path().join("meta"), u64::MAX).unwrap();
+        assert_eq!(copy.scan(&[]).unwrap(), j.scan(&[]).unwrap());
     }
 
     #[test]
