@@ -24,6 +24,14 @@
 //! marker removed) and logs `stopped cleanly`; when the store could not be closed it
 //! says so and exits non-zero instead.
 //!
+//! With `[cluster] etcd` (an elected group) the process first joins the election and
+//! logs `joining the election`; while another node leads it logs `following ...` and
+//! `follower: connected to the leader` and opens no client listener; once it wins it logs
+//! `elected leader epoch=N`, then starts as above. A leader that loses its lease logs
+//! `leadership lost` (from then on nothing is confirmed), shuts down as on SIGTERM
+//! (`shutdown requested signal=leadership lost` ... `stopped cleanly`) and re-executes
+//! itself with the same arguments and pid, to rejoin as a follower.
+//!
 //! A fatal startup error (bad config, unreadable or invalid TLS PEM file, store locked
 //! by another broker, address in use) is one line on stderr starting with
 //! `triad: error: `.

@@ -313,8 +313,14 @@ fn an_old_leader_truncates_what_it_wrote_alone_then_follows_the_new_leader() {
     // the old leader restarts: it truncates its lone suffix and follows
     nodes[old].restart();
     nodes[old].wait_for_log("follower: connected to the leader", T);
-    assert!(
-        nodes[old].count("truncated a divergent commitlog suffix") == 1,
+    assert_eq!(
+        nodes[old].count("dropped the broker state of an earlier leader term"),
+        1,
+        "the old leader dropped what a follower does not keep"
+    );
+    assert_eq!(
+        nodes[old].count("truncated a divergent commitlog suffix"),
+        1,
         "the old leader truncated"
     );
     let name = nodes[old].name.clone();

@@ -298,10 +298,12 @@ impl Etcd {
 
     /// Puts `key` = `value`, bound to `lease` (0: none).
     pub async fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<(), EtcdError> {
-        let mut body = json!({ "key": b64(key.as_bytes()), "value": b64(value) });
-        if lease != 0 {
-            body["lease"] = json!(lease.to_string());
-        }
+        let (key, value) = (b64(key.as_bytes()), b64(value));
+        let body = if lease != 0 {
+            json!({ "key": key, "value": value, "lease": lease.to_string() })
+        } else {
+            json!({ "key": key, "value": value })
+        };
         self.call("/v3/kv/put", body).await.map(|_| ())
     }
 

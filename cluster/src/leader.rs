@@ -273,11 +273,16 @@ impl Shared {
                 "the leader no longer holds the follower's log end {log_end} ({e}); start the \
                  follower from an empty data directory taken from a copy of the leader's"
             ))
-        } else if self.lock().values().any(|f| f.node == node) {
-            Some(format!("a follower named {node:?} is already connected"))
         } else {
             None
         };
+        if refusal.is_none() && self.lock().values().any(|f| f.node == node) {
+            // transient (its previous connection is not timed out yet): closed without
+            // a refusal, so the follower retries rather than stops
+            return Err(invalid(&format!(
+                "a follower named {node:?} is already connected"
+            )));
+        }
         if let Some(reason) = refusal {
             tracing::warn!(%node, %peer, %reason, "replication: follower refused");
             send(&mut sock, &Frame::Refused { reason })?;

@@ -3,6 +3,9 @@
 //! after printing why, only when the `etcd` binary is not installed (Debian:
 //! `etcd-server`; `.ci/run` installs it, so CI never skips).
 
+// A harness: an etcd that is installed but does not come up fails the test loudly.
+#![allow(clippy::panic)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -54,6 +54,7 @@ fn start_leader(
             node_id: "l".into(),
             listen: "127.0.0.1:0".into(),
             epoch: 0,
+            history: Default::default(),
             min_insync,
             replica_lag_max,
         },

@@ -131,7 +131,7 @@ impl Proc {
             .filter_map(parse_listening)
             .filter(|(p, _)| p == proto)
             .map(|(_, a)| a)
-            .last()
+            .next_back()
             .unwrap_or_else(|| panic!("{} has no {proto} listener", self.name))
     }
 
