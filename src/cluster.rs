@@ -139,12 +139,51 @@ pub struct Node {
     gate: Option<Arc<ReplicaGate>>,
     term: Option<Term>,
     lost: CancellationToken,
+    /// An elected leader's client addresses, for the keeper to put in the election key.
+    clients: Option<tokio::sync::watch::Sender<Vec<(String, String)>>>,
+}
+
+/// What the serving broker tells the cluster and hears from it ([`Node::serving`]).
+#[derive(Clone)]
+pub struct Serving {
+    lost: CancellationToken,
+    clients: Option<tokio::sync::watch::Sender<Vec<(String, String)>>>,
+    /// The host that stands for an unspecified listen address (0.0.0.0, ::).
+    host: String,
+}
+
+impl Serving {
+    /// Cancelled when this node lost its leadership (see [`Node::lost`]).
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    /// The client listeners are bound: an elected leader adds their addresses to the
+    /// election key's value (a listener on every interface is given with the host of
+    /// this node's advertised replication address).
+    pub fn clients_bound(&self, bound: &[(crate::listener::Proto, std::net::SocketAddr)]) {
+        let Some(tx) = &self.clients else { return };
+        let addrs = bound
+            .iter()
+            .map(|(p, a)| {
+                let addr = if a.ip().is_unspecified() {
+                    format!("{}:{}", self.host, a.port())
+                } else {
+                    a.to_string()
+                };
+                (p.to_string(), addr)
+            })
+            .collect();
+        let _ = tx.send(addrs);
+    }
 }
 
 /// A won term: its epoch, the replication listener bound before the election, and the
 /// thread that renews the lease.
 struct Term {
     epoch: u64,
+    /// This node's advertised replication address.
+    advertised: String,
     /// This node's epoch history, this term included.
     history: EpochHistory,
     node_id: String,
@@ -159,6 +198,22 @@ impl Node {
             gate,
             term: None,
             lost: CancellationToken::new(),
+            clients: None,
+        }
+    }
+
+    /// The serving broker's side of this node.
+    pub fn serving(&self) -> Serving {
+        let host = self
+            .term
+            .as_ref()
+            .and_then(|t| t.advertised.rsplit_once(':'))
+            .map(|(h, _)| h.to_owned())
+            .unwrap_or_default();
+        Serving {
+            lost: self.lost.clone(),
+            clients: self.clients.clone(),
+            host,
         }
     }
 
@@ -363,6 +418,7 @@ impl Elector {
             me: NodeInfo {
                 node: c.node_id.clone(),
                 replication,
+                clients: Vec::new(),
             },
             ttl,
             data_dir: config.store.data_dir.clone(),
@@ -400,23 +456,29 @@ impl Elector {
         let gate = ReplicaGate::new(self.sync);
         let lost = CancellationToken::new();
         let stop_keeper = CancellationToken::new();
+        let (clients, clients_rx) = tokio::sync::watch::channel(Vec::new());
         let keeper = {
-            let (etcd, gate, lost, stop) = (
-                self.etcd.clone(),
-                gate.clone(),
-                lost.clone(),
-                stop_keeper.clone(),
-            );
-            let ttl = self.ttl;
+            let k = Keeper {
+                etcd: self.etcd.clone(),
+                key: self.key.clone(),
+                me: self.me.clone(),
+                won,
+                ttl: self.ttl,
+                gate: gate.clone(),
+                lost: lost.clone(),
+                stop: stop_keeper.clone(),
+                clients: clients_rx,
+            };
             std::thread::Builder::new()
                 .name("lease-keeper".into())
-                .spawn(move || keep_lease(&etcd, won, ttl, &gate, &lost, &stop))
+                .spawn(move || k.run())
                 .context("cannot start the lease keeper")?
         };
         // the term's start, before anything of it is written: the copy's ends (recovery
         // cuts a torn tail first), appended to the history and fsynced before serving
         let mut term = Term {
             epoch: won.epoch,
+            advertised: self.me.replication.clone(),
             history: EpochHistory::default(),
             node_id: self.me.node.clone(),
             listener: None,
@@ -450,6 +512,7 @@ impl Elector {
             gate: Some(gate),
             term: Some(term),
             lost,
+            clients: Some(clients),
         }))
     }
 
@@ -493,7 +556,12 @@ impl Elector {
             }
             match self.etcd.holder(&self.key).await {
                 Err(e) => warn!(error = %e, "election: cannot read the election key"),
-                Ok(Some(h)) if following.as_ref().is_some_and(|f| f.holder == h) => {}
+                // the same term (its value may change: the leader adds its client
+                // addresses once bound)
+                Ok(Some(h))
+                    if following.as_ref().is_some_and(|f| {
+                        (f.holder.epoch, f.holder.lease) == (h.epoch, h.lease)
+                    }) => {}
                 Ok(Some(h)) => {
                     if let Some(f) = following.take() {
                         log_end = f.end()?;
@@ -629,43 +697,82 @@ impl Elector {
 /// The leader's lease keeper (its own thread and runtime, so that neither the store's
 /// recovery nor a busy broker delays a renewal): renews every TTL/3; when the lease is
 /// gone, or cannot be renewed in time (fenced a quarter TTL before it would end at the
-/// latest), fences the gate and cancels `lost`. On `stop`, revokes the lease.
-fn keep_lease(
-    etcd: &Etcd,
+/// latest), or the election key is no longer this term's, fences the gate and cancels
+/// `lost`. Puts the client addresses in the key when told them. On `stop`, revokes the
+/// lease.
+struct Keeper {
+    etcd: Arc<Etcd>,
+    key: String,
+    me: NodeInfo,
     won: Won,
     ttl: Duration,
-    gate: &ReplicaGate,
-    lost: &CancellationToken,
-    stop: &CancellationToken,
-) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            gate.fence(&format!("cannot start the lease keeper: {e}"));
-            lost.cancel();
-            return;
-        }
-    };
-    runtime.block_on(async {
-        let margin = ttl / 4;
-        let every = ttl / 3;
+    gate: Arc<ReplicaGate>,
+    lost: CancellationToken,
+    stop: CancellationToken,
+    clients: tokio::sync::watch::Receiver<Vec<(String, String)>>,
+}
+
+impl Keeper {
+    fn run(mut self) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.gate
+                    .fence(&format!("cannot start the lease keeper: {e}"));
+                self.lost.cancel();
+                return;
+            }
+        };
+        runtime.block_on(self.keep());
+    }
+
+    async fn keep(&mut self) {
+        let (etcd, won) = (self.etcd.clone(), self.won);
+        let margin = self.ttl / 4;
+        let every = self.ttl / 3;
         let mut deadline = won.deadline;
         let mut next = Instant::now();
+        let mut advertise = false;
+        let mut closed = false;
         let reason = loop {
             let fence_at = deadline.checked_sub(margin).unwrap_or(deadline);
             tokio::select! {
-                _ = stop.cancelled() => {
+                _ = self.stop.cancelled() => {
                     let _ = tokio::time::timeout(every, etcd.revoke(won.lease)).await;
                     return;
                 }
+                r = self.clients.changed(), if !closed => match r {
+                    Ok(()) => advertise = true,
+                    // the broker let go of its side: no more updates
+                    Err(_) => closed = true,
+                },
                 _ = tokio::time::sleep_until(next.min(fence_at).into()) => {}
             }
             let now = Instant::now();
             if now >= fence_at {
                 break "the lease could not be renewed in time";
+            }
+            if advertise {
+                let info = NodeInfo {
+                    clients: self.clients.borrow_and_update().clone(),
+                    ..self.me.clone()
+                };
+                let value = info.to_json();
+                let update = etcd.update_term(&self.key, won.epoch, value.as_bytes(), won.lease);
+                match tokio::time::timeout(fence_at - now, update).await {
+                    Ok(Ok(true)) => {
+                        info!(clients = ?info.clients, "election: client addresses advertised");
+                        advertise = false;
+                    }
+                    Ok(Ok(false)) => break "the election key is no longer this term's",
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "election: cannot advertise the client addresses")
+                    }
+                    Err(_) => warn!("election: no answer advertising the client addresses"),
+                }
             }
             if now >= next {
                 let sent = Instant::now();
@@ -678,8 +785,8 @@ fn keep_lease(
                 next = sent + every;
             }
         };
-        gate.fence(reason);
+        self.gate.fence(reason);
         warn!(epoch = won.epoch, %reason, "leadership lost: no more confirms; leaving the leader role");
-        lost.cancel();
-    });
+        self.lost.cancel();
+    }
 }

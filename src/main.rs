@@ -195,7 +195,7 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         Arc::clone(&broker),
         tls,
         leader.as_ref().map(|l| l.gate()),
-        node.lost(),
+        node.serving(),
     ));
     drop(leader);
     drop(broker);
@@ -250,8 +250,9 @@ async fn serve(
     broker: Arc<triad_core::Broker>,
     tls: Option<Arc<TlsConfigs>>,
     replica_gate: Option<Arc<triad_store::replica::ReplicaGate>>,
-    leadership_lost: CancellationToken,
+    cluster: triad::cluster::Serving,
 ) -> anyhow::Result<()> {
+    let leadership_lost = cluster.lost();
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
@@ -301,6 +302,7 @@ async fn serve(
             .with_context(|| format!("cannot read the {proto} listener's address"))?;
         bound_addrs.push((*proto, local));
     }
+    cluster.clients_bound(&bound_addrs);
     let _ = http_slots.bound.set(bound_addrs);
     for (proto, socket) in bound {
         let local = socket

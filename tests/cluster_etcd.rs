@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use common::amqp::{connect, declare_durable, drain, publish_numbered};
 use common::ephemeral_listen_args;
 use common::proc::Proc;
+use triad_cluster::election::{election_key, Etcd, NodeInfo};
 use triad_cluster::testing::EtcdServer;
 use triad_core::testing::eventually_blocking;
 
@@ -98,6 +99,23 @@ fn three_nodes_elect_a_leader_fail_over_on_kill_9_and_the_old_leader_rejoins() {
     }
     eprintln!("leader: {}", nodes[first].name);
     let addr = nodes[first].addr("amqp");
+    // the election key names the leader, its replication and its client addresses
+    let etcd_client = Etcd::new(std::slice::from_ref(&url), T);
+    let want = NodeInfo {
+        node: nodes[first].name.clone(),
+        replication: nodes[first].addr("replication").to_string(),
+        clients: ["amqp", "http", "mqtt", "stomp"]
+            .iter()
+            .map(|p| (p.to_string(), nodes[first].addr(p).to_string()))
+            .collect(),
+    };
+    eventually_blocking("the leader's client addresses in the key", T, || {
+        let h = rt
+            .block_on(etcd_client.holder(&election_key("default")))
+            .unwrap()
+            .unwrap();
+        NodeInfo::from_json(&h.value) == Some(want.clone())
+    });
 
     // confirmed publishing (sync mode, min_insync 2), then a publisher in flight when
     // the leader is killed

@@ -56,24 +56,43 @@ pub enum EtcdError {
     Malformed { path: &'static str, what: String },
 }
 
-/// Who a node is, as the election key's value says (JSON).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who a node is, as the election key's value says (JSON: `{"node", "replication",
+/// "clients": {"amqp": "host:port", ...}}`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeInfo {
     pub node: String,
     /// Its replication listener, as the other nodes reach it.
     pub replication: String,
+    /// Its client listeners (protocol name, `host:port`), once the leader has bound them
+    /// (empty before): where a client or a forwarding follower reaches the leader.
+    pub clients: Vec<(String, String)>,
 }
 
 impl NodeInfo {
     pub fn to_json(&self) -> String {
-        json!({ "node": self.node, "replication": self.replication }).to_string()
+        let clients: serde_json::Map<String, Value> = self
+            .clients
+            .iter()
+            .map(|(p, a)| (p.clone(), Value::String(a.clone())))
+            .collect();
+        json!({ "node": self.node, "replication": self.replication, "clients": clients })
+            .to_string()
     }
 
     pub fn from_json(s: &[u8]) -> Option<NodeInfo> {
         let v: Value = serde_json::from_slice(s).ok()?;
+        let clients = match v.get("clients") {
+            None => Vec::new(),
+            Some(c) => c
+                .as_object()?
+                .iter()
+                .map(|(p, a)| Some((p.clone(), a.as_str()?.to_owned())))
+                .collect::<Option<Vec<_>>>()?,
+        };
         Some(NodeInfo {
             node: v.get("node")?.as_str()?.to_owned(),
             replication: v.get("replication")?.as_str()?.to_owned(),
+            clients,
         })
     }
 }
@@ -284,6 +303,30 @@ impl Etcd {
         Ok(Campaign::Lost(holder(path, kv)?))
     }
 
+    /// Replaces the value of `key` (keeping it bound to `lease`) only while it is still
+    /// the key of term `epoch`; returns whether it was.
+    pub async fn update_term(
+        &self,
+        key: &str,
+        epoch: u64,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<bool, EtcdError> {
+        let k = b64(key.as_bytes());
+        let v = self
+            .call(
+                "/v3/kv/txn",
+                json!({
+                    "compare": [{ "key": k, "target": "CREATE", "result": "EQUAL",
+                                  "create_revision": epoch.to_string() }],
+                    "success": [{ "request_put": { "key": k, "value": b64(value),
+                                                   "lease": lease.to_string() } }],
+                }),
+            )
+            .await?;
+        Ok(v.get("succeeded").and_then(Value::as_bool) == Some(true))
+    }
+
     /// Who holds `key` now (`None`: nobody; an election is due).
     pub async fn holder(&self, key: &str) -> Result<Option<Holder>, EtcdError> {
         let path = "/v3/kv/range";
@@ -421,6 +464,7 @@ mod tests {
         let a = NodeInfo {
             node: "a".into(),
             replication: "127.0.0.1:1".into(),
+            clients: vec![],
         };
         let la = c.grant(TTL).await.unwrap();
         let lb = c.grant(TTL).await.unwrap();
@@ -451,6 +495,25 @@ mod tests {
             panic!("b wins once the key is gone")
         };
         assert!(e2 > e1, "epochs grow: {e1} then {e2}");
+        // the holder adds its client addresses: same term (create_revision), new value
+        let with_clients = NodeInfo {
+            node: "b".into(),
+            replication: "127.0.0.1:2".into(),
+            clients: vec![
+                ("amqp".into(), "127.0.0.1:5672".into()),
+                ("mqtt".into(), "[::1]:1883".into()),
+            ],
+        };
+        assert!(c
+            .update_term(&key, e2, with_clients.to_json().as_bytes(), lb)
+            .await
+            .unwrap());
+        let h = c.holder(&key).await.unwrap().unwrap();
+        assert_eq!((h.epoch, h.lease), (e2, lb));
+        assert_eq!(NodeInfo::from_json(&h.value), Some(with_clients.clone()));
+        // not the term any more: nothing written
+        assert!(!c.update_term(&key, e1, b"stale", la).await.unwrap());
+        assert_eq!(c.holder(&key).await.unwrap().unwrap().value, h.value);
         // a revoked lease cannot be renewed
         assert_eq!(c.keepalive(la).await.unwrap(), None);
         assert_eq!(c.keepalive(lb).await.unwrap(), Some(TTL));
