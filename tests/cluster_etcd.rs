@@ -354,3 +354,73 @@ fn an_old_leader_truncates_what_it_wrote_alone_then_follows_the_new_leader() {
     assert!(nodes[old].is_running());
     drop(etcd);
 }
+
+#[test]
+fn a_leader_whose_lease_is_revoked_fences_and_the_group_settles_on_one_leader() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = etcd.url();
+    let mut nodes: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|n| node_config(root.path(), n, &url, 1, "async"))
+        .collect();
+    let first = eventually_blocking("one leader", T, || leader_of(&nodes));
+    let other = 1 - first;
+    nodes[other].wait_for_log("follower: connected to the leader", T);
+    let addr = nodes[first].addr("amqp");
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(publish(
+        addr,
+        "r",
+        0,
+        100,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 100);
+
+    // somebody revokes the leader's lease: the key goes at once
+    let client = Etcd::new(std::slice::from_ref(&url), T);
+    let key = election_key("default");
+    let held = rt.block_on(client.holder(&key)).unwrap().unwrap();
+    rt.block_on(client.revoke(held.lease)).unwrap();
+    nodes[first].wait_for_log("leadership lost", T);
+    assert!(
+        nodes[first]
+            .log()
+            .contains("the lease is gone (expired or revoked)"),
+        "fenced for the lease"
+    );
+    // the old leader re-executes; one node leads a later term, the other follows it
+    let settled = eventually_blocking("a leader of a later term", T, || {
+        let h = rt.block_on(client.holder(&key)).ok()??;
+        (h.epoch > held.epoch).then_some(h)
+    });
+    let name = NodeInfo::from_json(&settled.value).unwrap().node;
+    let lead = nodes.iter().position(|n| n.name == name).unwrap();
+    let follow = 1 - lead;
+    eventually_blocking("the other follows the new term", T, || {
+        nodes[follow].log().contains(&format!(
+            "follower: connected to the leader leader={name} epoch={}",
+            settled.epoch
+        ))
+    });
+    eventually_blocking("the new leader serves", T, || {
+        nodes[lead].log().matches("broker ready").count() > usize::from(lead == first)
+    });
+    let got: BTreeSet<u64> = numbers(&rt.block_on(drain(nodes[lead].addr("amqp"), "r", T)))
+        .into_iter()
+        .collect();
+    assert!(
+        confirmed.lock().unwrap().is_subset(&got),
+        "confirmed messages lost"
+    );
+    eprintln!(
+        "after the revoke: {} leads epoch {} (was {} at epoch {})",
+        name, settled.epoch, nodes[first].name, held.epoch
+    );
+}
