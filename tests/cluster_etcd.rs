@@ -424,3 +424,81 @@ fn a_leader_whose_lease_is_revoked_fences_and_the_group_settles_on_one_leader() 
         name, settled.epoch, nodes[first].name, held.epoch
     );
 }
+
+/// The long version, behind `TRIAD_FAILOVER_ROUNDS=N`: `kill -9` the leader of three
+/// nodes N times under confirmed publishing, restarting each killed node (it truncates
+/// and follows); reports the failover times (p50, p99) and checks, at the end, that every
+/// confirmed message is on the last leader, without duplicates. Without the variable it
+/// does nothing (the short version is the test above).
+#[test]
+fn repeated_kill_9_of_the_leader_loses_no_confirmed_message() {
+    let Some(rounds) = std::env::var("TRIAD_FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        eprintln!("set TRIAD_FAILOVER_ROUNDS=N to run N failover rounds");
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = etcd.url();
+    let mut nodes: Vec<Proc> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node_config(root.path(), n, &url, 2, "sync"))
+        .collect();
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    let mut times = Vec::new();
+    let mut leader = eventually_blocking("one leader", T, || leader_of(&nodes));
+    for round in 0..rounds {
+        eventually_blocking("a follower in sync", T, || {
+            nodes[leader].count("joined the in-sync set") >= 1
+        });
+        let addr = nodes[leader].addr("amqp");
+        let before = confirmed.lock().unwrap().len();
+        let publisher = {
+            let (c, n) = (confirmed.clone(), nacked.clone());
+            rt.spawn(async move { publish(addr, "q", round << 32, 1 << 31, c, n).await })
+        };
+        eventually_blocking("confirms in flight", T, || {
+            confirmed.lock().unwrap().len() > before + 300
+        });
+        nodes[leader].kill9();
+        let killed = Instant::now();
+        let old = leader;
+        leader = eventually_blocking("a new leader", T, || {
+            (0..3).find(|&i| i != old && nodes[i].count("broker ready") > 0)
+        });
+        times.push(killed.elapsed());
+        rt.block_on(async {
+            let _ = tokio::time::timeout(Duration::from_secs(10), publisher).await;
+        });
+        nodes[old].restart();
+        nodes[old].wait_for_log("follower: connected to the leader", T);
+    }
+    let confirmed = confirmed.lock().unwrap().clone();
+    let got = numbers(&rt.block_on(drain(nodes[leader].addr("amqp"), "q", T * 4)));
+    let got_set: BTreeSet<u64> = got.iter().copied().collect();
+    let missing: Vec<_> = confirmed.difference(&got_set).take(10).collect();
+    times.sort();
+    let pct = |p: usize| times[((times.len() - 1) * p) / 100];
+    eprintln!(
+        "{rounds} failovers: p50 {:?}, p99 {:?}, max {:?}; {} confirmed, {} consumed, {} \
+         duplicates, {} nacked",
+        pct(50),
+        pct(99),
+        times.last().unwrap(),
+        confirmed.len(),
+        got.len(),
+        got.len() - got_set.len(),
+        nacked.lock().unwrap().len()
+    );
+    assert!(
+        missing.is_empty(),
+        "confirmed messages missing: {missing:?}"
+    );
+    assert_eq!(got.len(), got_set.len(), "duplicates");
+}
