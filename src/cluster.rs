@@ -573,10 +573,12 @@ impl Elector {
                                 epoch = h.epoch,
                                 "election: ending this node's previous term"
                             );
-                            if let Err(e) = self.etcd.revoke(h.lease).await {
-                                warn!(error = %e, "election: cannot revoke the previous term's lease");
+                            match self.etcd.revoke(h.lease).await {
+                                Ok(()) => continue,
+                                Err(e) => {
+                                    warn!(error = %e, "election: cannot revoke the previous term's lease")
+                                }
                             }
-                            continue;
                         }
                         Some(i) => following = Some(self.follow(&i, h)?),
                         None => warn!(
