@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 use triad_store::flush::FlushMode;
@@ -70,26 +71,42 @@ pub struct Config {
     pub replication: Option<ReplicationSection>,
 }
 
-/// `[cluster]` (issue 18, phase 1: a static leader and followers, no election yet).
+/// `[cluster]` (issue 18): this node's place in a replica group. Phase 1: a static
+/// `role` (leader, or follower of `leader`). Phase 2: with `etcd`, the role comes from an
+/// election on etcd (`role` absent or `"auto"`).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSection {
-    /// `leader` or `follower`.
-    pub role: ClusterRole,
+    /// `leader` or `follower` (static), `auto` or absent (elected: needs `etcd`).
+    pub role: Option<ClusterRole>,
     /// This node's name in the group (1 to 255 bytes).
     pub node_id: String,
-    /// A leader's replication listener, `HOST:PORT`.
+    /// The replication listener, `HOST:PORT`: a static leader's, or every elected
+    /// node's (any of them may lead).
     pub listen: Option<String>,
-    /// A follower's leader: its replication listener, `HOST:PORT`.
+    /// A static follower's leader: its replication listener, `HOST:PORT`.
     pub leader: Option<String>,
     /// `[cluster.tls]`: mutual TLS between nodes (absent: plain TCP).
     pub tls: Option<ClusterTlsSection>,
+    /// etcd's client URLs (`http://HOST:PORT`, its JSON gateway): the election.
+    #[serde(default)]
+    pub etcd: Vec<String>,
+    /// The leader's lease in etcd (whole seconds, at least 2 s; default 2 s): a leader
+    /// that cannot renew it stops confirming within this, and a follower takes over
+    /// after it.
+    pub lease_ttl: Option<HumanDuration>,
+    /// This node's replication address as the others reach it (default: the bound
+    /// `listen` address, which must then name a host).
+    pub advertise: Option<String>,
+    /// The group's name in etcd (`/triad/<name>/leader`; default `default`).
+    pub name: Option<String>,
 }
 
 /// `[cluster.tls]`: the three files are all needed (a partial section is refused).
 /// The leader presents `cert_file` and requires each follower's certificate to chain to
 /// `ca_file`; a follower checks the leader's against `ca_file` for the host of
-/// `cluster.leader` and presents its own `cert_file`.
+/// `cluster.leader` (elected: of the leader's `advertise` address) and presents its own
+/// `cert_file`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterTlsSection {
@@ -112,7 +129,26 @@ impl ClusterTlsSection {
     }
 }
 
-/// A node's role, fixed by configuration in phase 1.
+impl ClusterSection {
+    /// Whether the role comes from the election on etcd.
+    pub fn elected(&self) -> bool {
+        !self.etcd.is_empty()
+    }
+
+    /// The lease TTL in force.
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
+            .map(|d| d.get())
+            .unwrap_or(Duration::from_secs(2))
+    }
+
+    /// The group's name in force.
+    pub fn group_name(&self) -> &str {
+        self.name.as_deref().unwrap_or("default")
+    }
+}
+
+/// A node's role: fixed by configuration (phase 1) or elected (`auto`, with `etcd`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ClusterRole {
@@ -120,6 +156,8 @@ pub enum ClusterRole {
     Leader,
     /// Keeps a copy of the leader's commitlog and journal; serves no client.
     Follower,
+    /// Leader or follower as the election on etcd decides.
+    Auto,
 }
 
 /// When a confirm may be sent.
@@ -1008,8 +1046,29 @@ impl Config {
                 }
             }
         }
+        if c.elected() {
+            return self.validate_elected(c);
+        }
+        for (key, set) in [
+            ("cluster.lease_ttl", c.lease_ttl.is_some()),
+            ("cluster.advertise", c.advertise.is_some()),
+            ("cluster.name", c.name.is_some()),
+        ] {
+            if set {
+                return Err(invalid(
+                    key,
+                    "",
+                    "belongs to an elected group: needs cluster.etcd",
+                ));
+            }
+        }
         match c.role {
-            ClusterRole::Leader => {
+            None | Some(ClusterRole::Auto) => Err(invalid(
+                "cluster.role",
+                "auto",
+                "without cluster.etcd the role is static: \"leader\" or \"follower\"",
+            )),
+            Some(ClusterRole::Leader) => {
                 let listen = c.listen.as_deref().ok_or_else(|| {
                     invalid(
                         "cluster.listen",
@@ -1025,23 +1084,9 @@ impl Config {
                         "is a follower's setting (this node's role is leader)",
                     ));
                 }
-                let r = self.replication.clone().unwrap_or_default();
-                if r.min_insync == 0 {
-                    return Err(invalid(
-                        "replication.min_insync",
-                        r.min_insync,
-                        "must be at least 1 (the leader)",
-                    ));
-                }
-                if r.mode == ReplicationMode::Sync && self.store.flush == FlushKind::Async {
-                    return Err(invalid(
-                        "replication.mode",
-                        "sync",
-                        "needs store.flush = \"sync\" (a replica counts once the record is on its disk, the leader's included)",
-                    ));
-                }
+                self.validate_replication()
             }
-            ClusterRole::Follower => {
+            Some(ClusterRole::Follower) => {
                 let leader = c.leader.as_deref().ok_or_else(|| {
                     invalid(
                         "cluster.leader",
@@ -1064,9 +1109,113 @@ impl Config {
                         "is the leader's setting; a follower copies whatever its leader ships",
                     ));
                 }
+                Ok(())
             }
         }
+    }
+
+    /// `[replication]` of a node that leads (static leader, or any elected node).
+    fn validate_replication(&self) -> Result<(), ConfigError> {
+        let r = self.replication.clone().unwrap_or_default();
+        if r.min_insync == 0 {
+            return Err(invalid(
+                "replication.min_insync",
+                r.min_insync,
+                "must be at least 1 (the leader)",
+            ));
+        }
+        if r.mode == ReplicationMode::Sync && self.store.flush == FlushKind::Async {
+            return Err(invalid(
+                "replication.mode",
+                "sync",
+                "needs store.flush = \"sync\" (a replica counts once the record is on its disk, the leader's included)",
+            ));
+        }
         Ok(())
+    }
+
+    /// `[cluster]` with `etcd`: the role is elected, so every node needs what a leader
+    /// needs (a replication listener, `[replication]`) and no static leader.
+    fn validate_elected(&self, c: &ClusterSection) -> Result<(), ConfigError> {
+        if let Some(r) = c.role.filter(|r| *r != ClusterRole::Auto) {
+            let r = format!("{r:?}").to_lowercase();
+            return Err(invalid(
+                "cluster.role",
+                &r,
+                "contradicts cluster.etcd: the election decides the role (leave role out, or \"auto\")",
+            ));
+        }
+        if let Some(l) = &c.leader {
+            return Err(invalid(
+                "cluster.leader",
+                l,
+                "contradicts cluster.etcd: the leader is whoever holds the election key",
+            ));
+        }
+        for url in &c.etcd {
+            let Some(hostport) = url.strip_prefix("http://") else {
+                return Err(invalid(
+                    "cluster.etcd",
+                    url,
+                    "expected http://HOST:PORT (etcd's client URL; no TLS to etcd yet)",
+                ));
+            };
+            check_listen("cluster.etcd", hostport.trim_end_matches('/'))?;
+        }
+        let ttl = c.lease_ttl();
+        if ttl.subsec_nanos() != 0 || !(2..=60).contains(&ttl.as_secs()) {
+            return Err(invalid(
+                "cluster.lease_ttl",
+                HumanDuration(ttl),
+                "must be whole seconds from 2s to 60s (etcd grants leases in seconds, and \
+                 at least 2 s with its default election timeout)",
+            ));
+        }
+        let name = c.group_name();
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return Err(invalid(
+                "cluster.name",
+                name,
+                "must be 1 to 64 letters, digits, '-', '_' or '.'",
+            ));
+        }
+        let listen = c.listen.as_deref().ok_or_else(|| {
+            invalid(
+                "cluster.listen",
+                "",
+                "an elected node needs its replication listener (any node may lead)",
+            )
+        })?;
+        check_listen("cluster.listen", listen)?;
+        match &c.advertise {
+            Some(a) => {
+                check_listen("cluster.advertise", a)?;
+                if a.ends_with(":0") {
+                    return Err(invalid(
+                        "cluster.advertise",
+                        a,
+                        "needs the port the others connect to",
+                    ));
+                }
+            }
+            None => {
+                let host = listen.rsplit_once(':').map(|(h, _)| h).unwrap_or_default();
+                if matches!(host, "0.0.0.0" | "[::]") {
+                    return Err(invalid(
+                        "cluster.advertise",
+                        "",
+                        "is needed when cluster.listen is on every interface: the address \
+                         the other nodes reach this one at",
+                    ));
+                }
+            }
+        }
+        self.validate_replication()
     }
 
     fn validate_tls(&self) -> Result<(), ConfigError> {
@@ -1490,6 +1639,22 @@ mod tests {
         refused("[replication]\nmode = \"sync\"\n", "replication");
         refused(&format!("{leader}etcd = \"x\"\n"), "etcd");
         refused(
+            &format!("{leader}lease_ttl = \"2s\"\n"),
+            "cluster.lease_ttl",
+        );
+        refused(
+            &format!("{leader}advertise = \"h:1\"\n"),
+            "cluster.advertise",
+        );
+        refused(
+            "[cluster]\nnode_id = \"a\"\nlisten = \"h:1\"\n",
+            "cluster.role",
+        );
+        refused(
+            "[cluster]\nrole = \"auto\"\nnode_id = \"a\"\nlisten = \"h:1\"\n",
+            "cluster.role",
+        );
+        refused(
             "[cluster]\nrole = \"leader\"\nnode_id = \"a\"\n",
             "cluster.listen",
         );
@@ -1545,6 +1710,65 @@ mod tests {
         refused(
             &format!("{leader}[cluster.tls]\ncert = \"c.pem\"\n"),
             "cert",
+        );
+    }
+
+    #[test]
+    fn an_elected_cluster_takes_its_role_from_etcd_and_refuses_contradictions() {
+        let base = "[cluster]\nnode_id = \"a\"\nlisten = \"127.0.0.1:5680\"\n\
+                    etcd = [\"http://127.0.0.1:2379\", \"http://10.0.0.2:2379/\"]\n";
+        let c = parse(base).expect("parses");
+        c.validate().expect("valid");
+        let cl = c.cluster.expect("cluster");
+        assert!(cl.elected());
+        assert_eq!(cl.lease_ttl(), Duration::from_secs(2));
+        assert_eq!(cl.group_name(), "default");
+        let c = parse(&format!(
+            "{base}role = \"auto\"\nlease_ttl = \"5s\"\nname = \"eu-1\"\n\
+             advertise = \"10.0.0.1:5680\"\n[replication]\nmode = \"sync\"\n"
+        ))
+        .expect("parses");
+        c.validate().expect("valid");
+        assert_eq!(
+            c.cluster.as_ref().map(|c| c.lease_ttl()),
+            Some(Duration::from_secs(5))
+        );
+        let refused = |t: &str, key: &str| {
+            let err = match parse(t) {
+                Err(e) => e.to_string(),
+                Ok(c) => c.validate().expect_err(t).to_string(),
+            };
+            assert!(err.contains(key), "{t}: {err}");
+        };
+        refused(&format!("{base}role = \"leader\"\n"), "cluster.role");
+        refused(&format!("{base}role = \"follower\"\n"), "cluster.role");
+        refused(&format!("{base}leader = \"h:1\"\n"), "cluster.leader");
+        refused(&format!("{base}lease_ttl = \"1s\"\n"), "cluster.lease_ttl");
+        refused(
+            &format!("{base}lease_ttl = \"2500ms\"\n"),
+            "cluster.lease_ttl",
+        );
+        refused(&format!("{base}name = \"a/b\"\n"), "cluster.name");
+        refused(&format!("{base}advertise = \"h:0\"\n"), "cluster.advertise");
+        refused(
+            "[cluster]\nnode_id = \"a\"\netcd = [\"http://e:2379\"]\n",
+            "cluster.listen",
+        );
+        refused(
+            "[cluster]\nnode_id = \"a\"\nlisten = \"0.0.0.0:5680\"\netcd = [\"http://e:2379\"]\n",
+            "cluster.advertise",
+        );
+        refused(
+            "[cluster]\nnode_id = \"a\"\nlisten = \"h:1\"\netcd = [\"https://e:2379\"]\n",
+            "cluster.etcd",
+        );
+        refused(
+            "[cluster]\nnode_id = \"a\"\nlisten = \"h:1\"\netcd = [\"http://e\"]\n",
+            "cluster.etcd",
+        );
+        refused(
+            &format!("{base}[replication]\nmode = \"sync\"\n[store]\nflush = \"async\"\n"),
+            "replication.mode",
         );
     }
 

@@ -24,6 +24,14 @@
 //! marker removed) and logs `stopped cleanly`; when the store could not be closed it
 //! says so and exits non-zero instead.
 //!
+//! With `[cluster] etcd` (an elected group) the process first joins the election and
+//! logs `joining the election`; while another node leads it logs `following ...` and
+//! `follower: connected to the leader` and opens no client listener; once it wins it logs
+//! `elected leader epoch=N`, then starts as above. A leader that loses its lease logs
+//! `leadership lost` (from then on nothing is confirmed), shuts down as on SIGTERM
+//! (`shutdown requested signal=leadership lost` ... `stopped cleanly`) and re-executes
+//! itself with the same arguments and pid, to rejoin as a follower.
+//!
 //! A fatal startup error (bad config, unreadable or invalid TLS PEM file, store locked
 //! by another broker, address in use) is one line on stderr starting with
 //! `triad: error: `.
@@ -148,10 +156,11 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
 }
 
 fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Result<()> {
-    // Replication (issue 18): a follower serves no client, it copies its leader's logs.
-    if triad::cluster::is_follower(&config) {
-        return triad::cluster::run_follower(&config);
-    }
+    // Replication (issue 18): a follower serves no client, it copies its leader's logs;
+    // an elected node follows until it wins a term.
+    let Some(mut node) = triad::cluster::join(&config)? else {
+        return Ok(());
+    };
     let config = Arc::new(config);
     let s = &config.store;
     info!(
@@ -164,20 +173,12 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         "opening store"
     );
     // Blocking (recovery may read the whole commitlog tail), so before the runtime.
-    let gate = triad::cluster::leader_gate(&config);
     let mut store_config = config.store_config(cli.repair);
-    store_config.replica = gate.clone();
+    store_config.replica = node.gate();
     let store = Store::open(store_config)
         .with_context(|| format!("cannot open the store in {}", s.data_dir.display()))?;
     let store = Arc::new(store);
-    let leader = match gate {
-        Some(g) => Some(triad::cluster::start_leader(
-            &config,
-            Arc::clone(&store),
-            g,
-        )?),
-        None => None,
-    };
+    let leader = node.start_leader(&config, Arc::clone(&store))?;
     let core_config = config
         .core_config()
         .context("invalid users or permissions")?;
@@ -195,6 +196,7 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
         tls,
         leader.as_ref().map(|l| l.gate()),
         leader.as_ref().map(|l| l.status_handle()),
+        node.serving(),
     ));
     drop(leader);
     drop(broker);
@@ -216,7 +218,8 @@ fn run(cli: &Cli, config: Config, tls: Option<Arc<TlsConfigs>>) -> anyhow::Resul
     served?;
     closed?;
     info!("stopped cleanly");
-    Ok(())
+    // a leader that lost its term comes back as a follower (re-exec)
+    node.finish()
 }
 
 /// Reloads the TLS files; on failure the chain in use stays and the error is logged.
@@ -248,8 +251,10 @@ async fn serve(
     broker: Arc<triad_core::Broker>,
     tls: Option<Arc<TlsConfigs>>,
     replica_gate: Option<Arc<triad_store::replica::ReplicaGate>>,
-    cluster: Option<triad_cluster::leader::StatusHandle>,
+    status: Option<triad_cluster::leader::StatusHandle>,
+    cluster: triad::cluster::Serving,
 ) -> anyhow::Result<()> {
+    let leadership_lost = cluster.lost();
     // Installed before readiness is announced, so no early signal is lost.
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
@@ -299,6 +304,7 @@ async fn serve(
             .with_context(|| format!("cannot read the {proto} listener's address"))?;
         bound_addrs.push((*proto, local));
     }
+    cluster.clients_bound(&bound_addrs);
     let _ = http_slots.bound.set(bound_addrs);
     for (proto, socket) in bound {
         let local = socket
@@ -313,7 +319,7 @@ async fn serve(
             conn: None,
             peer_cert_cn: None,
             http: Arc::clone(&http_slots),
-            cluster: cluster.clone(),
+            cluster: status.clone(),
         };
         // Health probes do not count toward `limits.max_connections`; WebSockets do.
         let limit = match proto.plain() {
@@ -379,6 +385,7 @@ async fn serve(
         tokio::select! {
             _ = sigterm.recv() => break "SIGTERM",
             _ = sigint.recv() => break "SIGINT",
+            _ = leadership_lost.cancelled() => break "leadership lost",
             _ = sighup.recv() => match &tls {
                 Some(t) => reload_tls(t, "SIGHUP"),
                 None => info!("SIGHUP: no TLS certificate to reload"),

@@ -10,14 +10,26 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 /// `Hello`'s magic.
 pub const MAGIC: &[u8; 4] = b"TRPL";
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// The protocol version this build speaks (2: `Welcome` carries where shipping starts
+/// and the leader's epoch history).
+pub const VERSION: u16 = 2;
 /// The default largest frame (a data chunk is at most [`MAX_CHUNK`]).
 pub const MAX_FRAME: usize = (1 << 20) + 64;
 /// The largest piece of log, journal or snapshot one frame carries.
 pub const MAX_CHUNK: usize = 1 << 20;
 /// The longest node id.
 pub const MAX_NODE_ID: usize = 255;
+/// The most epoch-history entries a `Welcome` carries.
+pub const MAX_HISTORY: usize = 1024;
+
+/// Where a leader term began: its first commitlog offset and journal position (the
+/// leader's ends when it was elected). See `crate::epochs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochEntry {
+    pub epoch: u64,
+    pub log_start: u64,
+    pub journal_start: u64,
+}
 
 const HELLO: u8 = 1;
 const WELCOME: u8 = 2;
@@ -40,8 +52,17 @@ pub enum Frame {
         journal_pos: u64,
         segment_size: u64,
     },
-    /// Leader → follower: accepted; shipping starts from the Hello's positions.
-    Welcome { node: String, epoch: u64 },
+    /// Leader → follower: accepted. Shipping starts at `log_from` and `journal_from`:
+    /// the Hello's positions, or lower when the follower holds a suffix of an older term
+    /// that this leader does not (the follower truncates to them first). `history` is
+    /// the leader's epoch history, which the follower adopts.
+    Welcome {
+        node: String,
+        epoch: u64,
+        log_from: u64,
+        journal_from: u64,
+        history: Vec<EpochEntry>,
+    },
     /// Leader → follower: not accepted, and why (then the leader closes).
     Refused { reason: String },
     /// Commitlog bytes at `offset`.
@@ -99,10 +120,26 @@ pub fn encode(f: &Frame, out: &mut BytesMut) {
             out.put_u64(*journal_pos);
             out.put_u64(*segment_size);
         }
-        Frame::Welcome { node, epoch } => {
+        Frame::Welcome {
+            node,
+            epoch,
+            log_from,
+            journal_from,
+            history,
+        } => {
             out.put_u8(WELCOME);
             put_str(out, node);
             out.put_u64(*epoch);
+            out.put_u64(*log_from);
+            out.put_u64(*journal_from);
+            // the newest entries when there are more than fit
+            let skip = history.len().saturating_sub(MAX_HISTORY);
+            out.put_u16((history.len() - skip) as u16);
+            for e in history.iter().skip(skip) {
+                out.put_u64(e.epoch);
+                out.put_u64(e.log_start);
+                out.put_u64(e.journal_start);
+            }
         }
         Frame::Refused { reason } => {
             out.put_u8(REFUSED);
@@ -202,10 +239,32 @@ pub fn decode(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>, DecodeErr
                 segment_size: u64_(&mut p, what)?,
             }
         }
-        WELCOME => Frame::Welcome {
-            node: str_(&mut p, "welcome")?,
-            epoch: u64_(&mut p, "welcome")?,
-        },
+        WELCOME => {
+            let what = "welcome";
+            let node = str_(&mut p, what)?;
+            let epoch = u64_(&mut p, what)?;
+            let log_from = u64_(&mut p, what)?;
+            let journal_from = u64_(&mut p, what)?;
+            let n = u16_(&mut p, what)? as usize;
+            if n > MAX_HISTORY || p.len() != n * 24 {
+                return Err(DecodeError::Malformed("welcome (epoch history)"));
+            }
+            let mut history = Vec::with_capacity(n);
+            for _ in 0..n {
+                history.push(EpochEntry {
+                    epoch: u64_(&mut p, what)?,
+                    log_start: u64_(&mut p, what)?,
+                    journal_start: u64_(&mut p, what)?,
+                });
+            }
+            Frame::Welcome {
+                node,
+                epoch,
+                log_from,
+                journal_from,
+                history,
+            }
+        }
         REFUSED => Frame::Refused {
             reason: str_(&mut p, "refused")?,
         },
@@ -283,6 +342,27 @@ mod tests {
             Frame::Welcome {
                 node: "leader-é".into(),
                 epoch: 3,
+                log_from: 10,
+                journal_from: 0,
+                history: vec![
+                    EpochEntry {
+                        epoch: 1,
+                        log_start: 0,
+                        journal_start: 0,
+                    },
+                    EpochEntry {
+                        epoch: 3,
+                        log_start: 4096,
+                        journal_start: 77,
+                    },
+                ],
+            },
+            Frame::Welcome {
+                node: "l".into(),
+                epoch: 0,
+                log_from: 0,
+                journal_from: 0,
+                history: vec![],
             },
             Frame::Refused {
                 reason: "offset gone".into(),
@@ -376,6 +456,23 @@ mod tests {
         out.put_u8(0);
         out[3] += 1;
         assert!(decode(&mut out, MAX_FRAME).is_err());
+        // an epoch history whose count does not match its bytes, or is over the bound
+        let mut out = BytesMut::new();
+        encode(&all()[1], &mut out);
+        out.truncate(out.len() - 1);
+        out[3] -= 1;
+        assert!(matches!(
+            decode(&mut out, MAX_FRAME),
+            Err(DecodeError::Malformed(_))
+        ));
+        let mut out = BytesMut::new();
+        encode(&all()[2], &mut out);
+        let at = out.len() - 2;
+        out[at..].copy_from_slice(&(MAX_HISTORY as u16 + 1).to_be_bytes());
+        assert!(matches!(
+            decode(&mut out, MAX_FRAME),
+            Err(DecodeError::Malformed(_))
+        ));
         // somebody else's protocol
         let mut out = BytesMut::new();
         encode(&all()[0], &mut out);

@@ -18,6 +18,7 @@ use bytes::BytesMut;
 use triad_store::replica::ReplicaStore;
 
 use crate::codec::{self, Frame, MAX_FRAME, VERSION};
+use crate::epochs::{EpochError, EpochHistory};
 use crate::leader::{read_frame, SILENCE};
 use crate::tls::Link;
 
@@ -45,6 +46,8 @@ pub enum FollowerError {
     Write(#[source] triad_store::StoreError),
     #[error("cluster TLS: {0}")]
     Tls(String),
+    #[error("the epoch history: {0}")]
+    Epochs(#[source] EpochError),
 }
 
 /// Where the follower stands (durable), readable while it runs.
@@ -53,6 +56,19 @@ pub struct Progress {
     pub log_durable: AtomicU64,
     pub journal_durable: AtomicU64,
     pub connected: AtomicBool,
+    /// The connection to the leader, for [`Progress::interrupt`].
+    sock: std::sync::Mutex<Option<TcpStream>>,
+}
+
+impl Progress {
+    /// Ends the connection to the leader now (a blocked read returns), so that a `stop`
+    /// set just before is seen without waiting for the leader's next frame.
+    pub fn interrupt(&self) {
+        let s = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = s.as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
 /// One connection's end.
@@ -71,6 +87,7 @@ pub fn run(
 ) -> Result<(), FollowerError> {
     let mut store =
         ReplicaStore::open(&cfg.data_dir, cfg.segment_size).map_err(FollowerError::Open)?;
+    let mut history = EpochHistory::load(&cfg.data_dir).map_err(FollowerError::Epochs)?;
     tracing::info!(
         data_dir = %cfg.data_dir.display(), log_end = store.log_end(),
         journal_pos = store.journal_pos(), leader = %cfg.leader, "follower ready"
@@ -83,13 +100,16 @@ pub fn run(
         .store(store.journal_pos(), Ordering::SeqCst);
     let mut backoff = Duration::from_millis(100);
     while !stop.load(Ordering::SeqCst) {
-        match session(cfg, &mut store, stop, progress) {
+        match session(cfg, &mut store, &mut history, stop, progress) {
             Ok(()) => break,
             Err(Ended::Fatal(e)) => return Err(e),
             Err(Ended::Dropped(e)) => {
                 progress.connected.store(false, Ordering::SeqCst);
                 tracing::info!(leader = %cfg.leader, error = %e, "follower: not connected to the leader; retrying");
-                std::thread::sleep(backoff);
+                let until = std::time::Instant::now() + backoff;
+                while !stop.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
@@ -111,12 +131,17 @@ fn connect(addr: &str) -> std::io::Result<TcpStream> {
 fn session(
     cfg: &FollowerConfig,
     store: &mut ReplicaStore,
+    history: &mut EpochHistory,
     stop: &AtomicBool,
     progress: &Progress,
 ) -> Result<(), Ended> {
     let drop_ = Ended::Dropped;
     let sock = connect(&cfg.leader).map_err(drop_)?;
     sock.set_nodelay(true).map_err(drop_)?;
+    *progress.sock.lock().unwrap_or_else(|e| e.into_inner()) = sock.try_clone().ok();
+    if stop.load(Ordering::SeqCst) {
+        return Ok(());
+    }
     // the leader heartbeats every HEARTBEAT; silence for longer means it is gone
     sock.set_read_timeout(Some(SILENCE)).map_err(drop_)?;
     sock.set_write_timeout(Some(SILENCE)).map_err(drop_)?;
@@ -136,7 +161,7 @@ fn session(
         &Frame::Hello {
             version: VERSION,
             node: cfg.node_id.clone(),
-            epoch: 0,
+            epoch: history.last_epoch(),
             log_end,
             journal_pos,
             segment_size: store.segment_size(),
@@ -146,8 +171,51 @@ fn session(
     sock.write_all(&out).map_err(drop_)?;
     let mut buf = BytesMut::with_capacity(64 << 10);
     match read_frame(&mut sock, &mut buf).map_err(drop_)? {
-        Frame::Welcome { node, epoch } => {
-            tracing::info!(leader = %node, epoch, log_end, journal_pos, "follower: connected to the leader");
+        Frame::Welcome {
+            node,
+            epoch,
+            log_from,
+            journal_from,
+            history: theirs,
+        } => {
+            let fatal = |e| Ended::Fatal(FollowerError::Write(e));
+            if log_from > log_end || journal_from > journal_pos {
+                return Err(Ended::Dropped(std::io::Error::other(format!(
+                    "the leader would ship from {log_from}/{journal_from}, past this copy's \
+                     {log_end}/{journal_pos}"
+                ))));
+            }
+            // truncation first, durable, and only then the leader's history: a crash in
+            // between states the old epoch again and gets the same answer
+            if log_from < log_end {
+                store.truncate_log(log_from).map_err(fatal)?;
+                tracing::info!(
+                    from = log_end,
+                    to = log_from,
+                    epoch,
+                    "follower: truncated a divergent commitlog suffix of an older term"
+                );
+            }
+            if journal_from < journal_pos {
+                if journal_from != 0 {
+                    return Err(Ended::Dropped(std::io::Error::other(format!(
+                        "the leader asks to cut the journal at {journal_from}; only a reset \
+                         to 0 is supported"
+                    ))));
+                }
+                store.reset_journal().map_err(fatal)?;
+                tracing::info!(
+                    from = journal_pos,
+                    epoch,
+                    "follower: dropped a journal copy that diverged in an older term; refetching"
+                );
+            }
+            store.sync().map_err(fatal)?;
+            history
+                .replace(&cfg.data_dir, &theirs)
+                .map_err(|e| Ended::Fatal(FollowerError::Epochs(e)))?;
+            tracing::info!(leader = %node, epoch, log_end = log_from, journal_pos = journal_from,
+                "follower: connected to the leader");
         }
         Frame::Refused { reason } => return Err(Ended::Fatal(FollowerError::Refused(reason))),
         other => {

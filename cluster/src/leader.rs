@@ -30,6 +30,7 @@ use triad_store::replica::ReplicaGate;
 use triad_store::store::Store;
 
 use crate::codec::{self, Frame, MAX_CHUNK, MAX_FRAME, VERSION};
+use crate::epochs::EpochHistory;
 use crate::status::{EndSamples, LeaderStatus, ReplicaStatus};
 use crate::tls::Link;
 
@@ -51,8 +52,11 @@ pub struct LeaderConfig {
     pub node_id: String,
     /// The replication listener's address.
     pub listen: String,
-    /// The term (phase 1: static, 0).
+    /// The term: the election's epoch (0 for a static leader).
     pub epoch: u64,
+    /// This node's epoch history, its own term included (empty for a static leader):
+    /// what it answers a follower that last saw an older term.
+    pub history: EpochHistory,
     /// Replicas (the leader included) that must hold a record before it is confirmed
     /// (sync mode) and that must be in sync for confirms to be given at all.
     pub min_insync: usize,
@@ -125,6 +129,17 @@ impl Leader {
         cfg: LeaderConfig,
     ) -> std::io::Result<Leader> {
         let listener = TcpListener::bind(&cfg.listen)?;
+        Leader::start_on(listener, store, gate, cfg)
+    }
+
+    /// [`Leader::start`] on a listener bound already (an elected node binds it before
+    /// the election, to advertise its address); `cfg.listen` is not used.
+    pub fn start_on(
+        listener: TcpListener,
+        store: Arc<Store>,
+        gate: Arc<ReplicaGate>,
+        cfg: LeaderConfig,
+    ) -> std::io::Result<Leader> {
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let end = store.commitlog().end();
@@ -305,11 +320,10 @@ impl Shared {
         self.recompute();
     }
 
-    /// Why a follower's Hello is refused, if it is.
+    /// Why a follower's Hello is refused, if it is (after its epoch's truncation).
     fn refusal(
         &self,
         version: u16,
-        node: &str,
         log_end: u64,
         journal_pos: u64,
         segment_size: u64,
@@ -341,11 +355,44 @@ impl Shared {
                 "the leader no longer holds the follower's log end {log_end} ({e}); start the \
                  follower from an empty data directory taken from a copy of the leader's"
             ))
-        } else if self.lock().values().any(|f| f.node == node) {
-            Some(format!("a follower named {node:?} is already connected"))
         } else {
             None
         }
+    }
+
+    /// Leader-epoch truncation: where a follower whose last epoch is `epoch` and whose
+    /// copy ends at (`log_end`, `journal_pos`) resumes. What it holds past the end of its
+    /// last epoch in this leader's history was written by a leader that lost that term.
+    /// A follower that has seen a later term than this leader's is an error: this leader
+    /// is stale (about to be fenced), and closing makes the follower look again.
+    fn resume_point(
+        &self,
+        node: &str,
+        epoch: u64,
+        log_end: u64,
+        journal_pos: u64,
+    ) -> std::io::Result<(u64, u64)> {
+        if epoch > self.cfg.epoch {
+            return Err(invalid(&format!(
+                "follower {node} has seen epoch {epoch}, later than this leader's {}",
+                self.cfg.epoch
+            )));
+        }
+        let cut = if epoch < self.cfg.epoch {
+            self.cfg.history.end_of(epoch)
+        } else {
+            None
+        };
+        let log_from = cut.map_or(log_end, |(l, _)| l.min(log_end));
+        let journal_from = match cut {
+            Some((_, j)) if journal_pos > j => 0,
+            _ => journal_pos,
+        };
+        if (log_from, journal_from) != (log_end, journal_pos) {
+            tracing::info!(%node, epoch, log_end, log_from, journal_pos, journal_from,
+                "replication: the follower holds a suffix of an older term; it truncates");
+        }
+        Ok((log_from, journal_from))
     }
 
     fn session(
@@ -367,7 +414,7 @@ impl Shared {
         let Frame::Hello {
             version,
             node,
-            epoch: _,
+            epoch,
             log_end,
             journal_pos,
             segment_size,
@@ -375,7 +422,15 @@ impl Shared {
         else {
             return Err(invalid("the first frame is not Hello"));
         };
-        let refusal = self.refusal(version, &node, log_end, journal_pos, segment_size);
+        let (log_end, journal_pos) = self.resume_point(&node, epoch, log_end, journal_pos)?;
+        let refusal = self.refusal(version, log_end, journal_pos, segment_size);
+        if refusal.is_none() && self.lock().values().any(|f| f.node == node) {
+            // transient (its previous connection is not timed out yet): closed without
+            // a refusal, so the follower retries rather than stops
+            return Err(invalid(&format!(
+                "a follower named {node:?} is already connected"
+            )));
+        }
         if let Some(reason) = refusal {
             tracing::warn!(%node, %peer, %reason, "replication: follower refused");
             send(&mut sock, &Frame::Refused { reason })?;
@@ -386,6 +441,9 @@ impl Shared {
             &Frame::Welcome {
                 node: self.cfg.node_id.clone(),
                 epoch: self.cfg.epoch,
+                log_from: log_end,
+                journal_from: journal_pos,
+                history: self.cfg.history.entries().to_vec(),
             },
         )?;
         tracing::info!(%node, %peer, log_end, journal_pos, "replication: follower connected");

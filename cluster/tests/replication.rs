@@ -54,6 +54,7 @@ fn start_leader(
             node_id: "l".into(),
             listen: "127.0.0.1:0".into(),
             epoch: 0,
+            history: Default::default(),
             min_insync,
             replica_lag_max,
             tls: None,
@@ -368,4 +369,130 @@ fn a_follower_of_a_compacting_leader_promotes_to_the_leaders_unacked_messages() 
         })
         .collect();
     assert_eq!(got, want);
+}
+
+/// Leader-epoch truncation in one process: leader A (epoch 1) and follower B; B stops;
+/// A writes more alone and closes as a broker; B leads epoch 5 and writes; A's directory
+/// drops its broker state, follows B (truncating its lone suffix) and, promoted, holds
+/// exactly B's messages.
+#[test]
+fn a_demoted_leader_truncates_its_lone_suffix_and_holds_the_new_leaders_log() {
+    use triad_cluster::codec::EpochEntry;
+    use triad_cluster::epochs::EpochHistory;
+    use triad_store::replica::{drop_broker_state, ReplicaStore};
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let term = |dir: &Path, epoch: u64| {
+        let (log_start, journal_start) = {
+            let r = ReplicaStore::open(dir, SEG).unwrap();
+            (r.log_end(), r.journal_pos())
+        };
+        let mut h = EpochHistory::load(dir).unwrap();
+        h.append(
+            dir,
+            EpochEntry {
+                epoch,
+                log_start,
+                journal_start,
+            },
+        )
+        .unwrap();
+        h
+    };
+    let leader_on = |dir: &Path, epoch: u64, history: EpochHistory| {
+        let gate = ReplicaGate::new(false);
+        let store = leader_store(dir, &gate);
+        let leader = Leader::start(
+            store.clone(),
+            gate,
+            LeaderConfig {
+                node_id: format!("n{epoch}"),
+                listen: "127.0.0.1:0".into(),
+                epoch,
+                history,
+                min_insync: 1,
+                replica_lag_max: 1 << 20,
+            },
+        )
+        .unwrap();
+        (store, leader)
+    };
+    let bodies = |store: &Store| {
+        let q = store.find_queue("/", "q").expect("queue");
+        let n = store.queue_next_offset(q).unwrap();
+        (0..n)
+            .map(|i| {
+                let e = store.entry(q, i).unwrap();
+                String::from_utf8(store.read(e.commit_offset).unwrap().body.to_vec()).unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+
+    // term 1: A leads, B follows and gets messages 0..100
+    let history = term(a.path(), 1);
+    let (store, leader) = leader_on(a.path(), 1, history);
+    let q = store.create_queue("/", "q", true).unwrap();
+    let mut fb = RunningFollower::start("b", &leader, b.path());
+    for i in 0..100 {
+        publish(&store, q, i).wait().unwrap();
+    }
+    let end = store.commitlog().end();
+    eventually("b has term 1's messages", || {
+        fb.progress.log_durable.load(Ordering::SeqCst) >= end
+    });
+    fb.stop().unwrap();
+    // A goes on alone (nobody has these), then closes as a broker (checkpoint and all)
+    for i in 1000..1050 {
+        publish(&store, q, i).wait().unwrap();
+    }
+    drop(leader);
+    // the leader's sender threads let go of the store within a heartbeat
+    let mut held = Some(store);
+    eventually("a's store let go", || {
+        match Arc::try_unwrap(held.take().unwrap()) {
+            Ok(s) => {
+                s.close().unwrap();
+                true
+            }
+            Err(s) => {
+                held = Some(s);
+                false
+            }
+        }
+    });
+    assert!(a.path().join("checkpoint").exists());
+
+    // term 5: B leads and writes
+    let history = term(b.path(), 5);
+    assert_eq!(
+        history.entries().len(),
+        2,
+        "b adopted term 1, then began term 5"
+    );
+    let (store, leader) = leader_on(b.path(), 5, history);
+    let q = store.find_queue("/", "q").unwrap();
+    for i in 2000..2020 {
+        publish(&store, q, i).wait().unwrap();
+    }
+    let want = bodies(&store);
+    assert_eq!(want.len(), 120);
+
+    // A comes back as B's follower
+    assert!(drop_broker_state(a.path()).unwrap());
+    assert!(!a.path().join("checkpoint").exists());
+    assert!(!a.path().join("consumequeue").exists());
+    let mut fa = RunningFollower::start("a", &leader, a.path());
+    let end = store.commitlog().end();
+    // its log was longer (its lone suffix): equal once truncated and caught up
+    eventually("a has caught up with b", || {
+        fa.progress.log_durable.load(Ordering::SeqCst) == end
+    });
+    fa.stop().unwrap();
+    assert_eq!(EpochHistory::load(a.path()).unwrap().last_epoch(), 5);
+    drop(leader);
+    drop(store);
+    // promoted, A holds exactly B's messages: none of its lone 1000..1050
+    let promoted = open_replica(a.path());
+    assert_eq!(promoted.commitlog().end(), end);
+    assert_eq!(bodies(&promoted), want);
 }

@@ -959,6 +959,25 @@ impl CommitLog {
             .ok_or_else(|| StoreError::Invalid(format!("commitlog range {from}..{to}")))
     }
 
+    /// Cuts a follower's log at `offset` (a divergent suffix from an older leader term):
+    /// segments wholly after it are deleted, the rest of its segment zeroed and flushed.
+    /// `offset` must be held and not past the end. Only for a log that has no other
+    /// writer (a follower's).
+    pub fn truncate(&self, offset: u64) -> Result<()> {
+        let end = self.end();
+        if offset >= end {
+            return Ok(());
+        }
+        if offset < self.min_offset() {
+            return Err(StoreError::Invalid(format!(
+                "cannot truncate the commitlog to {offset}, below its first offset {}",
+                self.min_offset()
+            )));
+        }
+        let segs = self.segment_list();
+        self.cut_after(&segs, offset, true, true).map(|_| ())
+    }
+
     /// Writes `data` at `offset` as a follower copies the leader's log: `offset` must not
     /// be past the end (a gap is refused); bytes below the end must equal what is there
     /// (an overlap that differs is refused, one that agrees is skipped); the rest is

@@ -34,6 +34,9 @@ struct GateState {
     /// Set while fewer than `min_insync` replicas are in sync: waits above `replicated`
     /// fail with this reason.
     refusing: Option<String>,
+    /// Set when this node stopped being the leader (its lease is gone): every wait fails,
+    /// whatever its offset and mode, for good.
+    fenced: Option<String>,
     wakers: Vec<(u64, Waker)>,
 }
 
@@ -47,6 +50,8 @@ pub struct ReplicaGate {
     /// do not wait (the broker's own start-up records, such as an MQTT state migration,
     /// must not need followers that have not connected yet; no client is served before).
     armed: std::sync::atomic::AtomicBool,
+    /// [`ReplicaGate::fence`] was called (the reason is in the state).
+    fenced: std::sync::atomic::AtomicBool,
     /// The highest commitlog end appended (for the senders).
     written: AtomicU64,
     /// Senders waiting in [`ReplicaGate::wait_appended`].
@@ -65,11 +70,13 @@ impl ReplicaGate {
         Arc::new(ReplicaGate {
             sync,
             armed: std::sync::atomic::AtomicBool::new(false),
+            fenced: std::sync::atomic::AtomicBool::new(false),
             written: AtomicU64::new(0),
             sleepers: AtomicUsize::new(0),
             state: Mutex::new(GateState {
                 replicated: 0,
                 refusing: sync.then(|| "no replica is in sync yet".to_string()),
+                fenced: None,
                 wakers: Vec::new(),
             }),
             progress: Condvar::new(),
@@ -93,7 +100,28 @@ impl ReplicaGate {
     }
 
     fn gates(&self) -> bool {
-        self.sync && self.armed.load(Ordering::SeqCst)
+        (self.sync && self.armed.load(Ordering::SeqCst)) || self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Fencing (a leader that lost its lease): from now on every durability wait, pending
+    /// or new, in sync or async mode, fails with [`StoreError::NotEnoughReplicas`]
+    /// (`reason`), so nothing more is confirmed. There is no way back: the node leaves
+    /// the leader role.
+    pub fn fence(&self, reason: &str) {
+        let mut st = self.lock();
+        st.fenced = Some(format!("fenced: {reason}"));
+        self.fenced.store(true, Ordering::SeqCst);
+        let ready: Vec<Waker> = st.wakers.drain(..).map(|(_, w)| w).collect();
+        drop(st);
+        self.progress.notify_all();
+        for w in ready {
+            w.wake();
+        }
+    }
+
+    /// Whether [`ReplicaGate::fence`] was called.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
     }
 
     /// The store appended up to `end` (called on every append).
@@ -164,6 +192,9 @@ impl ReplicaGate {
     }
 
     fn verdict(&self, st: &GateState, offset: u64) -> Option<Result<()>> {
+        if let Some(why) = &st.fenced {
+            return Some(Err(StoreError::NotEnoughReplicas(why.clone())));
+        }
         if !self.gates() || st.replicated >= offset {
             return Some(Ok(()));
         }
@@ -174,7 +205,11 @@ impl ReplicaGate {
 
     /// Whether `offset` is replicated enough (never blocks).
     pub fn reached(&self, offset: u64) -> bool {
-        !self.gates() || self.lock().replicated >= offset
+        if !self.gates() {
+            return true;
+        }
+        let st = self.lock();
+        st.fenced.is_none() && st.replicated >= offset
     }
 
     pub(crate) fn poll(&self, offset: u64, cx: &mut Context<'_>) -> Poll<Result<()>> {
@@ -311,6 +346,42 @@ impl ReplicaStore {
         self.log.write_raw(offset, data)
     }
 
+    /// Cuts the commitlog at `offset` (a divergent suffix of an older term; see the
+    /// cluster crate's epoch history). Durable once this returns.
+    pub fn truncate_log(&mut self, offset: u64) -> Result<()> {
+        self.log.truncate(offset)?;
+        self.log_synced = self.log_synced.min(self.log.end());
+        Ok(())
+    }
+
+    /// Drops the whole journal copy (it holds records of an older term that the leader
+    /// does not have): every journal and snapshot file goes, and the copy starts again at
+    /// position 0 (the leader ships its snapshot, then the records after it). Durable
+    /// once this returns.
+    pub fn reset_journal(&mut self) -> Result<()> {
+        self.snapshot = None;
+        for prefix in ["journal-", "snapshot-"] {
+            for p in list(&self.meta_dir, prefix)? {
+                let path = self.meta_dir.join(format!("{prefix}{p:020}"));
+                std::fs::remove_file(&path).map_err(StoreError::at(&path))?;
+            }
+        }
+        let (jname, _) = crate::journal::file_names(0);
+        let jpath = self.meta_dir.join(jname);
+        let journal = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&jpath)
+            .map_err(StoreError::at(&jpath))?;
+        journal.sync_all().map_err(StoreError::at(&jpath))?;
+        sync_dir(&self.meta_dir)?;
+        self.journal = journal;
+        self.journal_path = jpath;
+        self.journal_pos = 0;
+        self.journal_synced = 0;
+        Ok(())
+    }
+
     /// Appends the leader's journal bytes at `pos`, which must be this copy's position
     /// (anything else is refused: the leader ships from the position the follower
     /// states).
@@ -417,6 +488,40 @@ impl ReplicaStore {
         }
         Ok((self.log_synced, self.journal_synced))
     }
+}
+
+/// What a broker derives from its two logs (rebuilt by recovery's full replay).
+const DERIVED: [&str; 4] = ["consumequeue", "sharedcq", "index", "timer"];
+
+/// Demotion (a leader's data directory about to be a follower's): removes what a broker
+/// derives from the logs (consume queues, the index, delayed-message timers) and, last,
+/// its checkpoint, so that a later promotion replays the whole log, as from a follower's
+/// copy. The two logs stay. Returns whether there was a broker's state to drop. Takes
+/// the directory's lock while it works (fails if a broker or follower holds it).
+pub fn drop_broker_state(dir: &Path) -> Result<bool> {
+    let ckpt = dir.join("checkpoint");
+    if !ckpt.exists() {
+        return Ok(false);
+    }
+    let _lock = lock_dir(dir)?;
+    // marked unclean first: a promotion after a crash in here runs the full recovery
+    let abort = dir.join("abort");
+    File::create(&abort)
+        .and_then(|f| f.sync_all())
+        .map_err(StoreError::at(&abort))?;
+    for d in DERIVED {
+        let p = dir.join(d);
+        match std::fs::remove_dir_all(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::io(&p, e)),
+        }
+    }
+    sync_dir(dir)?;
+    // the checkpoint last: until it is gone, a restart drops the state again
+    std::fs::remove_file(&ckpt).map_err(StoreError::at(&ckpt))?;
+    sync_dir(dir)?;
+    Ok(true)
 }
 
 fn list(dir: &Path, prefix: &str) -> Result<Vec<u64>> {
@@ -542,6 +647,96 @@ mod tests {
     }
 
     #[test]
+    fn a_truncated_copy_takes_a_different_suffix_and_a_reset_journal_refills_from_zero() {
+        let l = tempfile::tempdir().unwrap();
+        let l2 = tempfile::tempdir().unwrap();
+        let f = tempfile::tempdir().unwrap();
+        // two leaders whose logs agree up to record 20, then differ
+        let (log, offs) = leader(l.path(), 30);
+        let (other, offs2) = leader(l2.path(), 20);
+        assert_eq!(offs2[..], offs[..20]);
+        assert_eq!(
+            other.read_raw(0, 1 << 20).unwrap(),
+            log.read_raw(0, other.end()).unwrap()
+        );
+        {
+            let mut w = other.writer().unwrap();
+            for i in 0..15u8 {
+                let body = vec![200 + (i % 50); 500];
+                let msg = NewMessage {
+                    queues: &[2],
+                    body: &body,
+                    ..Default::default()
+                };
+                let len = message_len(&msg).unwrap() as u64;
+                other
+                    .append(&mut w, len, |b| encode_message(b, &msg, 9, &[0]))
+                    .unwrap();
+                other.publish(&w);
+            }
+        }
+        let mut r = ReplicaStore::open(f.path(), 4096).unwrap();
+        ship(&log, &mut r, 1000);
+        r.sync().unwrap();
+        // following the other leader from where they agree: refused until truncated
+        let from = offs[20];
+        let err = r
+            .write_log(from, &other.read_raw(from, 4096).unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains("differ"), "{err}");
+        r.truncate_log(from).unwrap();
+        assert_eq!(r.log_end(), from);
+        ship(&other, &mut r, 700);
+        assert_eq!(r.sync().unwrap().0, other.end());
+        drop(r);
+        // reopened (recovery), the copy is the other leader's, record for record
+        let r = ReplicaStore::open(f.path(), 4096).unwrap();
+        assert_eq!(r.log_end(), other.end());
+        let copy = CommitLog::open(&f.path().join("commitlog"), 4096).unwrap();
+        drop(r);
+        let mut theirs = Vec::new();
+        other
+            .recover(0, false, false, |o, _| {
+                theirs.push(o);
+                Ok(())
+            })
+            .unwrap();
+        let mut mine = Vec::new();
+        copy.recover(0, true, false, |o, _| {
+            mine.push(o);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(mine, theirs);
+
+        // the journal: reset, then filled again from position 0
+        use crate::journal::{MetaOp, RawJournal};
+        let jl = tempfile::tempdir().unwrap();
+        let j = MetaJournal::open(jl.path(), u64::MAX).unwrap();
+        for i in 0..5u8 {
+            j.commit(vec![MetaOp::put(vec![b'k', i], vec![i; 10])])
+                .unwrap();
+        }
+        let mut r = ReplicaStore::open(f.path(), 4096).unwrap();
+        let fill = |r: &mut ReplicaStore| {
+            while let Some(RawJournal::Records { pos, bytes }) =
+                j.read_raw(r.journal_pos(), 1000).unwrap()
+            {
+                r.write_journal(pos, &bytes).unwrap();
+            }
+            r.sync().unwrap();
+        };
+        r.write_journal(0, b"garbage of another term").unwrap();
+        r.sync().unwrap();
+        r.reset_journal().unwrap();
+        assert_eq!(r.journal_pos(), 0);
+        fill(&mut r);
+        drop(r);
+        let copy = MetaJournal::open(&f.path().join("meta"), u64::MAX).unwrap();
+        assert_eq!(copy.scan(&[]).unwrap(), j.scan(&[]).unwrap());
+    }
+
+    #[test]
     fn a_leader_refuses_offsets_it_no_longer_holds() {
         let l = tempfile::tempdir().unwrap();
         let (log, _) = leader(l.path(), 40);
@@ -635,5 +830,55 @@ mod tests {
         g.wait(10).unwrap();
         // async mode never waits
         ReplicaGate::new(false).wait(u64::MAX).unwrap();
+    }
+
+    #[test]
+    fn a_fenced_gate_fails_every_pending_and_new_wait_in_both_modes() {
+        for sync in [true, false] {
+            let g = ReplicaGate::new(sync);
+            g.arm();
+            g.set(100, None);
+            let pending = {
+                let g = g.clone();
+                std::thread::spawn(move || g.wait(200))
+            };
+            // an async future pending on the gate is woken too
+            let waker_hit = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            struct Flag(Arc<std::sync::atomic::AtomicBool>);
+            impl std::task::Wake for Flag {
+                fn wake(self: Arc<Self>) {
+                    self.0.store(true, Ordering::SeqCst);
+                }
+            }
+            let waker = Waker::from(Arc::new(Flag(waker_hit.clone())));
+            let mut cx = Context::from_waker(&waker);
+            if sync {
+                assert!(g.poll(300, &mut cx).is_pending());
+            }
+            g.fence("the lease is gone");
+            assert!(g.is_fenced());
+            if sync {
+                assert!(matches!(
+                    pending.join().unwrap(),
+                    Err(StoreError::NotEnoughReplicas(_))
+                ));
+                assert!(waker_hit.load(Ordering::SeqCst));
+            } else {
+                // async mode: that wait had nothing to wait for, so it either returned
+                // before the fence or fails after it; never blocks
+                let _ = pending.join().unwrap();
+            }
+            // new waits fail, below the replicated offset too, and whatever is set later
+            g.set(u64::MAX, None);
+            for off in [0, 50, 500] {
+                let err = g.wait(off).unwrap_err();
+                assert!(err.to_string().contains("lease is gone"), "{err}");
+                assert!(!g.reached(off));
+                assert!(matches!(
+                    g.poll(off, &mut cx),
+                    Poll::Ready(Err(StoreError::NotEnoughReplicas(_)))
+                ));
+            }
+        }
     }
 }

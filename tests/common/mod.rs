@@ -457,5 +457,7 @@ pub mod amqp;
 /// Replication: follower processes, cluster configs, a fault-injecting TCP proxy (see
 /// `cluster.rs`).
 pub mod cluster;
+/// A `triad` process a cluster test drives (follower, role changes, restarts).
+pub mod proc;
 /// Raw STOMP and MQTT clients, a seeded RNG and an RSS reader (see `raw.rs`).
 pub mod raw;

@@ -1,0 +1,504 @@
+//! Replication, phase 2 (issue 18), with the real binary and a real etcd: the leader is
+//! elected, fails over when killed, the old leader rejoins as a follower (truncating
+//! what it wrote that the new leader does not have), and a leader that cannot renew its
+//! lease stops confirming within the TTL.
+//!
+//! Skipped (with a printed message) only when the `etcd` binary is absent; `.ci/run`
+//! installs Debian's `etcd-server`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::amqp::{connect, declare_durable, drain, publish_numbered};
+use common::ephemeral_listen_args;
+use common::proc::Proc;
+use triad_cluster::election::{election_key, Etcd, NodeInfo};
+use triad_cluster::testing::EtcdServer;
+use triad_core::testing::eventually_blocking;
+
+const T: Duration = Duration::from_secs(30);
+const TTL: Duration = Duration::from_secs(2);
+
+fn node_config(root: &Path, name: &str, etcd: &str, min_insync: u32, mode: &str) -> Proc {
+    let config = root.join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[cluster]\nnode_id = \"{name}\"\netcd = [\"{etcd}\"]\nlisten = \"127.0.0.1:0\"\n\
+             lease_ttl = \"2s\"\n[replication]\nmode = \"{mode}\"\nmin_insync = {min_insync}\n\
+             replica_lag_max = \"16 MiB\"\n",
+            common::TEST_CONFIG
+        ),
+    )
+    .unwrap();
+    Proc::start(name, &root.join(name), &config, &ephemeral_listen_args())
+}
+
+async fn publish(
+    addr: SocketAddr,
+    queue: &str,
+    start: u64,
+    count: u64,
+    confirmed: Arc<Mutex<BTreeSet<u64>>>,
+    nacked: Arc<Mutex<BTreeSet<u64>>>,
+) {
+    let Ok(conn) = connect(addr).await else {
+        return;
+    };
+    let Ok(ch) = conn.create_channel().await else {
+        return;
+    };
+    if declare_durable(&ch, queue).await.is_err() {
+        return;
+    }
+    publish_numbered(&ch, queue, start, count, &confirmed, Some(&nacked)).await;
+}
+
+fn numbers(bodies: &[Vec<u8>]) -> Vec<u64> {
+    bodies
+        .iter()
+        .map(|b| u64::from_le_bytes(b.as_slice().try_into().unwrap()))
+        .collect()
+}
+
+/// The index of the one node that leads (logged `broker ready` since its last start).
+fn leader_of(nodes: &[Proc]) -> Option<usize> {
+    let ready: Vec<usize> = (0..nodes.len())
+        .filter(|&i| nodes[i].count("broker ready") > nodes[i].count("leadership lost"))
+        .collect();
+    match ready.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
+}
+
+#[test]
+fn three_nodes_elect_a_leader_fail_over_on_kill_9_and_the_old_leader_rejoins() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = etcd.url();
+    let mut nodes: Vec<Proc> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node_config(root.path(), n, &url, 2, "sync"))
+        .collect();
+    let first = eventually_blocking("one leader", T, || leader_of(&nodes));
+    for (i, n) in nodes.iter_mut().enumerate() {
+        if i != first {
+            n.wait_for_log("follower: connected to the leader", T);
+        }
+    }
+    eprintln!("leader: {}", nodes[first].name);
+    let addr = nodes[first].addr("amqp");
+    // the election key names the leader, its replication and its client addresses
+    let etcd_client = Etcd::new(std::slice::from_ref(&url), T);
+    let want = NodeInfo {
+        node: nodes[first].name.clone(),
+        replication: nodes[first].addr("replication").to_string(),
+        clients: ["amqp", "http", "mqtt", "stomp"]
+            .iter()
+            .map(|p| (p.to_string(), nodes[first].addr(p).to_string()))
+            .collect(),
+    };
+    eventually_blocking("the leader's client addresses in the key", T, || {
+        let h = rt
+            .block_on(etcd_client.holder(&election_key("default")))
+            .unwrap()
+            .unwrap();
+        NodeInfo::from_json(&h.value) == Some(want.clone())
+    });
+
+    // confirmed publishing (sync mode, min_insync 2), then a publisher in flight when
+    // the leader is killed
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    eventually_blocking("a follower in sync", T, || {
+        nodes[first].count("joined the in-sync set") >= 1
+    });
+    rt.block_on(publish(
+        addr,
+        "q",
+        0,
+        1_000,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 1_000, "all confirmed");
+    let publisher = {
+        let (c, n) = (confirmed.clone(), nacked.clone());
+        rt.spawn(async move { publish(addr, "q", 1_000_000, 1_000_000, c, n).await })
+    };
+    eventually_blocking("more confirms in flight", T, || {
+        confirmed.lock().unwrap().len() > 1_500
+    });
+    nodes[first].kill9();
+    let killed = Instant::now();
+    rt.block_on(async {
+        let _ = tokio::time::timeout(Duration::from_secs(10), publisher).await;
+    });
+    let confirmed = confirmed.lock().unwrap().clone();
+
+    // a new leader, among the other two
+    let second = eventually_blocking("a new leader", T, || {
+        (0..3).find(|&i| i != first && nodes[i].count("broker ready") > 0)
+    });
+    let failover = killed.elapsed();
+    eprintln!(
+        "failover: {} leads after {failover:?} (lease TTL {TTL:?}); {} confirmed, {} nacked",
+        nodes[second].name,
+        confirmed.len(),
+        nacked.lock().unwrap().len()
+    );
+    assert!(failover < T, "failover took {failover:?}");
+    let addr = nodes[second].addr("amqp");
+    let got = numbers(&rt.block_on(drain(addr, "q", T)));
+    let got_set: BTreeSet<u64> = got.iter().copied().collect();
+    let missing: Vec<_> = confirmed.difference(&got_set).take(10).collect();
+    assert!(
+        missing.is_empty(),
+        "confirmed messages missing on the new leader (first few): {missing:?}"
+    );
+    let duplicates = got.len() - got_set.len();
+    eprintln!(
+        "new leader: {} consumed, {duplicates} duplicates, {} unconfirmed extra",
+        got.len(),
+        got_set.difference(&confirmed).count()
+    );
+    assert_eq!(duplicates, 0, "duplicates");
+
+    // the old leader comes back: it drops its broker state, truncates what the new
+    // leader does not have, and follows
+    nodes[first].restart();
+    nodes[first].wait_for_log("follower: connected to the leader", T);
+    let old = nodes[first].name.clone();
+    eventually_blocking("the old leader back in sync", T, || {
+        nodes[second].count(&format!("joined the in-sync set node={old}")) >= 1
+    });
+    // and what it holds is the new leader's: a publish is confirmed with it in sync
+    let c2 = Arc::new(Mutex::new(BTreeSet::new()));
+    let n2 = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(publish(addr, "q2", 0, 100, c2.clone(), n2.clone()));
+    assert_eq!(c2.lock().unwrap().len(), 100);
+    assert!(nodes[first].is_running(), "the old leader still follows");
+    drop(etcd);
+}
+
+#[test]
+fn a_leader_that_cannot_renew_its_lease_stops_confirming_within_the_ttl_and_rejoins() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // one node: min_insync 1, async mode (fencing must hold there too)
+    let mut node = node_config(root.path(), "solo", &etcd.url(), 1, "async");
+    node.wait_for_log("broker ready", T);
+    let addr = node.addr("amqp");
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(publish(
+        addr,
+        "f",
+        0,
+        100,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 100);
+
+    // etcd stops answering: the lease cannot be renewed
+    etcd.pause();
+    let paused = Instant::now();
+    node.wait_for_log("leadership lost", T);
+    let fenced_after = paused.elapsed();
+    eprintln!("fenced {fenced_after:?} after etcd stopped answering (TTL {TTL:?})");
+    assert!(
+        fenced_after <= TTL + Duration::from_millis(500),
+        "fenced after {fenced_after:?}, past the TTL"
+    );
+    // nothing is confirmed from now on (nacked, or the connection is closed)
+    let c2 = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(async {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            publish(addr, "f", 1_000, 50, c2.clone(), nacked.clone()),
+        )
+        .await;
+    });
+    assert!(
+        c2.lock().unwrap().is_empty(),
+        "a fenced leader confirmed {:?}",
+        c2.lock().unwrap()
+    );
+
+    // etcd back: the node re-executes, is elected again, and serves what it confirmed
+    etcd.resume();
+    node.wait_for_count("elected leader", 2, T);
+    node.wait_for_count("broker ready", 2, T);
+    let addr = node.addr("amqp");
+    let got: BTreeSet<u64> = numbers(&rt.block_on(drain(addr, "f", T)))
+        .into_iter()
+        .collect();
+    let confirmed = confirmed.lock().unwrap().clone();
+    assert!(confirmed.is_subset(&got), "confirmed messages lost");
+}
+
+#[test]
+fn an_old_leader_truncates_what_it_wrote_alone_then_follows_the_new_leader() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = etcd.url();
+    let mut nodes: Vec<Proc> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node_config(root.path(), n, &url, 2, "sync"))
+        .collect();
+    let old = eventually_blocking("one leader", T, || leader_of(&nodes));
+    let followers: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+    for &i in &followers {
+        nodes[i].wait_for_log("follower: connected to the leader", T);
+    }
+    eventually_blocking("a follower in sync", T, || {
+        nodes[old].count("joined the in-sync set") >= 1
+    });
+    let addr = nodes[old].addr("amqp");
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(publish(
+        addr,
+        "d",
+        0,
+        200,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 200);
+
+    // both followers die; the leader goes on writing what it cannot confirm (nacked),
+    // then dies too: those records are on its disk only
+    for &i in &followers {
+        nodes[i].kill9();
+    }
+    eventually_blocking("both followers gone", T, || {
+        nodes[old].count("follower disconnected") >= 2
+    });
+    rt.block_on(publish(
+        addr,
+        "d",
+        1_000,
+        300,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(nacked.lock().unwrap().len(), 300, "nacked, never confirmed");
+    assert_eq!(confirmed.lock().unwrap().len(), 200);
+    nodes[old].kill9();
+
+    // the followers come back and elect one of them (once the old lease has expired)
+    for &i in &followers {
+        nodes[i].restart();
+    }
+    let new = eventually_blocking("a new leader", T, || {
+        followers
+            .iter()
+            .copied()
+            .find(|&i| nodes[i].count("broker ready") > 0)
+    });
+    let other = followers.iter().copied().find(|&i| i != new).unwrap();
+    nodes[other].wait_for_log("follower: connected to the leader", T);
+    let addr = nodes[new].addr("amqp");
+    rt.block_on(publish(
+        addr,
+        "d",
+        2_000,
+        100,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 300);
+
+    // the old leader restarts: it truncates its lone suffix and follows
+    nodes[old].restart();
+    nodes[old].wait_for_log("follower: connected to the leader", T);
+    assert_eq!(
+        nodes[old].count("dropped the broker state of an earlier leader term"),
+        1,
+        "the old leader dropped what a follower does not keep"
+    );
+    assert_eq!(
+        nodes[old].count("truncated a divergent commitlog suffix"),
+        1,
+        "the old leader truncated"
+    );
+    let name = nodes[old].name.clone();
+    eventually_blocking("the old leader in sync", T, || {
+        nodes[new].count(&format!("joined the in-sync set node={name}")) >= 1
+    });
+    // what the new leader holds: every confirmed message, none of the nacked ones
+    let got = numbers(&rt.block_on(drain(addr, "d", T)));
+    let got_set: BTreeSet<u64> = got.iter().copied().collect();
+    let confirmed = confirmed.lock().unwrap().clone();
+    assert_eq!(got.len(), got_set.len(), "duplicates");
+    assert_eq!(got_set, confirmed);
+    assert!(nodes[old].is_running());
+    drop(etcd);
+}
+
+#[test]
+fn a_leader_whose_lease_is_revoked_fences_and_the_group_settles_on_one_leader() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = etcd.url();
+    let mut nodes: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|n| node_config(root.path(), n, &url, 1, "async"))
+        .collect();
+    let first = eventually_blocking("one leader", T, || leader_of(&nodes));
+    let other = 1 - first;
+    nodes[other].wait_for_log("follower: connected to the leader", T);
+    let addr = nodes[first].addr("amqp");
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(publish(
+        addr,
+        "r",
+        0,
+        100,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(confirmed.lock().unwrap().len(), 100);
+
+    // somebody revokes the leader's lease: the key goes at once
+    let client = Etcd::new(std::slice::from_ref(&url), T);
+    let key = election_key("default");
+    let held = rt.block_on(client.holder(&key)).unwrap().unwrap();
+    rt.block_on(client.revoke(held.lease)).unwrap();
+    nodes[first].wait_for_log("leadership lost", T);
+    assert!(
+        nodes[first]
+            .log()
+            .contains("the lease is gone (expired or revoked)"),
+        "fenced for the lease"
+    );
+    // the old leader re-executes; one node leads a later term, the other follows it
+    let settled = eventually_blocking("a leader of a later term", T, || {
+        let h = rt.block_on(client.holder(&key)).ok()??;
+        (h.epoch > held.epoch).then_some(h)
+    });
+    let name = NodeInfo::from_json(&settled.value).unwrap().node;
+    let lead = nodes.iter().position(|n| n.name == name).unwrap();
+    let follow = 1 - lead;
+    eventually_blocking("the other follows the new term", T, || {
+        nodes[follow].log().contains(&format!(
+            "follower: connected to the leader leader={name} epoch={}",
+            settled.epoch
+        ))
+    });
+    eventually_blocking("the new leader serves", T, || {
+        nodes[lead].log().matches("broker ready").count() > usize::from(lead == first)
+    });
+    let got: BTreeSet<u64> = numbers(&rt.block_on(drain(nodes[lead].addr("amqp"), "r", T)))
+        .into_iter()
+        .collect();
+    assert!(
+        confirmed.lock().unwrap().is_subset(&got),
+        "confirmed messages lost"
+    );
+    eprintln!(
+        "after the revoke: {} leads epoch {} (was {} at epoch {})",
+        name, settled.epoch, nodes[first].name, held.epoch
+    );
+}
+
+/// The long version, behind `TRIAD_FAILOVER_ROUNDS=N`: `kill -9` the leader of three
+/// nodes N times under confirmed publishing, restarting each killed node (it truncates
+/// and follows); reports the failover times (p50, p99) and checks, at the end, that every
+/// confirmed message is on the last leader, without duplicates. Without the variable it
+/// does nothing (the short version is the test above).
+#[test]
+fn repeated_kill_9_of_the_leader_loses_no_confirmed_message() {
+    let Some(rounds) = std::env::var("TRIAD_FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        eprintln!("set TRIAD_FAILOVER_ROUNDS=N to run N failover rounds");
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = etcd.url();
+    let mut nodes: Vec<Proc> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node_config(root.path(), n, &url, 2, "sync"))
+        .collect();
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    let mut times = Vec::new();
+    let mut leader = eventually_blocking("one leader", T, || leader_of(&nodes));
+    for round in 0..rounds {
+        eventually_blocking("a follower in sync", T, || {
+            nodes[leader].count("joined the in-sync set") >= 1
+        });
+        let addr = nodes[leader].addr("amqp");
+        let before = confirmed.lock().unwrap().len();
+        let publisher = {
+            let (c, n) = (confirmed.clone(), nacked.clone());
+            rt.spawn(async move { publish(addr, "q", round << 32, 1 << 31, c, n).await })
+        };
+        eventually_blocking("confirms in flight", T, || {
+            confirmed.lock().unwrap().len() > before + 300
+        });
+        nodes[leader].kill9();
+        let killed = Instant::now();
+        let old = leader;
+        leader = eventually_blocking("a new leader", T, || {
+            (0..3).find(|&i| i != old && nodes[i].count("broker ready") > 0)
+        });
+        times.push(killed.elapsed());
+        rt.block_on(async {
+            let _ = tokio::time::timeout(Duration::from_secs(10), publisher).await;
+        });
+        nodes[old].restart();
+        nodes[old].wait_for_log("follower: connected to the leader", T);
+    }
+    let confirmed = confirmed.lock().unwrap().clone();
+    let got = numbers(&rt.block_on(drain(nodes[leader].addr("amqp"), "q", T * 4)));
+    let got_set: BTreeSet<u64> = got.iter().copied().collect();
+    let missing: Vec<_> = confirmed.difference(&got_set).take(10).collect();
+    times.sort();
+    let pct = |p: usize| times[((times.len() - 1) * p) / 100];
+    eprintln!(
+        "{rounds} failovers: p50 {:?}, p99 {:?}, max {:?}; {} confirmed, {} consumed, {} \
+         duplicates, {} nacked",
+        pct(50),
+        pct(99),
+        times.last().unwrap(),
+        confirmed.len(),
+        got.len(),
+        got.len() - got_set.len(),
+        nacked.lock().unwrap().len()
+    );
+    assert!(
+        missing.is_empty(),
+        "confirmed messages missing: {missing:?}"
+    );
+    assert_eq!(got.len(), got_set.len(), "duplicates");
+}
