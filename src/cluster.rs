@@ -24,6 +24,7 @@ use triad_store::replica::{ReplicaGate, ReplicaStore};
 use triad_store::store::Store;
 
 use crate::config::{ClusterRole, Config, ReplicationMode};
+use crate::forward::Forwarding;
 
 /// Whether this configuration makes the process a follower.
 pub fn is_follower(config: &Config) -> bool {
@@ -421,6 +422,8 @@ struct Elector {
     listener: std::net::TcpListener,
     /// `[cluster.tls]`, to verify the leader and present this node's certificate.
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// For the client listeners a follower forwards ([`crate::forward::Forwarding`]).
+    config: Config,
 }
 
 impl Elector {
@@ -456,6 +459,7 @@ impl Elector {
             sync: r.mode == ReplicationMode::Sync,
             listener,
             tls: client_tls(config)?,
+            config: config.clone(),
         })
     }
 
@@ -478,7 +482,13 @@ impl Elector {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
-        let won = runtime.block_on(self.campaign_loop(log_end))?;
+        let won = runtime.block_on(async {
+            // while following, client connections are spliced to the leader
+            let forwarding = Forwarding::start(&self.config).await;
+            let won = self.campaign_loop(log_end, &forwarding).await;
+            forwarding.stop().await;
+            won
+        })?;
         drop(runtime);
         let Some(won) = won else {
             return Ok(None);
@@ -575,7 +585,11 @@ impl Elector {
 
     /// Follows whoever holds the election key, campaigns when nobody does; returns the
     /// won term, or `None` on SIGTERM/SIGINT.
-    async fn campaign_loop(&self, mut log_end: u64) -> anyhow::Result<Option<Won>> {
+    async fn campaign_loop(
+        &self,
+        mut log_end: u64,
+        forwarding: &Forwarding,
+    ) -> anyhow::Result<Option<Won>> {
         let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
         let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
         let poll = self.ttl / 3;
@@ -586,7 +600,14 @@ impl Elector {
                     log_end = f.end()?;
                 }
             }
-            match self.etcd.holder(&self.key).await {
+            let holder = self.etcd.holder(&self.key).await;
+            if let Ok(h) = &holder {
+                // (etcd not answering: keep forwarding where we did)
+                let leader = h.as_ref().and_then(|h| NodeInfo::from_json(&h.value));
+                let leader = leader.filter(|i| i.node != self.me.node);
+                forwarding.follow(leader.as_ref().map(|i| i.clients.as_slice()));
+            }
+            match holder {
                 Err(e) => warn!(error = %e, "election: cannot read the election key"),
                 // the same term (its value may change: the leader adds its client
                 // addresses once bound)

@@ -25,6 +25,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::config::Config;
 use crate::listener::Proto;
 
 /// How long a forwarded connection waits for the leader's listener to accept.
@@ -111,6 +112,82 @@ async fn splice(mut client: TcpStream, leader: SocketAddr) -> std::io::Result<()
     let _ = upstream.set_nodelay(true);
     tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
     Ok(())
+}
+
+/// A follower's forwarding, as the election drives it: the client listeners bound for
+/// as long as the node follows, retargeted to each leader the election key names.
+pub struct Forwarding {
+    target: watch::Sender<Option<LeaderListeners>>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarding {
+    /// Binds the client listeners `config` names (the TLS ones only with a certificate
+    /// configured, as the broker does; the bytes pass through, so no certificate is
+    /// read here) and logs `forwarding proto=... addr=...` for each. A listener that
+    /// cannot be bound is skipped with a warning: the node still follows. At most
+    /// `limits.max_connections` connections (or 10,000 when that is 0) are spliced.
+    pub async fn start(config: &Config) -> Forwarding {
+        let tls = config.tls.cert_file.is_some() && config.tls.key_file.is_some();
+        let protos = Proto::ALL
+            .iter()
+            .chain(if tls { &Proto::TLS[..] } else { &[] });
+        let mut listeners = Vec::new();
+        for &proto in protos {
+            let addr = config.listeners.addr(proto);
+            match TcpListener::bind(addr).await {
+                Ok(l) => {
+                    if let Ok(local) = l.local_addr() {
+                        tracing::info!(proto = %proto, addr = %local, "forwarding");
+                    }
+                    listeners.push((proto, l));
+                }
+                Err(e) => {
+                    tracing::warn!(proto = %proto, %addr, error = %e, "cannot listen to forward clients")
+                }
+            }
+        }
+        let max = match config.limits.max_connections {
+            0 => 10_000,
+            n => n as usize,
+        };
+        let (target, rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(listeners, rx, max, stop.clone()));
+        Forwarding { target, stop, task }
+    }
+
+    /// Forward to the client listeners `leader` names (its election value's
+    /// `clients`), or close new connections while no leader is known (`None`).
+    pub fn follow(&self, leader: Option<&[(String, String)]>) {
+        let map = leader.map(|clients| {
+            let by_name = |name: &str| {
+                Proto::ALL
+                    .iter()
+                    .chain(&Proto::TLS)
+                    .copied()
+                    .find(|p| p.as_str() == name)
+            };
+            let m: HashMap<Proto, SocketAddr> = clients
+                .iter()
+                .filter_map(|(p, a)| Some((by_name(p)?, a.parse().ok()?)))
+                .collect();
+            Arc::new(m)
+        });
+        self.target.send_if_modified(|t| {
+            let changed = *t != map;
+            *t = map;
+            changed
+        });
+    }
+
+    /// Stops: the listeners are closed (their ports free for the broker) and spliced
+    /// connections end (their clients reconnect, to this node as the leader now).
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
 }
 
 #[cfg(test)]

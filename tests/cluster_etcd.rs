@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use common::amqp::{connect, declare_durable, drain, publish_numbered};
 use common::ephemeral_listen_args;
 use common::proc::Proc;
+use common::raw::{MqttClient, StompClient};
 use triad_cluster::election::{election_key, Etcd, NodeInfo};
 use triad_cluster::testing::EtcdServer;
 use triad_core::testing::eventually_blocking;
@@ -501,4 +502,124 @@ fn repeated_kill_9_of_the_leader_loses_no_confirmed_message() {
         "confirmed messages missing: {missing:?}"
     );
     assert_eq!(got.len(), got_set.len(), "duplicates");
+}
+
+/// Clients connect to any node: a follower splices AMQP, MQTT and STOMP connections to
+/// the leader (the addresses in the election key). After `kill -9` of the leader, the
+/// follower that remains forwards to the new leader, where an MQTT persistent session
+/// (its subscription and a message queued for it while away), a retained message, and
+/// the AMQP and STOMP messages confirmed through the follower all are.
+#[test]
+fn clients_of_a_follower_reach_the_leader_and_find_their_state_after_failover() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(root.path()) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = etcd.url();
+    let mut nodes: Vec<Proc> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node_config(root.path(), n, &url, 2, "sync"))
+        .collect();
+    let first = eventually_blocking("one leader", T, || leader_of(&nodes));
+    for (i, n) in nodes.iter_mut().enumerate() {
+        if i != first {
+            n.wait_for_log("follower: connected to the leader", T);
+        }
+    }
+    eventually_blocking("a follower in sync", T, || {
+        nodes[first].count("joined the in-sync set") >= 1
+    });
+    let f = (0..3).find(|&i| i != first).unwrap();
+    let fwd = |n: &Proc, proto: &str| {
+        eventually_blocking("the follower forwarding", T, || n.forward_addr(proto))
+    };
+    let (f_amqp, f_mqtt, f_stomp) = (
+        fwd(&nodes[f], "amqp"),
+        fwd(&nodes[f], "mqtt"),
+        fwd(&nodes[f], "stomp"),
+    );
+
+    // MQTT through the follower (once it has read the leader's addresses from the key):
+    // a persistent session subscribes, a retained message is published
+    let mut dev = eventually_blocking("MQTT through the follower", T, || {
+        MqttClient::connect(f_mqtt, "dev-1", false, T).ok()
+    });
+    assert_eq!(dev.subscribe(1, "dev/1/cmd", 1).unwrap(), 1);
+    dev.publish_retained("dev/1/state", 1, 2, b"on").unwrap();
+    dev.read_until(4).unwrap(); // PUBACK: on disk on two replicas
+    dev.disconnect().unwrap();
+    // AMQP through the follower, confirmed
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    let nacked = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(publish(
+        f_amqp,
+        "fq",
+        0,
+        200,
+        confirmed.clone(),
+        nacked.clone(),
+    ));
+    assert_eq!(
+        confirmed.lock().unwrap().len(),
+        200,
+        "confirmed through the follower"
+    );
+    // STOMP through the follower, with a receipt
+    let mut st = StompClient::connect(f_stomp, T).unwrap();
+    st.send(
+        "SEND",
+        &[
+            ("destination", "/queue/sq"),
+            ("persistent", "true"),
+            ("receipt", "r1"),
+        ],
+        b"hello",
+    )
+    .unwrap();
+    let r = st.read_frame().unwrap();
+    assert_eq!(
+        (r.command.as_str(), r.header("receipt-id")),
+        ("RECEIPT", Some("r1"))
+    );
+    // a message for the session while it is away, through the leader itself
+    let mut p = MqttClient::connect(nodes[first].addr("mqtt"), "pub-1", true, T).unwrap();
+    p.publish("dev/1/cmd", 1, 1, b"reboot").unwrap();
+    p.read_until(4).unwrap();
+
+    nodes[first].kill9();
+    let second = eventually_blocking("a new leader", T, || {
+        (0..3).find(|&i| i != first && nodes[i].count("broker ready") > 0)
+    });
+    let third = (0..3).find(|&i| i != first && i != second).unwrap();
+    eprintln!(
+        "leader {} killed; {} leads, {} forwards",
+        nodes[first].name, nodes[second].name, nodes[third].name
+    );
+    let t_mqtt = fwd(&nodes[third], "mqtt");
+    // the session, through the follower that remains: present, with its message
+    let (mut dev, present) = eventually_blocking("MQTT through the follower again", T, || {
+        MqttClient::connect_session(t_mqtt, "dev-1", false, T).ok()
+    });
+    assert!(present, "the persistent session is on the new leader");
+    let (msg, _) = dev.read_until(3).unwrap();
+    let (topic, pkid, body) = msg.publish().unwrap();
+    assert_eq!(
+        (topic.as_str(), body.as_slice()),
+        ("dev/1/cmd", &b"reboot"[..])
+    );
+    dev.puback(pkid.unwrap()).unwrap();
+    // the retained message, to a new subscriber
+    let mut w = MqttClient::connect(t_mqtt, "watcher", true, T).unwrap();
+    w.send_subscribe(1, &[("dev/1/state", 0)]).unwrap();
+    let (retained, _) = w.read_until(3).unwrap();
+    assert_eq!(retained.publish().unwrap().2, b"on");
+    // AMQP and STOMP messages confirmed through the follower
+    let addr = nodes[second].addr("amqp");
+    let got: BTreeSet<u64> = numbers(&rt.block_on(drain(addr, "fq", T)))
+        .into_iter()
+        .collect();
+    assert_eq!(got, *confirmed.lock().unwrap());
+    assert_eq!(rt.block_on(drain(addr, "sq", T)), vec![b"hello".to_vec()]);
+    drop(etcd);
 }

@@ -135,6 +135,17 @@ impl Proc {
             .unwrap_or_else(|| panic!("{} has no {proto} listener", self.name))
     }
 
+    /// The address a follower forwards `proto` clients on (its last `forwarding
+    /// proto=<proto>` line since the last restart), if it logged one.
+    pub fn forward_addr(&self, proto: &str) -> Option<SocketAddr> {
+        self.current_log()
+            .lines()
+            .filter_map(|l| parse_listening(&l.replace("forwarding proto=", "listening proto=")))
+            .filter(|(p, _)| p == proto)
+            .map(|(_, a)| a)
+            .next_back()
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
