@@ -1026,25 +1026,7 @@ impl Config {
             ));
         }
         if let Some(t) = &c.tls {
-            for (key, path) in [
-                ("cluster.tls.cert_file", &t.cert_file),
-                ("cluster.tls.key_file", &t.key_file),
-                ("cluster.tls.ca_file", &t.ca_file),
-            ] {
-                match path {
-                    None => {
-                        return Err(invalid(
-                            key,
-                            "",
-                            "[cluster.tls] needs cert_file, key_file and ca_file (mutual TLS)",
-                        ))
-                    }
-                    Some(p) if p.as_os_str().is_empty() => {
-                        return Err(invalid(key, "", "must not be empty"))
-                    }
-                    Some(_) => {}
-                }
-            }
+            validate_cluster_tls(t)?;
         }
         if c.elected() {
             return self.validate_elected(c);
@@ -1062,6 +1044,11 @@ impl Config {
                 ));
             }
         }
+        self.validate_static(c)
+    }
+
+    /// `[cluster]` with a static role (no `etcd`).
+    fn validate_static(&self, c: &ClusterSection) -> Result<(), ConfigError> {
         match c.role {
             None | Some(ClusterRole::Auto) => Err(invalid(
                 "cluster.role",
@@ -1585,6 +1572,30 @@ fn check_listen(key: &'static str, value: &str) -> Result<(), ConfigError> {
     }
     port.parse::<u16>()
         .map_err(|_| bad("port must be a number from 0 to 65535"))?;
+    Ok(())
+}
+
+/// `[cluster.tls]`: all three files, none empty.
+fn validate_cluster_tls(t: &ClusterTlsSection) -> Result<(), ConfigError> {
+    for (key, path) in [
+        ("cluster.tls.cert_file", &t.cert_file),
+        ("cluster.tls.key_file", &t.key_file),
+        ("cluster.tls.ca_file", &t.ca_file),
+    ] {
+        match path {
+            None => {
+                return Err(invalid(
+                    key,
+                    "",
+                    "[cluster.tls] needs cert_file, key_file and ca_file (mutual TLS)",
+                ))
+            }
+            Some(p) if p.as_os_str().is_empty() => {
+                return Err(invalid(key, "", "must not be empty"))
+            }
+            Some(_) => {}
+        }
+    }
     Ok(())
 }
 

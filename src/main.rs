@@ -254,27 +254,9 @@ async fn serve(
     status: Option<triad_cluster::leader::StatusHandle>,
     cluster: triad::cluster::Serving,
 ) -> anyhow::Result<()> {
-    let leadership_lost = cluster.lost();
     // Installed before readiness is announced, so no early signal is lost.
-    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    // SIGHUP (systemd's ExecReload) reloads the TLS files instead of ending the broker.
-    let mut sighup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
-    let watch_every = tls.as_ref().and_then(|t| t.watch_interval());
-    let mut watch = tokio::time::interval(watch_every.unwrap_or(Duration::from_secs(3600)));
-    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-    // Bind everything first: readiness means every port is open. The TLS listeners only
-    // with a certificate (the default configuration has none).
-    let tls_protos: &[Proto] = if tls.is_some() { &Proto::TLS } else { &[] };
-    let mut bound = Vec::with_capacity(Proto::ALL.len() + tls_protos.len());
-    for &proto in Proto::ALL.iter().chain(tls_protos) {
-        let addr = config.listeners.addr(proto);
-        let socket = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen for {proto} on {addr}"))?;
-        bound.push((proto, socket));
-    }
+    let mut signals = Signals::install()?;
+    let bound = bind_listeners(&config, tls.is_some()).await?;
 
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -326,51 +308,53 @@ async fn serve(
             Proto::Http => None,
             _ => conn_limit.clone(),
         };
-        // The protocol adapters plug in here, one `Handler` per protocol; over TLS, the
-        // same `Service` behind a `TlsHandler`.
-        match (proto, &tls) {
-            (Proto::Http, _) => spawn_listener(socket, triad::http::serve, ctx, limit, &tracker),
-            (Proto::Amqp, _) => spawn_listener(socket, triad::adapters::amqp, ctx, limit, &tracker),
-            (Proto::Stomp, _) => {
-                spawn_listener(socket, triad::adapters::stomp, ctx, limit, &tracker)
-            }
-            (Proto::Mqtt, _) => spawn_listener(socket, triad::adapters::mqtt, ctx, limit, &tracker),
-            (Proto::Https, Some(t)) => spawn_listener(
-                socket,
-                TlsHandler::new(Arc::clone(t), triad::http::Http),
-                ctx,
-                limit,
-                &tracker,
-            ),
-            (Proto::Amqps, Some(t)) => spawn_listener(
-                socket,
-                TlsHandler::new(Arc::clone(t), triad::adapters::Amqp),
-                ctx,
-                limit,
-                &tracker,
-            ),
-            (Proto::Stomps, Some(t)) => spawn_listener(
-                socket,
-                TlsHandler::new(Arc::clone(t), triad::adapters::Stomp),
-                ctx,
-                limit,
-                &tracker,
-            ),
-            (Proto::Mqtts, Some(t)) => spawn_listener(
-                socket,
-                TlsHandler::new(Arc::clone(t), triad::adapters::Mqtt),
-                ctx,
-                limit,
-                &tracker,
-            ),
-            (Proto::Https | Proto::Amqps | Proto::Stomps | Proto::Mqtts, None) => {
-                anyhow::bail!("{proto} listener bound without a TLS configuration")
-            }
-        }
+        spawn_protocol(socket, ctx, limit, tls.as_ref(), &tracker)?;
         info!(%proto, addr = %local, "listening");
     }
     info!(pid = std::process::id(), "broker ready");
 
+    let (signal_name, store_failed) =
+        until_stop(&mut signals, &config, &broker, tls.as_ref(), cluster.lost()).await;
+    info!(signal = %signal_name, "shutdown requested");
+    shutdown.cancel();
+    drain_connections(&tracker, &mut signals.sigint).await;
+    match store_failed {
+        Some(e) => Err(anyhow::anyhow!(e).context("the store failed; stopping")),
+        None => Ok(()),
+    }
+}
+
+/// The signals the broker answers, installed before readiness is announced.
+struct Signals {
+    sigterm: tokio::signal::unix::Signal,
+    sigint: tokio::signal::unix::Signal,
+    /// SIGHUP (systemd's ExecReload) reloads the TLS files instead of ending the broker.
+    sighup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            sigterm: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+            sigint: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+            sighup: signal(SignalKind::hangup()).context("cannot handle SIGHUP")?,
+        })
+    }
+}
+
+/// Serves until a signal, a lost leadership or a store failure: runs the core's timers,
+/// the resource alarms and the TLS reloads meanwhile. Returns why it stopped (and the
+/// store's error, if that was why).
+async fn until_stop(
+    signals: &mut Signals,
+    config: &Config,
+    broker: &Arc<triad_core::Broker>,
+    tls: Option<&Arc<TlsConfigs>>,
+    leadership_lost: CancellationToken,
+) -> (&'static str, Option<triad_store::StoreError>) {
+    let watch_every = tls.and_then(|t| t.watch_interval());
+    let mut watch = tokio::time::interval(watch_every.unwrap_or(Duration::from_secs(3600)));
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Timers (message TTL, x-expires) and the store's health: a failed flush stops the
     // broker rather than let it confirm what may not be on disk.
     let mut tick = tokio::time::interval(TICK);
@@ -383,15 +367,15 @@ async fn serve(
     );
     let signal_name = loop {
         tokio::select! {
-            _ = sigterm.recv() => break "SIGTERM",
-            _ = sigint.recv() => break "SIGINT",
+            _ = signals.sigterm.recv() => break "SIGTERM",
+            _ = signals.sigint.recv() => break "SIGINT",
             _ = leadership_lost.cancelled() => break "leadership lost",
-            _ = sighup.recv() => match &tls {
+            _ = signals.sighup.recv() => match tls {
                 Some(t) => reload_tls(t, "SIGHUP"),
                 None => info!("SIGHUP: no TLS certificate to reload"),
             },
             _ = watch.tick(), if watch_every.is_some() => {
-                if let Some(t) = tls.as_ref().filter(|t| t.files_changed()) {
+                if let Some(t) = tls.filter(|t| t.files_changed()) {
                     reload_tls(t, "files changed");
                 }
             }
@@ -401,14 +385,84 @@ async fn serve(
                     break "store failure";
                 }
                 broker.set_alarms(monitor.check_with_store(broker.store()));
-                let b = Arc::clone(&broker);
+                let b = Arc::clone(broker);
                 // the core's timers may read the store: keep them off the async workers
                 let _ = tokio::task::spawn_blocking(move || b.tick()).await;
             }
         }
     };
-    info!(signal = %signal_name, "shutdown requested");
-    shutdown.cancel();
+    (signal_name, store_failed)
+}
+
+/// Binds every listener first: readiness means every port is open. The TLS listeners
+/// only with a certificate (the default configuration has none).
+async fn bind_listeners(config: &Config, tls: bool) -> anyhow::Result<Vec<(Proto, TcpListener)>> {
+    let tls_protos: &[Proto] = if tls { &Proto::TLS } else { &[] };
+    let mut bound = Vec::with_capacity(Proto::ALL.len() + tls_protos.len());
+    for &proto in Proto::ALL.iter().chain(tls_protos) {
+        let addr = config.listeners.addr(proto);
+        let socket = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for {proto} on {addr}"))?;
+        bound.push((proto, socket));
+    }
+    Ok(bound)
+}
+
+/// Starts the accept loop of `ctx.proto`'s listener.
+fn spawn_protocol(
+    socket: TcpListener,
+    ctx: ConnContext,
+    limit: Option<Arc<Semaphore>>,
+    tls: Option<&Arc<TlsConfigs>>,
+    tracker: &TaskTracker,
+) -> anyhow::Result<()> {
+    let proto = ctx.proto;
+    // The protocol adapters plug in here, one `Handler` per protocol; over TLS, the
+    // same `Service` behind a `TlsHandler`.
+    match (ctx.proto, tls) {
+        (Proto::Http, _) => spawn_listener(socket, triad::http::serve, ctx, limit, tracker),
+        (Proto::Amqp, _) => spawn_listener(socket, triad::adapters::amqp, ctx, limit, tracker),
+        (Proto::Stomp, _) => spawn_listener(socket, triad::adapters::stomp, ctx, limit, tracker),
+        (Proto::Mqtt, _) => spawn_listener(socket, triad::adapters::mqtt, ctx, limit, tracker),
+        (Proto::Https, Some(t)) => spawn_listener(
+            socket,
+            TlsHandler::new(Arc::clone(t), triad::http::Http),
+            ctx,
+            limit,
+            tracker,
+        ),
+        (Proto::Amqps, Some(t)) => spawn_listener(
+            socket,
+            TlsHandler::new(Arc::clone(t), triad::adapters::Amqp),
+            ctx,
+            limit,
+            tracker,
+        ),
+        (Proto::Stomps, Some(t)) => spawn_listener(
+            socket,
+            TlsHandler::new(Arc::clone(t), triad::adapters::Stomp),
+            ctx,
+            limit,
+            tracker,
+        ),
+        (Proto::Mqtts, Some(t)) => spawn_listener(
+            socket,
+            TlsHandler::new(Arc::clone(t), triad::adapters::Mqtt),
+            ctx,
+            limit,
+            tracker,
+        ),
+        (Proto::Https | Proto::Amqps | Proto::Stomps | Proto::Mqtts, None) => {
+            anyhow::bail!("{proto} listener bound without a TLS configuration")
+        }
+    }
+    Ok(())
+}
+
+/// Waits (at most [`SHUTDOWN_GRACE`], or until a second SIGINT) for the connections to
+/// close after the shutdown token was cancelled.
+async fn drain_connections(tracker: &TaskTracker, sigint: &mut tokio::signal::unix::Signal) {
     tracker.close();
     tokio::select! {
         r = tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()) => match r {
@@ -420,9 +474,5 @@ async fn serve(
             ),
         },
         _ = sigint.recv() => warn!(open = tracker.len(), "second SIGINT: not waiting for connections"),
-    }
-    match store_failed {
-        Some(e) => Err(anyhow::anyhow!(e).context("the store failed; stopping")),
-        None => Ok(()),
     }
 }

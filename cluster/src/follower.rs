@@ -179,37 +179,12 @@ fn session(
             history: theirs,
         } => {
             let fatal = |e| Ended::Fatal(FollowerError::Write(e));
-            if log_from > log_end || journal_from > journal_pos {
-                return Err(Ended::Dropped(std::io::Error::other(format!(
-                    "the leader would ship from {log_from}/{journal_from}, past this copy's \
-                     {log_end}/{journal_pos}"
-                ))));
-            }
-            // truncation first, durable, and only then the leader's history: a crash in
-            // between states the old epoch again and gets the same answer
-            if log_from < log_end {
-                store.truncate_log(log_from).map_err(fatal)?;
-                tracing::info!(
-                    from = log_end,
-                    to = log_from,
-                    epoch,
-                    "follower: truncated a divergent commitlog suffix of an older term"
-                );
-            }
-            if journal_from < journal_pos {
-                if journal_from != 0 {
-                    return Err(Ended::Dropped(std::io::Error::other(format!(
-                        "the leader asks to cut the journal at {journal_from}; only a reset \
-                         to 0 is supported"
-                    ))));
-                }
-                store.reset_journal().map_err(fatal)?;
-                tracing::info!(
-                    from = journal_pos,
-                    epoch,
-                    "follower: dropped a journal copy that diverged in an older term; refetching"
-                );
-            }
+            truncate_to(
+                store,
+                (log_end, journal_pos),
+                (log_from, journal_from),
+                epoch,
+            )?;
             store.sync().map_err(fatal)?;
             history
                 .replace(&cfg.data_dir, &theirs)
@@ -225,14 +200,72 @@ fn session(
         }
     }
     progress.connected.store(true, Ordering::SeqCst);
+    stream(store, &mut sock, &mut buf, stop, progress)
+}
+
+/// Cuts what this copy holds past where the leader ships from (`from`, its Welcome),
+/// durably: the divergent suffix of an older term. The journal can only be reset whole.
+fn truncate_to(
+    store: &mut ReplicaStore,
+    (log_end, journal_pos): (u64, u64),
+    (log_from, journal_from): (u64, u64),
+    epoch: u64,
+) -> Result<(), Ended> {
+    let fatal = |e| Ended::Fatal(FollowerError::Write(e));
+    if log_from > log_end || journal_from > journal_pos {
+        return Err(Ended::Dropped(std::io::Error::other(format!(
+            "the leader would ship from {log_from}/{journal_from}, past this copy's \
+             {log_end}/{journal_pos}"
+        ))));
+    }
+    // truncation first, durable, and only then the leader's history: a crash in
+    // between states the old epoch again and gets the same answer
+    if log_from < log_end {
+        store.truncate_log(log_from).map_err(fatal)?;
+        tracing::info!(
+            from = log_end,
+            to = log_from,
+            epoch,
+            "follower: truncated a divergent commitlog suffix of an older term"
+        );
+    }
+    if journal_from < journal_pos {
+        if journal_from != 0 {
+            return Err(Ended::Dropped(std::io::Error::other(format!(
+                "the leader asks to cut the journal at {journal_from}; only a reset \
+                 to 0 is supported"
+            ))));
+        }
+        store.reset_journal().map_err(fatal)?;
+        tracing::info!(
+            from = journal_pos,
+            epoch,
+            "follower: dropped a journal copy that diverged in an older term; refetching"
+        );
+    }
+    Ok(())
+}
+
+/// Writes what the leader ships until `stop`: each round one frame (blocking), then
+/// every frame already buffered, then one sync and, if anything changed (or on a
+/// heartbeat), one ack.
+fn stream(
+    store: &mut ReplicaStore,
+    sock: &mut Link,
+    buf: &mut BytesMut,
+    stop: &AtomicBool,
+    progress: &Progress,
+) -> Result<(), Ended> {
+    let drop_ = Ended::Dropped;
+    let mut out = BytesMut::new();
     let fatal = |e| Ended::Fatal(FollowerError::Write(e));
     let mut acked = (u64::MAX, u64::MAX);
     while !stop.load(Ordering::SeqCst) {
         // one frame (blocking), then every frame already buffered, then one sync + ack
-        let first = read_frame(&mut sock, &mut buf).map_err(drop_)?;
+        let first = read_frame(sock, buf).map_err(drop_)?;
         let mut heartbeat = apply(store, first).map_err(fatal)?;
         loop {
-            match codec::decode(&mut buf, MAX_FRAME) {
+            match codec::decode(buf, MAX_FRAME) {
                 Ok(Some(f)) => heartbeat |= apply(store, f).map_err(fatal)?,
                 Ok(None) => break,
                 Err(e) => return Err(Ended::Dropped(std::io::Error::other(e.to_string()))),

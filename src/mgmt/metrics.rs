@@ -319,46 +319,7 @@ fn store_metrics(out: &mut String, broker: &Broker) {
         "",
         st.appends,
     );
-    one(
-        out,
-        "triad_store_compactions_total",
-        "counter",
-        "Commitlog segments compacted (live records copied forward, segment deleted)",
-        "",
-        st.compactions,
-    );
-    one(
-        out,
-        "triad_store_compaction_reclaimed_bytes_total",
-        "counter",
-        "Bytes compactions gave back: segment size less the bytes copied forward",
-        "",
-        st.compacted_bytes_reclaimed,
-    );
-    one(
-        out,
-        "triad_store_segments_deleted_total",
-        "counter",
-        "Commitlog segments deleted (no queue needed them, or compacted)",
-        "",
-        st.segments_deleted,
-    );
-    one(
-        out,
-        "triad_store_pass_waits_total",
-        "counter",
-        "Appends that waited for the retention pass after a seal before filling the writer's segment (the disk bound)",
-        "",
-        st.pass_waits,
-    );
-    one(
-        out,
-        "triad_store_pass_wait_timeouts_total",
-        "counter",
-        "Of those, waits that ended at their 2 s limit instead of at the pass",
-        "",
-        st.pass_wait_timeouts,
-    );
+    retention_metrics(out, &st);
     let fs = broker.store().flush_stats();
     histogram(
         out,
@@ -385,6 +346,41 @@ fn store_metrics(out: &mut String, broker: &Broker) {
 }
 
 /// The per-object metrics, streamed.
+/// The retention pass's counters: compaction, deletion, and appends' waits for it.
+fn retention_metrics(out: &mut String, st: &triad_store::store::StoreStats) {
+    let counters: [(&str, &str, u64); 5] = [
+        (
+            "triad_store_compactions_total",
+            "Commitlog segments compacted (live records copied forward, segment deleted)",
+            st.compactions,
+        ),
+        (
+            "triad_store_compaction_reclaimed_bytes_total",
+            "Bytes compactions gave back: segment size less the bytes copied forward",
+            st.compacted_bytes_reclaimed,
+        ),
+        (
+            "triad_store_segments_deleted_total",
+            "Commitlog segments deleted (no queue needed them, or compacted)",
+            st.segments_deleted,
+        ),
+        (
+            "triad_store_pass_waits_total",
+            "Appends that waited for the retention pass after a seal before filling the \
+             writer's segment (the disk bound)",
+            st.pass_waits,
+        ),
+        (
+            "triad_store_pass_wait_timeouts_total",
+            "Of those, waits that ended at their 2 s limit instead of at the pass",
+            st.pass_wait_timeouts,
+        ),
+    ];
+    for (name, help, value) in counters {
+        one(out, name, "counter", help, "", value);
+    }
+}
+
 fn per_object(broker: std::sync::Arc<Broker>) -> Response<Body> {
     super::list::stream(move |out| {
         let mut s = String::new();
