@@ -628,6 +628,8 @@ impl Shared {
             }
         }
         let in_sync = acks.len();
+        self.gate
+            .set_retention_floor(fs.values().map(|f| f.log_durable).min());
         drop(fs);
         acks.sort_unstable_by(|a, b| b.cmp(a));
         if need == 0 {

@@ -56,6 +56,9 @@ pub struct ReplicaGate {
     written: AtomicU64,
     /// Senders waiting in [`ReplicaGate::wait_appended`].
     sleepers: AtomicUsize,
+    /// The lowest commitlog end a connected follower holds (`u64::MAX`: none connected):
+    /// retention deletes and compacts no segment past it ([`ReplicaGate::retention_floor`]).
+    floor: AtomicU64,
     state: Mutex<GateState>,
     /// Blocking durability waiters.
     progress: Condvar,
@@ -73,6 +76,7 @@ impl ReplicaGate {
             fenced: std::sync::atomic::AtomicBool::new(false),
             written: AtomicU64::new(0),
             sleepers: AtomicUsize::new(0),
+            floor: AtomicU64::new(u64::MAX),
             state: Mutex::new(GateState {
                 replicated: 0,
                 refusing: sync.then(|| "no replica is in sync yet".to_string()),
@@ -183,6 +187,22 @@ impl ReplicaGate {
         for w in ready {
             w.wake();
         }
+    }
+
+    /// The leader's view of its connected followers: the lowest commitlog end one of
+    /// them holds durably (`None`: no follower connected).
+    pub fn set_retention_floor(&self, lowest: Option<u64>) {
+        self.floor
+            .store(lowest.unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Retention deletes or compacts only segments that end at or below this: a
+    /// connected follower, in sync or catching up, still reads the rest from this log
+    /// (were they gone, it would be refused and need a fresh copy). A follower that is
+    /// not connected holds nothing: the leader's disk stays bounded by live data, and a
+    /// follower away for long may then have to start again from an empty directory.
+    pub fn retention_floor(&self) -> u64 {
+        self.floor.load(Ordering::SeqCst)
     }
 
     /// Where the gate stands: (replicated offset, refusal).

@@ -595,6 +595,38 @@ fn the_log_stays_within_its_bound_during_the_writes() {
     assert!(st.compactions > 0, "{st:?}");
 }
 
+/// A replication leader's retention keeps what a connected follower has not got yet:
+/// no segment past the gate's floor is deleted or compacted; once the floor moves (the
+/// follower caught up, or left), they go.
+#[test]
+fn retention_keeps_the_segments_a_connected_follower_still_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_cfg(dir.path());
+    let gate = triad_store::replica::ReplicaGate::new(false);
+    cfg.replica = Some(gate.clone());
+    let store = Store::open(cfg.clone()).unwrap();
+    let q = store.create_queue("/", "q", true).unwrap();
+    // a follower that holds only the first segment
+    gate.set_retention_floor(Some(cfg.segment_size));
+    for i in 0..200u64 {
+        let (_, offs) = append(&store, &[q], i);
+        store.ack(q, &[offs[0].1]).unwrap().wait().unwrap();
+    }
+    let written = store.stats().commitlog_end / cfg.segment_size;
+    assert!(written > 10, "{:?}", store.stats());
+    store.checkpoint().unwrap();
+    store.run_retention().unwrap();
+    // everything is acked: only the first segment could go
+    let st = store.stats();
+    assert!(st.commitlog_min <= cfg.segment_size, "{st:?}");
+    assert!(st.segments as u64 >= written, "{st:?}");
+    // the follower caught up (or left): the dead segments go
+    gate.set_retention_floor(None);
+    store.run_retention().unwrap();
+    let st = store.stats();
+    assert!(st.segments <= 2, "{st:?}");
+}
+
 #[test]
 fn lookup_by_key_across_index_files_and_restarts() {
     let dir = tempfile::tempdir().unwrap();

@@ -30,13 +30,19 @@ impl Inner {
             .values()
             .cloned()
             .collect();
-        // Only sealed segments the checkpoint covers: recovery never replays them.
+        // Only sealed segments the checkpoint covers (recovery never replays them) and
+        // that every connected follower holds (replication ships from this log).
+        let floor = self
+            .cfg
+            .replica
+            .as_ref()
+            .map_or(u64::MAX, |g| g.retention_floor());
         let sealed: Vec<(u64, u64)> = self
             .log
             .sealed_segments()
             .iter()
             .map(|s| (s.start(), s.end()))
-            .filter(|(_, end)| *end <= ckpt)
+            .filter(|(_, end)| *end <= ckpt.min(floor))
             .collect();
         let walk = std::time::Instant::now();
         let live = live_bytes(&qs, &sealed);
