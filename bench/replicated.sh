@@ -24,13 +24,17 @@
 # listening process (ss). The peer is used as it is: start it first (the peers tool's
 # start-rabbit; a single RabbitMQ node, so its quorum queue has one member).
 #
+# Node logs are kept as $LOGDIR/SCENARIO-ROUND-NODE.log; a result line's in_sync_left counts
+# the leader's "left the in-sync set" lines during that run.
+#
 # Environment: ROUNDS (2) DURATION (20) SIZE (1024) WINDOW (1000) OUT
 #   (replicated-results.jsonl) TRIAD_BIN (target/release/triad) PEER_AMQP_PORT (5680)
-#   SKIP_BUILD=1 LOGDIR (a temp dir)
+#   FIRST_ROUND (1: the first round's number, to add rounds to a file) SKIP_BUILD=1 LOGDIR (a temp dir) TMPDIR (where the nodes' data dirs go: a disk, not tmpfs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 ROUNDS=${ROUNDS:-2}
+FIRST_ROUND=${FIRST_ROUND:-1}
 DURATION=${DURATION:-20}
 SIZE=${SIZE:-1024}
 WINDOW=${WINDOW:-1000}
@@ -50,7 +54,13 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     cargo build --release --quiet --bins || exit 1
 fi
 
-WORK=$(mktemp -d /tmp/triad-replicated.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/triad-replicated.XXXXXX")
+# the nodes' data dirs go under WORK: fsync on tmpfs costs nothing, so refuse it
+if [ "$(findmnt -no FSTYPE -T "$WORK" 2>/dev/null)" = tmpfs ]; then
+    echo "$WORK is on tmpfs: set TMPDIR to a directory on a disk" >&2
+    rmdir "$WORK"
+    exit 2
+fi
 LOGDIR=${LOGDIR:-$WORK}
 PIDS=()
 cleanup() {
@@ -164,15 +174,27 @@ run() {
     local log="$LOGDIR/$name-$round.log"
     echo "+ [$name] triad-bench ${args[*]}" >&2
     line=$(timeout $((DURATION + 120)) "$B" "${args[@]}" --json 2>"$log" | tail -1)
-    case $name in rabbit-*) ;; *) stop_nodes ;; esac
+    local left=0 node
+    case $name in
+    rabbit-*) ;;
+    *)
+        # times a follower left the in-sync set during the run (a stall, a lag past the
+        # bound), counted before the nodes are stopped (then every follower leaves)
+        [ -f "$WORK/leader.log" ] && left=$(grep -c "left the in-sync set" "$WORK/leader.log")
+        stop_nodes
+        for node in single leader f1 f2; do
+            [ -f "$WORK/$node.log" ] && mv "$WORK/$node.log" "$LOGDIR/$name-$round-$node.log"
+        done
+        ;;
+    esac
     if [ -z "$line" ]; then
         echo "  $name round $round failed: $(tail -1 "$log")" >&2
         return
     fi
     local load
     load=$(cut -d' ' -f1 /proc/loadavg)
-    echo "$line" | sed "s/^{/{\"scenario\":\"$name\",\"round\":$round,\"loadavg_1m\":$load,/" >>"$OUT"
-    row "$name" "$round" "$load" "$line"
+    echo "$line" | sed "s/^{/{\"scenario\":\"$name\",\"round\":$round,\"loadavg_1m\":$load,\"in_sync_left\":$left,/" >>"$OUT"
+    row "$name" "$round" "$load" "$line" "$left"
 }
 
 field() { # JSON path (a.b) from a result line, or "–"
@@ -186,17 +208,17 @@ print("–" if v is None else v)' "$1" "$2" 2>/dev/null)
 }
 
 row() {
-    local name=$1 round=$2 load=$3 line=$4
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$round" \
+    local name=$1 round=$2 load=$3 line=$4 left=$5
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$round" \
         "$(field "$line" msgs_per_s)" "$(field "$line" confirm_lat_us.p50)" \
         "$(field "$line" confirm_lat_us.p99)" "$(field "$line" lat_us.p99)" \
         "$(field "$line" broker.cpu_us_per_msg)" "$(field "$line" nacked)" \
-        "$(field "$line" lost)" "$load"
+        "$(field "$line" lost)" "$left" "$load"
 }
 
-echo "| scenario | round | msgs/s | confirm p50 µs | confirm p99 µs | delivery p99 µs | broker CPU µs/msg | nacked | lost | load (1 min) |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-for round in $(seq 1 "$ROUNDS"); do
+echo "| scenario | round | msgs/s | confirm p50 µs | confirm p99 µs | delivery p99 µs | broker CPU µs/msg | nacked | lost | left ISR | load (1 min) |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+for round in $(seq "$FIRST_ROUND" $((FIRST_ROUND + ROUNDS - 1))); do
     for name in "${SCENARIOS[@]}"; do
         run "$name" "$round"
     done
