@@ -6,11 +6,12 @@
 //! `--fanout N` a fanout exchange with N queues bound (every message to every queue). The
 //! queues (and the exchange) are deleted at the end.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -18,8 +19,9 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::args::AmqpArgs;
+use crate::args::{AmqpArgs, QueueType};
 use crate::e2e::{self, Checker, Counters, Harness, Pacer};
+use crate::report::{latency_json, new_histogram};
 use crate::wire::{Rd, ReadBuf};
 
 pub(crate) const FRAME_METHOD: u8 = 1;
@@ -481,15 +483,50 @@ impl Confirms {
     }
 }
 
-/// The producer's read side: settles confirms, releasing window permits; a close from the
-/// broker ends it (and the producer) with an error.
+/// Send times of unconfirmed publishes by delivery tag, in tag order, for the confirm
+/// latency (the publish's stamp to its `basic.ack`). At most `--confirm-window` entries:
+/// the producer adds one only with a window permit, and a settle removes what it settles.
+#[derive(Default)]
+pub(crate) struct SendTimes {
+    q: VecDeque<(u64, u64)>,
+}
+
+impl SendTimes {
+    pub(crate) fn push(&mut self, tag: u64, t_ns: u64) {
+        self.q.push_back((tag, t_ns));
+    }
+
+    /// Removes what an ack or nack of `tag` settles, calling `f` with each one's send time.
+    pub(crate) fn settle(&mut self, tag: u64, multiple: bool, mut f: impl FnMut(u64)) {
+        if multiple {
+            while let Some(&(t, ns)) = self.q.front() {
+                if t > tag {
+                    break;
+                }
+                self.q.pop_front();
+                f(ns);
+            }
+        } else if let Ok(i) = self.q.binary_search_by_key(&tag, |&(t, _)| t) {
+            if let Some((_, ns)) = self.q.remove(i) {
+                f(ns);
+            }
+        }
+    }
+}
+
+/// The producer's read side: settles confirms, releasing window permits and recording
+/// each ack's latency into `confirm_hist` (at the end); a close from the broker ends it
+/// (and the producer) with an error.
 async fn confirm_reader(
     mut r: ReadBuf,
     window: Arc<Semaphore>,
     counters: Arc<Counters>,
     done: CancellationToken,
+    times: Arc<Mutex<SendTimes>>,
+    confirm_hist: Arc<Mutex<Histogram<u64>>>,
 ) -> (u64, u64, Option<String>) {
     let mut confirms = Confirms::default();
+    let mut hist = new_histogram();
     let (mut acked, mut nacked) = (0u64, 0u64);
     let res: Result<(), String> = async {
         loop {
@@ -503,6 +540,14 @@ async fn confirm_reader(
                             let tag = a.u64()?;
                             let multiple = a.u8()? & 1 != 0;
                             let n = confirms.settle(tag, multiple);
+                            let now = e2e::now_ns();
+                            if let Ok(mut t) = times.lock() {
+                                t.settle(tag, multiple, |sent| {
+                                    if mid == B_ACK {
+                                        hist.saturating_record(now.saturating_sub(sent).max(1));
+                                    }
+                                });
+                            }
                             if mid == B_ACK {
                                 acked += n;
                                 counters.confirmed.fetch_add(n, Ordering::Relaxed);
@@ -536,6 +581,9 @@ async fn confirm_reader(
     if err.is_some() {
         window.close();
     }
+    if let Ok(mut h) = confirm_hist.lock() {
+        let _ = h.add(&hist);
+    }
     done.cancel();
     (acked, nacked, err)
 }
@@ -548,11 +596,14 @@ struct ProducerPlan {
     deadline: Option<Instant>,
 }
 
+/// Publishes its plan; returns what it sent, the error that ended it, and the nacks. With
+/// `--confirm`, each ack's latency goes into `confirm_hist`.
 async fn producer(
     c: Conn,
     a: Arc<AmqpArgs>,
     p: ProducerPlan,
     counters: Arc<Counters>,
+    confirm_hist: Arc<Mutex<Histogram<u64>>>,
 ) -> (u64, Option<String>, u64) {
     let Conn {
         r,
@@ -566,11 +617,14 @@ async fn producer(
         Semaphore::MAX_PERMITS
     }));
     let reader_done = CancellationToken::new();
+    let times = Arc::new(Mutex::new(SendTimes::default()));
     let reader = tokio::spawn(confirm_reader(
         r,
         window.clone(),
         counters.clone(),
         reader_done.clone(),
+        times.clone(),
+        confirm_hist,
     ));
     let pacer = Pacer::new(a.load.rate.map(|r| r / a.load.producers as f64));
     let mut body = e2e::body_template(a.load.size);
@@ -599,7 +653,14 @@ async fn producer(
                     }
                 }
             }
-            e2e::stamp(&mut body, p.id, sent as u32, e2e::now_ns());
+            let t = e2e::now_ns();
+            e2e::stamp(&mut body, p.id, sent as u32, t);
+            if a.confirm {
+                // delivery tags count the channel's publishes from 1
+                if let Ok(mut times) = times.lock() {
+                    times.push(sent + 1, t);
+                }
+            }
             publish(
                 &mut out,
                 &p.exchange,
@@ -831,7 +892,14 @@ async fn fill_streams(a: &Arc<AmqpArgs>, queues: &[String]) -> Result<Vec<u64>, 
             quota,
             deadline: None,
         };
-        tasks.push(tokio::spawn(producer(c, a.clone(), plan, counters.clone())));
+        let unused = Arc::new(Mutex::new(new_histogram()));
+        tasks.push(tokio::spawn(producer(
+            c,
+            a.clone(),
+            plan,
+            counters.clone(),
+            unused,
+        )));
     }
     if !l.quiet {
         eprintln!(
@@ -889,7 +957,15 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
         })
         .collect();
     let nacked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let producers = spawn_producers(&a, producer_conns, &h, &exchange, &queues, &nacked);
+    let confirm_hist = Arc::new(Mutex::new(new_histogram()));
+    let producers = spawn_producers(
+        &a,
+        producer_conns,
+        &h,
+        (&exchange, &queues),
+        &nacked,
+        &confirm_hist,
+    );
     let fanout = a.fanout.is_some();
     let feeds = move |g: usize, p: usize| fanout || p % groups == g;
     let expected = move |sent: &[u64]| -> u64 {
@@ -935,7 +1011,10 @@ async fn run_async(a: Arc<AmqpArgs>) -> Result<Value, String> {
             "manual_ack": a.manual_ack,
             "prefetch": a.prefetch,
             "stream": a.stream,
+            "queue_type": if a.stream { "stream" } else { a.queue_type.name() },
             "nacked": nacked.load(Ordering::Relaxed),
+            // publish (stamp) to basic.ack; the latency above is publish to delivery
+            "confirm_lat_us": confirm_hist.lock().ok().map(|h| latency_json(&h)),
         }),
     ))
 }
@@ -963,9 +1042,18 @@ async fn declare_topology(
         String::new()
     };
     let stream_args = string_table(&[("x-queue-type", "stream")]);
+    let quorum_args = string_table(&[("x-queue-type", "quorum")]);
     for q in queues {
         if a.stream {
             setup.declare_queue_with(q, true, &stream_args).await?;
+        } else if a.queue_type == QueueType::Quorum {
+            // durable, not exclusive, not auto-delete: what RabbitMQ requires of one
+            setup
+                .declare_queue_with(q, true, &quorum_args)
+                .await
+                .map_err(|e| {
+                    format!("declaring {q} with x-queue-type=quorum: {e} (does the broker have quorum queues?)")
+                })?;
         } else {
             setup.declare_queue(q, a.persistent).await?;
         }
@@ -1005,14 +1093,14 @@ async fn open_producers(a: &Arc<AmqpArgs>) -> Result<Vec<Conn>, String> {
 }
 
 /// Starts a producer task per connection, each with its share of `--count`; publish
-/// nacks are added to `nacked`.
+/// nacks are added to `nacked`, ack latencies to `confirm_hist`.
 fn spawn_producers(
     a: &Arc<AmqpArgs>,
     producer_conns: Vec<Conn>,
     h: &Harness,
-    exchange: &str,
-    queues: &[String],
+    (exchange, queues): (&str, &[String]),
     nacked: &Arc<std::sync::atomic::AtomicU64>,
+    confirm_hist: &Arc<Mutex<Histogram<u64>>>,
 ) -> Vec<tokio::task::JoinHandle<(u64, Option<String>)>> {
     let l = &a.load;
     let groups = queues.len();
@@ -1033,8 +1121,9 @@ fn spawn_producers(
                 deadline: h.deadline(l),
             };
             let (a, counters, nacked) = (a.clone(), h.counters.clone(), nacked.clone());
+            let confirm_hist = confirm_hist.clone();
             tokio::spawn(async move {
-                let (sent, err, n) = producer(c, a, plan, counters).await;
+                let (sent, err, n) = producer(c, a, plan, counters, confirm_hist).await;
                 nacked.fetch_add(n, Ordering::Relaxed);
                 (sent, err)
             })
@@ -1085,6 +1174,9 @@ fn variant(a: &AmqpArgs) -> String {
     if a.stream {
         v.push("stream-replay");
     }
+    if a.queue_type == QueueType::Quorum {
+        v.push("quorum");
+    }
     if a.confirm {
         v.push("confirm");
     }
@@ -1113,6 +1205,26 @@ mod tests {
         assert_eq!(c.upto, 6);
         assert!(c.above.is_empty());
         assert_eq!(c.settle(4, true), 0);
+    }
+
+    #[test]
+    fn send_times_settle_what_confirms_settle() {
+        let mut t = SendTimes::default();
+        for tag in 1..=6 {
+            t.push(tag, tag * 100);
+        }
+        let mut got = Vec::new();
+        t.settle(3, false, |ns| got.push(ns));
+        assert_eq!(got, vec![300], "a single ack takes its own tag only");
+        t.settle(3, false, |ns| got.push(ns));
+        assert_eq!(got, vec![300], "twice: nothing more");
+        t.settle(4, true, |ns| got.push(ns));
+        assert_eq!(got, vec![300, 100, 200, 400], "multiple: every tag up to 4");
+        t.settle(9, false, |ns| got.push(ns));
+        assert_eq!(got.len(), 4, "an unknown tag settles nothing");
+        t.settle(6, true, |ns| got.push(ns));
+        assert_eq!(got, vec![300, 100, 200, 400, 500, 600]);
+        assert!(t.q.is_empty());
     }
 
     #[test]

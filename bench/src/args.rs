@@ -373,6 +373,9 @@ impl DiskArgs {
 
 // ---- broker load (amqp, stomp, mqtt) ----
 
+/// How many `--broker-pid` a load benchmark takes.
+pub const MAX_BROKER_PIDS: usize = 8;
+
 /// Options every broker benchmark takes.
 #[derive(Args, Clone, Debug, PartialEq)]
 pub struct LoadArgs {
@@ -410,9 +413,10 @@ pub struct LoadArgs {
     /// After publishing, give up when nothing arrives for this long
     #[arg(long, value_name = "SECS", default_value = "5", value_parser = secs)]
     pub drain_timeout: Duration,
-    /// Report the broker's CPU time per message and RSS (from /proc/PID)
+    /// Report the broker's CPU time per message and RSS (from /proc/PID); repeatable
+    /// (at most 8): the processes' CPU and RSS are summed, e.g. a replica group's nodes
     #[arg(long, value_name = "PID", value_parser = pos::<u32>)]
-    pub broker_pid: Option<u32>,
+    pub broker_pid: Vec<u32>,
     /// Client runtime threads
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = pos::<usize>)]
     pub threads: usize,
@@ -457,6 +461,9 @@ impl LoadArgs {
                 crate::e2e::STAMP
             ));
         }
+        if self.broker_pid.len() > MAX_BROKER_PIDS {
+            return Err(format!("--broker-pid: at most {MAX_BROKER_PIDS}"));
+        }
         if let Some(c) = self.count {
             if c > u64::from(u32::MAX) {
                 return Err("--count: at most 2^32 - 1".into());
@@ -497,6 +504,11 @@ pub struct AmqpArgs {
     /// Virtual host
     #[arg(long, value_name = "V", default_value = "/")]
     pub vhost: String,
+    /// The queues' type: `quorum` declares them durable with x-queue-type=quorum (needs
+    /// --persistent; RabbitMQ's replicated queues: a broker without them refuses the
+    /// declare and the run stops); `stream` is --stream
+    #[arg(long, value_enum, default_value_t = QueueType::Classic)]
+    pub queue_type: QueueType,
     /// Stream replay: declare the queues as stream queues (x-queue-type=stream), publish
     /// --count messages first (with confirms), then start the consumers at
     /// x-stream-offset=first and measure only their read of the whole stream (one
@@ -517,6 +529,27 @@ pub struct AmqpArgs {
     /// With --delayed: publish only (memory of the pending messages); they stay pending
     #[arg(long)]
     pub no_consume: bool,
+}
+
+/// `--queue-type`: the x-queue-type the queues are declared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QueueType {
+    /// no x-queue-type argument
+    Classic,
+    /// x-queue-type=quorum (durable)
+    Quorum,
+    /// x-queue-type=stream (the same as --stream)
+    Stream,
+}
+
+impl QueueType {
+    pub fn name(self) -> &'static str {
+        match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+            QueueType::Stream => "stream",
+        }
+    }
 }
 
 /// How `--delayed` delays a message.
@@ -550,7 +583,23 @@ impl AmqpArgs {
         if o.no_consume && o.delayed.is_none() {
             return Err("--no-consume needs --delayed".into());
         }
+        if o.queue_type == QueueType::Stream {
+            o.stream = true;
+        }
+        if o.queue_type == QueueType::Quorum {
+            if !o.persistent {
+                return Err(
+                    "--queue-type quorum needs --persistent (quorum queues are durable)".into(),
+                );
+            }
+            if o.stream || o.delayed.is_some() {
+                return Err("--queue-type quorum takes no --stream or --delayed".into());
+            }
+        }
         if o.delayed.is_some() {
+            if o.load.broker_pid.len() > 1 {
+                return Err("--delayed takes one --broker-pid".into());
+            }
             if o.load.count.is_none() {
                 return Err("--delayed needs --count".into());
             }
@@ -1422,13 +1471,26 @@ mod tests {
         assert!(a.persistent && a.confirm && a.manual_ack && a.load.json && a.load.quiet);
         assert_eq!((a.confirm_window, a.prefetch), (50, 100));
         assert_eq!((a.load.user.as_str(), a.load.pass.as_str()), ("u", "p"));
-        assert_eq!((a.load.broker_pid, a.load.rate), (Some(42), Some(500.0)));
+        assert_eq!(
+            (&a.load.broker_pid[..], a.load.rate),
+            (&[42][..], Some(500.0))
+        );
+        assert_eq!(a.queue_type, QueueType::Classic);
         assert_eq!(a.load.time_cap(), None);
         assert_eq!(a.load.slow_ms, Some(20));
         let st = parse_amqp("--stream --count 10 --queues 2 --producers 2 --consumers 2").unwrap();
         assert!(st.stream && st.manual_ack && st.prefetch == 1000);
+        let q =
+            parse_amqp("--queue-type quorum --persistent --broker-pid 1 --broker-pid 2").unwrap();
+        assert_eq!(
+            (q.queue_type, &q.load.broker_pid[..]),
+            (QueueType::Quorum, &[1, 2][..])
+        );
+        let st2 = parse_amqp("--queue-type stream --count 10").unwrap();
+        assert!(st2.stream && st2.confirm);
         let d = parse_amqp("--fanout 10").unwrap();
         assert_eq!(d.load.slow_ms, None);
+        assert!(d.load.broker_pid.is_empty());
         assert_eq!(
             (d.fanout, d.load.consumers, d.load.port),
             (Some(10), 10, 5672)
@@ -1448,6 +1510,12 @@ mod tests {
             "--port 70000",
             "--qos 1",
             "--slow-ms 0",
+            "--queue-type quorum",
+            "--queue-type quorum --persistent --stream --count 10",
+            "--queue-type lazy",
+            "--delayed 100 --count 10 --broker-pid 1 --broker-pid 2",
+            "--broker-pid 1 --broker-pid 2 --broker-pid 3 --broker-pid 4 --broker-pid 5 \
+             --broker-pid 6 --broker-pid 7 --broker-pid 8 --broker-pid 9",
         ] {
             assert!(parse_amqp(bad).is_err(), "{bad}");
         }

@@ -186,7 +186,7 @@ pub fn run(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
 async fn run_async(a: &AmqpArgs, delay_ms: u64) -> Result<Value, String> {
     let l = &a.load;
     let count = l.count.ok_or("--delayed needs --count")?;
-    let pid = l.broker_pid;
+    let pid = l.broker_pid.first().copied();
     let tag = std::process::id();
     let target = format!("triad-bench-{tag}-delayed");
     let parking = format!("triad-bench-{tag}-ttl");

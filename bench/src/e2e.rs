@@ -378,43 +378,65 @@ fn parse_vmrss(status: &str) -> Option<u64> {
         .ok()
 }
 
-/// Samples the broker at the start, once a second (peak RSS) and at the end.
+/// Samples the broker at the start, once a second (peak RSS) and at the end. With several
+/// processes (a replica group's nodes), their CPU times and RSS are summed.
 pub struct BrokerProbe {
-    pid: u32,
-    first: ProcSample,
+    pids: Vec<u32>,
+    first: Vec<ProcSample>,
     peak_rss: u64,
 }
 
 impl BrokerProbe {
-    pub fn start(pid: Option<u32>) -> Result<Option<BrokerProbe>, String> {
-        let Some(pid) = pid else { return Ok(None) };
-        let first = proc_sample(pid).ok_or_else(|| format!("cannot read /proc/{pid}/stat"))?;
+    pub fn start(pids: &[u32]) -> Result<Option<BrokerProbe>, String> {
+        if pids.is_empty() {
+            return Ok(None);
+        }
+        let first = pids
+            .iter()
+            .map(|&p| proc_sample(p).ok_or_else(|| format!("cannot read /proc/{p}/stat")))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(BrokerProbe {
-            pid,
+            pids: pids.to_vec(),
+            peak_rss: first.iter().map(|s| s.rss_kib).sum(),
             first,
-            peak_rss: first.rss_kib,
         }))
     }
 
     pub fn tick(&mut self) {
-        if let Some(r) = rss_kib(self.pid) {
+        let rss: Option<u64> = self.pids.iter().map(|&p| rss_kib(p)).sum();
+        if let Some(r) = rss {
             self.peak_rss = self.peak_rss.max(r);
         }
     }
 
-    /// The JSON summary, with CPU time per `msgs` messages.
+    /// The JSON summary, with CPU time per `msgs` messages; with several processes, also
+    /// each one's CPU time (`cpu_s_each`, in `pids` order).
     pub fn finish(mut self, msgs: u64) -> Value {
         self.tick();
-        let Some(last) = proc_sample(self.pid) else {
-            return json!({"pid": self.pid, "error": "broker gone"});
+        let last: Option<Vec<ProcSample>> = self.pids.iter().map(|&p| proc_sample(p)).collect();
+        let pid_field = if self.pids.len() == 1 {
+            json!(self.pids[0])
+        } else {
+            Value::Null
         };
-        let cpu = last.cpu.saturating_sub(self.first.cpu).as_secs_f64();
+        let Some(last) = last else {
+            return json!({"pid": pid_field, "pids": self.pids, "error": "broker gone"});
+        };
+        let each: Vec<f64> = last
+            .iter()
+            .zip(&self.first)
+            .map(|(l, f)| l.cpu.saturating_sub(f.cpu).as_secs_f64())
+            .collect();
+        let cpu: f64 = each.iter().sum();
         json!({
-            "pid": self.pid,
+            "pid": pid_field,
+            "pids": self.pids,
             "cpu_s": round(cpu, 3),
+            "cpu_s_each": (self.pids.len() > 1)
+                .then(|| each.iter().map(|c| round(*c, 3)).collect::<Vec<_>>()),
             "cpu_us_per_msg": (msgs > 0).then(|| round(cpu * 1e6 / msgs as f64, 2)),
-            "rss_kib_before": self.first.rss_kib,
-            "rss_kib_after": last.rss_kib,
+            "rss_kib_before": self.first.iter().map(|s| s.rss_kib).sum::<u64>(),
+            "rss_kib_after": last.iter().map(|s| s.rss_kib).sum::<u64>(),
             "rss_kib_peak": self.peak_rss,
         })
     }
@@ -506,7 +528,7 @@ pub struct Finished {
 impl Harness {
     /// Call after every connection is set up, right before the producers start.
     pub fn start(a: &LoadArgs) -> Result<Harness, String> {
-        let probe = Arc::new(std::sync::Mutex::new(BrokerProbe::start(a.broker_pid)?));
+        let probe = Arc::new(std::sync::Mutex::new(BrokerProbe::start(&a.broker_pid)?));
         let counters = Arc::new(Counters::default());
         let progress_stop = CancellationToken::new();
         let progress = tokio::spawn(progress(

@@ -168,10 +168,26 @@ fn human_e2e(v: &Value) -> String {
             fmt_num(get_f(v, &["lat_us", "max"])),
         ));
     }
+    if v.get("confirm_lat_us").is_some_and(|l| !l.is_null()) {
+        s.push_str(&format!(
+            "\n  confirm latency µs (publish → ack): p50 {} p99 {} p99.9 {} max {}",
+            fmt_num(get_f(v, &["confirm_lat_us", "p50"])),
+            fmt_num(get_f(v, &["confirm_lat_us", "p99"])),
+            fmt_num(get_f(v, &["confirm_lat_us", "p999"])),
+            fmt_num(get_f(v, &["confirm_lat_us", "max"])),
+        ));
+    }
     if let Some(b) = v.get("broker").filter(|b| !b.is_null()) {
         s.push_str(&format!(
             "\n  broker pid {}: CPU {} s, {} µs/msg; RSS KiB before {} peak {} after {}",
-            get_f(b, &["pid"]).unwrap_or(0.0),
+            b.get("pids")
+                .and_then(Value::as_array)
+                .map(|p| p
+                    .iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join("+"))
+                .unwrap_or_default(),
             fmt_num(get_f(b, &["cpu_s"])),
             fmt_num(get_f(b, &["cpu_us_per_msg"])),
             fmt_num(get_f(b, &["rss_kib_before"])),
