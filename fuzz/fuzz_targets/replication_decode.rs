@@ -11,7 +11,7 @@
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use triad_cluster::codec::{decode, encode, Frame, MAX_FRAME, MAX_NODE_ID};
+use triad_cluster::codec::{decode, encode, EpochEntry, Frame, MAX_FRAME, MAX_NODE_ID};
 
 const WIDE: usize = u32::MAX as usize;
 
@@ -84,10 +84,27 @@ fn build(b: &[u8]) -> Frame {
                 segment_size: f.u64(),
             }
         }
-        1 => Frame::Welcome {
-            node: f.string(usize::MAX),
-            epoch: f.u64(),
-        },
+        1 => {
+            let node = f.string(usize::MAX);
+            let epoch = f.u64();
+            let (log_from, journal_from) = (f.u64(), f.u64());
+            // within MAX_HISTORY, which the encoder keeps (the last entries) and the
+            // decoder enforces
+            let history = (0..f.u8() % 8)
+                .map(|_| EpochEntry {
+                    epoch: f.u64(),
+                    log_start: f.u64(),
+                    journal_start: f.u64(),
+                })
+                .collect();
+            Frame::Welcome {
+                node,
+                epoch,
+                log_from,
+                journal_from,
+                history,
+            }
+        }
         2 => Frame::Refused {
             reason: f.string(usize::MAX),
         },
