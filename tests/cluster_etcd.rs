@@ -80,6 +80,22 @@ fn leader_of(nodes: &[Proc]) -> Option<usize> {
     }
 }
 
+/// Nodes a, b and c in sync mode (min_insync 2), once one leads and the other two are
+/// connected to it; returns them and the leader's index.
+fn three_in_sync_mode(root: &Path, url: &str) -> (Vec<Proc>, usize) {
+    let mut nodes: Vec<Proc> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node_config(root, n, url, 2, "sync"))
+        .collect();
+    let first = eventually_blocking("one leader", T, || leader_of(&nodes));
+    for (i, n) in nodes.iter_mut().enumerate() {
+        if i != first {
+            n.wait_for_log("follower: connected to the leader", T);
+        }
+    }
+    (nodes, first)
+}
+
 #[test]
 fn three_nodes_elect_a_leader_fail_over_on_kill_9_and_the_old_leader_rejoins() {
     let root = tempfile::tempdir().unwrap();
@@ -88,16 +104,7 @@ fn three_nodes_elect_a_leader_fail_over_on_kill_9_and_the_old_leader_rejoins() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let url = etcd.url();
-    let mut nodes: Vec<Proc> = ["a", "b", "c"]
-        .iter()
-        .map(|n| node_config(root.path(), n, &url, 2, "sync"))
-        .collect();
-    let first = eventually_blocking("one leader", T, || leader_of(&nodes));
-    for (i, n) in nodes.iter_mut().enumerate() {
-        if i != first {
-            n.wait_for_log("follower: connected to the leader", T);
-        }
-    }
+    let (mut nodes, first) = three_in_sync_mode(root.path(), &url);
     eprintln!("leader: {}", nodes[first].name);
     let addr = nodes[first].addr("amqp");
     // the election key names the leader, its replication and its client addresses
@@ -517,16 +524,7 @@ fn clients_of_a_follower_reach_the_leader_and_find_their_state_after_failover() 
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let url = etcd.url();
-    let mut nodes: Vec<Proc> = ["a", "b", "c"]
-        .iter()
-        .map(|n| node_config(root.path(), n, &url, 2, "sync"))
-        .collect();
-    let first = eventually_blocking("one leader", T, || leader_of(&nodes));
-    for (i, n) in nodes.iter_mut().enumerate() {
-        if i != first {
-            n.wait_for_log("follower: connected to the leader", T);
-        }
-    }
+    let (mut nodes, first) = three_in_sync_mode(root.path(), &url);
     eventually_blocking("a follower in sync", T, || {
         nodes[first].count("joined the in-sync set") >= 1
     });
