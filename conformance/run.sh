@@ -2,8 +2,8 @@
 # Runs the third-party-client conformance suite against a broker it starts itself on
 # free loopback ports with a temporary data directory. Installs its own Python venv
 # (conformance/.venv) from the pinned requirements.txt, and mosquitto-clients
-# (mosquitto_pub / mosquitto_sub), rabbitmq-server (for rabbitmqadmin), prometheus (for promtool)
-# and chromium (dashboard test) through apt when
+# (mosquitto_pub / mosquitto_sub), rabbitmq-server (for rabbitmqadmin), prometheus (for promtool),
+# haproxy (PROXY protocol test) and chromium (dashboard test) through apt when
 # they are missing and we are root; otherwise the tests that need them are skipped with
 # the reason.
 #
@@ -60,6 +60,20 @@ if ! command -v promtool >/dev/null 2>&1; then
     fi
   else
     echo "conformance: promtool missing and not root; its tests will be skipped" >&2
+  fi
+fi
+
+# haproxy sends the PROXY protocol headers of test_proxy_protocol.py.
+if ! command -v haproxy >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "conformance: installing haproxy (PROXY protocol test)" >&2
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+             haproxy >/dev/null; }; then
+      echo "conformance: could not install haproxy; its test will be skipped" >&2
+    fi
+  else
+    echo "conformance: haproxy missing and not root; its test will be skipped" >&2
   fi
 fi
 
