@@ -97,7 +97,7 @@ fn every_message_confirmed_in_sync_mode_survives_kill_9_of_the_leader_on_each_fo
             &config,
             &ephemeral_listen_args(),
         );
-        b.wait_for_log("broker ready");
+        b.wait_for_log("broker ready", T);
         let got = numbers(&rt.block_on(drain(b.addr("amqp"), "rq", T)));
         let got_set: BTreeSet<u64> = got.iter().copied().collect();
         let missing: Vec<_> = confirmed.difference(&got_set).take(10).collect();
@@ -154,7 +154,7 @@ fn sync_mode_nacks_without_enough_replicas_and_confirms_again_once_one_rejoins()
     // one comes back (the same directory): confirms again
     let config = root.path().join("fa.toml");
     let mut fa = Proc::start("fa again", &dir_a, &config, &[]);
-    fa.wait_for_log("follower: connected to the leader");
+    fa.wait_for_log("follower: connected to the leader", T);
     eventually_blocking("fa in sync again", T, || in_sync_count(&leader) == 1);
     assert_eq!(run(2_000, 100), (100, 0));
     fa.kill9();

@@ -90,7 +90,7 @@ fn nodes_with_certificates_from_the_cluster_ca_replicate_over_mutual_tls_and_oth
 
     // one of ours: connects, catches up, sync-mode confirms come
     let (mut fa, _) = start_follower(dir, "fa", repl, &tls_section(&fc, &fk, &ca_file));
-    fa.wait_for_log("follower: connected to the leader");
+    fa.wait_for_log("follower: connected to the leader", T);
     eventually_blocking("fa in sync", T, || {
         node(&api(http, "/api/cluster"), "fa")["in_sync"] == true
     });
@@ -102,15 +102,15 @@ fn nodes_with_certificates_from_the_cluster_ca_replicate_over_mutual_tls_and_oth
 
     // a certificate from another CA: the leader refuses it in the handshake
     let (mut fx, _) = start_follower(dir, "fx", repl, &tls_section(&xc, &xk, &ca_file));
-    fx.wait_for_log("follower: not connected to the leader; retrying");
+    fx.wait_for_log("follower: not connected to the leader; retrying", T);
     leader.wait_for_log("UnknownIssuer", T);
     // a follower that does not trust the leader's CA refuses the leader
     let (mut fy, _) = start_follower(dir, "fy", repl, &tls_section(&fc, &fk, &other_file));
-    fy.wait_for_log("follower: not connected to the leader; retrying");
+    fy.wait_for_log("follower: not connected to the leader; retrying", T);
     assert!(fy.log().contains("UnknownIssuer"), "{}", fy.log());
     // plain TCP gets nowhere
     let (mut fp, _) = start_follower(dir, "fp", repl, "");
-    fp.wait_for_log("follower: not connected to the leader; retrying");
+    fp.wait_for_log("follower: not connected to the leader; retrying", T);
     // retried, and still none of them got in
     for p in [&fx, &fy, &fp] {
         eventually_blocking("a second attempt", T, || {
