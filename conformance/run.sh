@@ -22,74 +22,37 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$here/requirements.txt" "$stamp"; th
   cp "$here/requirements.txt" "$stamp"
 fi
 
-if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_sub >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "conformance: installing mosquitto-clients" >&2
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto-clients >/dev/null; }; then
-      echo "conformance: could not install mosquitto-clients; its tests will be skipped" >&2
+# Installs Debian package PKG (for WHAT) unless every command CMD... is there; without
+# root or apt-get, or when the install fails, says so: the tests that need it are skipped.
+need() {
+  local pkg=$1 what=$2 cmd
+  shift 2
+  for cmd in "$@"; do
+    command -v "$cmd" >/dev/null 2>&1 && continue
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "conformance: installing $pkg ($what)" >&2
+      if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+               "$pkg" >/dev/null; }; then
+        echo "conformance: could not install $pkg; the $what tests will be skipped" >&2
+      fi
+    else
+      echo "conformance: $cmd missing and not root; the $what tests will be skipped" >&2
     fi
-  else
-    echo "conformance: mosquitto_pub/mosquitto_sub missing and not root; their tests will be skipped" >&2
-  fi
-fi
+    return
+  done
+}
 
+need mosquitto-clients "mosquitto_pub and mosquitto_sub" mosquitto_pub mosquitto_sub
 # rabbitmqadmin, the management API's command-line client, comes with RabbitMQ's Debian
 # package (the broker itself is not started).
-if ! command -v rabbitmqadmin >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "conformance: installing rabbitmq-server (for rabbitmqadmin)" >&2
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-             rabbitmq-server >/dev/null; }; then
-      echo "conformance: could not install rabbitmq-server; the rabbitmqadmin tests will be skipped" >&2
-    fi
-  else
-    echo "conformance: rabbitmqadmin missing and not root; its tests will be skipped" >&2
-  fi
-fi
-
+need rabbitmq-server rabbitmqadmin rabbitmqadmin
 # promtool (Prometheus's Debian package) checks the /metrics exposition.
-if ! command -v promtool >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "conformance: installing prometheus (for promtool)" >&2
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-             prometheus >/dev/null; }; then
-      echo "conformance: could not install prometheus; the promtool tests will be skipped" >&2
-    fi
-  else
-    echo "conformance: promtool missing and not root; its tests will be skipped" >&2
-  fi
-fi
-
+need prometheus promtool promtool
 # haproxy sends the PROXY protocol headers of test_proxy_protocol.py.
-if ! command -v haproxy >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "conformance: installing haproxy (PROXY protocol test)" >&2
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-             haproxy >/dev/null; }; then
-      echo "conformance: could not install haproxy; its test will be skipped" >&2
-    fi
-  else
-    echo "conformance: haproxy missing and not root; its test will be skipped" >&2
-  fi
-fi
-
+need haproxy "PROXY protocol" haproxy
 # chromium drives the web dashboard's browser test (headless, over CDP).
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "conformance: installing chromium (for the dashboard test)" >&2
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-             chromium >/dev/null; }; then
-      echo "conformance: could not install chromium; the dashboard test will be skipped" >&2
-    fi
-  else
-    echo "conformance: chromium missing and not root; the dashboard test will be skipped" >&2
-  fi
-fi
+need chromium dashboard chromium
 
 # Node clients (amqplib, mqtt.js), pinned by conformance/node/package-lock.json.
 if command -v npm >/dev/null 2>&1; then
