@@ -80,6 +80,28 @@ fn leader_of(nodes: &[Proc]) -> Option<usize> {
     }
 }
 
+/// What every test here starts from: a temp dir, a real etcd in it, its URL, and a
+/// runtime for the clients. `None` (the test returns) only when the etcd binary is
+/// absent; `.ci/run` installs it.
+struct Etcd3 {
+    root: tempfile::TempDir,
+    etcd: EtcdServer,
+    rt: tokio::runtime::Runtime,
+    url: String,
+}
+
+fn with_etcd() -> Option<Etcd3> {
+    let root = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(root.path())?;
+    let url = etcd.url();
+    Some(Etcd3 {
+        root,
+        etcd,
+        rt: tokio::runtime::Runtime::new().unwrap(),
+        url,
+    })
+}
+
 /// Nodes a, b and c in sync mode (min_insync 2), once one leads and the other two are
 /// connected to it; returns them and the leader's index.
 fn three_in_sync_mode(root: &Path, url: &str) -> (Vec<Proc>, usize) {
@@ -98,12 +120,15 @@ fn three_in_sync_mode(root: &Path, url: &str) -> (Vec<Proc>, usize) {
 
 #[test]
 fn three_nodes_elect_a_leader_fail_over_on_kill_9_and_the_old_leader_rejoins() {
-    let root = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(root.path()) else {
+    let Some(Etcd3 {
+        root,
+        etcd,
+        rt,
+        url,
+    }) = with_etcd()
+    else {
         return;
     };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let url = etcd.url();
     let (mut nodes, first) = three_in_sync_mode(root.path(), &url);
     eprintln!("leader: {}", nodes[first].name);
     let addr = nodes[first].addr("amqp");
@@ -202,13 +227,17 @@ fn three_nodes_elect_a_leader_fail_over_on_kill_9_and_the_old_leader_rejoins() {
 
 #[test]
 fn a_leader_that_cannot_renew_its_lease_stops_confirming_within_the_ttl_and_rejoins() {
-    let root = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(root.path()) else {
+    let Some(Etcd3 {
+        root,
+        etcd,
+        rt,
+        url,
+    }) = with_etcd()
+    else {
         return;
     };
-    let rt = tokio::runtime::Runtime::new().unwrap();
     // one node: min_insync 1, async mode (fencing must hold there too)
-    let mut node = node_config(root.path(), "solo", &etcd.url(), 1, "async");
+    let mut node = node_config(root.path(), "solo", &url, 1, "async");
     node.wait_for_log("broker ready", T);
     let addr = node.addr("amqp");
     let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
@@ -262,12 +291,15 @@ fn a_leader_that_cannot_renew_its_lease_stops_confirming_within_the_ttl_and_rejo
 
 #[test]
 fn an_old_leader_truncates_what_it_wrote_alone_then_follows_the_new_leader() {
-    let root = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(root.path()) else {
+    let Some(Etcd3 {
+        root,
+        etcd,
+        rt,
+        url,
+    }) = with_etcd()
+    else {
         return;
     };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let url = etcd.url();
     let mut nodes: Vec<Proc> = ["a", "b", "c"]
         .iter()
         .map(|n| node_config(root.path(), n, &url, 2, "sync"))
@@ -365,12 +397,15 @@ fn an_old_leader_truncates_what_it_wrote_alone_then_follows_the_new_leader() {
 
 #[test]
 fn a_leader_whose_lease_is_revoked_fences_and_the_group_settles_on_one_leader() {
-    let root = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(root.path()) else {
+    let Some(Etcd3 {
+        root,
+        etcd: _etcd,
+        rt,
+        url,
+    }) = with_etcd()
+    else {
         return;
     };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let url = etcd.url();
     let mut nodes: Vec<Proc> = ["a", "b"]
         .iter()
         .map(|n| node_config(root.path(), n, &url, 1, "async"))
@@ -447,12 +482,15 @@ fn repeated_kill_9_of_the_leader_loses_no_confirmed_message() {
         eprintln!("set TRIAD_FAILOVER_ROUNDS=N to run N failover rounds");
         return;
     };
-    let root = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(root.path()) else {
+    let Some(Etcd3 {
+        root,
+        etcd: _etcd,
+        rt,
+        url,
+    }) = with_etcd()
+    else {
         return;
     };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let url = etcd.url();
     let mut nodes: Vec<Proc> = ["a", "b", "c"]
         .iter()
         .map(|n| node_config(root.path(), n, &url, 2, "sync"))
@@ -518,12 +556,15 @@ fn repeated_kill_9_of_the_leader_loses_no_confirmed_message() {
 /// the AMQP and STOMP messages confirmed through the follower all are.
 #[test]
 fn clients_of_a_follower_reach_the_leader_and_find_their_state_after_failover() {
-    let root = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(root.path()) else {
+    let Some(Etcd3 {
+        root,
+        etcd,
+        rt,
+        url,
+    }) = with_etcd()
+    else {
         return;
     };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let url = etcd.url();
     let (mut nodes, first) = three_in_sync_mode(root.path(), &url);
     eventually_blocking("a follower in sync", T, || {
         nodes[first].count("joined the in-sync set") >= 1
