@@ -6,6 +6,7 @@ paho-mqtt's publishes with the message query's by-topic form (topic and time ran
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -29,13 +30,13 @@ class Browser:
     """One headless Chromium and its first page, over CDP."""
 
     def __init__(self):
-        self.dir = tempfile.TemporaryDirectory(prefix="triad-chromium-")
+        self.dir = tempfile.mkdtemp(prefix="triad-chromium-")
         self.proc = subprocess.Popen(
             [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
              "--no-first-run", "--remote-debugging-port=0", "--window-size=1200,900",
-             f"--user-data-dir={self.dir.name}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port_file = os.path.join(self.dir.name, "DevToolsActivePort")
+             f"--user-data-dir={self.dir}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        port_file = os.path.join(self.dir, "DevToolsActivePort")
         deadline = time.time() + 30
         while not (os.path.exists(port_file) and open(port_file).read().strip()):
             assert time.time() < deadline, "chromium did not start"
@@ -76,12 +77,33 @@ class Browser:
             time.sleep(0.2)
 
     def close(self):
+        """Stop chromium and every helper process it started (its own process group: the
+        crashpad handler and utility processes outlive the browser process and keep
+        writing into the profile), then remove the profile. Removal is retried until a
+        deadline, as a helper's last write can still land after the group is gone."""
         try:
             self.ws.close()
         finally:
-            self.proc.terminate()
+            for sig in (signal.SIGTERM, signal.SIGKILL):  # SIGKILL: whatever is left
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
             self.proc.wait(timeout=10)
-            self.dir.cleanup()
+            deadline = time.time() + 10
+            while True:
+                try:
+                    shutil.rmtree(self.dir)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    assert time.time() < deadline, f"could not remove {self.dir}"
+                    time.sleep(0.2)
 
 
 @pytest.fixture
