@@ -71,6 +71,8 @@ impl Inner {
         let copies_durable = self.flush.flushed() >= self.copied_to.load(Ordering::Acquire);
         let mut deleted = 0;
         let mut compacted = Vec::new();
+        // live bytes in the segments this pass keeps
+        let mut kept = 0u64;
         // a bound on one pass's copying (a log left pinned by an earlier version can hold
         // many candidates at once); the next pass goes on where this one stopped
         let mut budget = self
@@ -86,8 +88,11 @@ impl Inner {
                 let copied = self.compact_segment(*start)?;
                 budget = budget.saturating_sub(copied.max(1));
                 compacted.push((*start, *live, copied));
+            } else {
+                kept += live;
             }
         }
+        self.kept_live.store(kept, Ordering::Relaxed);
         if !compacted.is_empty() {
             // The copies are on disk before the originals go: a flush up to the last copy,
             // which group commit (or the async flusher) has mostly done already. A crash

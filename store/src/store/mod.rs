@@ -252,6 +252,9 @@ struct Inner {
     copied_to: AtomicU64,
     /// How long the last retention pass took to count live bytes (paces the passes).
     live_walk_ns: AtomicU64,
+    /// Live bytes the last retention pass counted in the sealed segments it kept: what
+    /// a pass held back by its pacing may lean on (see `Inner::maintenance`).
+    kept_live: AtomicU64,
     /// Segments compacted, the bytes that gave back, and segments deleted, since open
     /// (`/metrics`; counted by the retention pass, never on a message path).
     compactions: AtomicU64,

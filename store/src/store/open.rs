@@ -133,6 +133,7 @@ impl Inner {
             checkpoint: Mutex::new(o.checkpoint),
             copied_to: AtomicU64::new(0),
             live_walk_ns: AtomicU64::new(0),
+            kept_live: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
             compacted_reclaimed: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(0),

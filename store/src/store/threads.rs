@@ -117,11 +117,13 @@ impl Inner {
                 }
                 self.note_passed(seals);
             } else if sealed {
-                // paced: keep it for the next wake-up. Appends do not wait for it: a
-                // pass held back by its pacing means a backlog whose live bytes dwarf a
-                // segment or two, and the bound has that much room.
+                // paced: keep it for the next wake-up. Appends wait for it (at most
+                // PASS_WAIT_MAX) unless the bound has room for the sealed segments
+                // without that pass (see `pacing_leaves_room`).
                 self.sealed.store(true, Ordering::Release);
-                self.note_passed(seals);
+                if self.pacing_leaves_room() {
+                    self.note_passed(seals);
+                }
                 let stop = lock(&self.stop);
                 if !*stop {
                     let pause = (walk * RETENTION_PACE).saturating_sub(since);
@@ -132,6 +134,24 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+impl Inner {
+    /// Whether a retention pass held back by its pacing may leave the sealed segments
+    /// there and let the writer go on (a next segment made ahead, then sealed in turn)
+    /// within the disk bound of 2 × live + 2 segments. The segments the last pass kept
+    /// were each at least half live; the sealed segments since count as holding nothing.
+    /// The writer's segment and the one made ahead are the bound's 2 segments, and the
+    /// sealed ones, one more among them after the next roll, must fit in twice the live
+    /// bytes: `2 × kept live ≥ (sealed + 1) × segment`. A large backlog (the case pacing
+    /// is for: a walk of seconds) passes this; a few dense segments of copies with a
+    /// slow queue's handful of messages do not, and their appends wait for the pass,
+    /// which the pacing brings within milliseconds for so small a walk.
+    fn pacing_leaves_room(&self) -> bool {
+        let sealed = self.log.sealed_segments().len() as u128;
+        let live = u128::from(self.kept_live.load(Ordering::Relaxed));
+        2 * live >= (sealed + 1) * u128::from(self.cfg.segment_size)
     }
 }
 
