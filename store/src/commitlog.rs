@@ -889,7 +889,9 @@ fn scan_from(
         .unwrap_or(segs.len().saturating_sub(1));
     let mut stop_reason: Option<String> = None;
     'segments: while let Some(seg) = segs.get(idx) {
-        let mut local = pos.saturating_sub(seg.start());
+        // after a hole (or from a position in one), the scan starts at the segment's start
+        pos = pos.max(seg.start());
+        let mut local = pos - seg.start();
         loop {
             let Some(rest) = seg.slice(local, seg.len) else {
                 stop_reason = Some("position past the segment end".into());
@@ -899,10 +901,10 @@ fn scan_from(
                 // exactly at the end of a full segment
                 pos = seg.end();
                 idx += 1;
-                match segs.get(idx) {
-                    Some(next) if next.start() == pos => continue 'segments,
-                    _ => break 'segments,
+                if next_segment_follows(segs, idx, pos) {
+                    continue 'segments;
                 }
+                break 'segments;
             }
             let d = record::decode(rest);
             match &d {
@@ -914,10 +916,10 @@ fn scan_from(
                 Decoded::Padding => {
                     pos = seg.end();
                     idx += 1;
-                    match segs.get(idx) {
-                        Some(next) if next.start() == pos => continue 'segments,
-                        _ => break 'segments,
+                    if next_segment_follows(segs, idx, pos) {
+                        continue 'segments;
                     }
+                    break 'segments;
                 }
                 Decoded::Empty => break 'segments,
                 Decoded::Invalid(why) => {
@@ -928,6 +930,29 @@ fn scan_from(
         }
     }
     Ok((pos, stop_reason))
+}
+
+/// Whether the scan, at `pos`, the clean end of a sealed segment (its padding, or its
+/// last byte), goes on with `segs[idx]`: the segment starting there, or one starting
+/// later that holds data. The latter is a hole of whole segments that retention or
+/// compaction deleted: they lie below a checkpoint, so only a replay from the log's start
+/// meets them (a demoted leader's directory, which has no checkpoint; see
+/// `replica::drop_broker_state`), and the ack states journaled at that checkpoint cover
+/// the acks they held. A hole after a torn or invalid record is not this: the scan stops
+/// there and recovery decides.
+fn next_segment_follows(segs: &[Arc<Segment>], idx: usize, pos: u64) -> bool {
+    match segs.get(idx) {
+        Some(next) if next.start() == pos => true,
+        Some(next) if next.start() > pos && next.has_data() => {
+            tracing::info!(
+                from = pos,
+                to = next.start(),
+                "commitlog: replay goes on after segments retention deleted"
+            );
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Replication (see [`crate::replica`]): the leader reads raw bytes at offsets, a
@@ -1321,8 +1346,8 @@ mod tests {
         );
     }
 
-    /// Compaction deletes sealed segments anywhere in the log: the gap is fine below the
-    /// offset recovery starts from, and damage above it; the writer's segment is never
+    /// Compaction deletes sealed segments anywhere in the log: recovery goes on after the
+    /// hole, whether it starts below or above it; the writer's segment is never
     /// deleted; a scan visits each record of a sealed segment with its bytes.
     #[test]
     fn a_deleted_middle_segment_leaves_a_gap_recovery_accepts_only_below_its_start() {
@@ -1365,9 +1390,25 @@ mod tests {
         }
         let third = offset_name(2 * 4096);
         assert!(dir.path().join(third).exists());
+        // from the start (a demoted leader's replay, without its checkpoint) the scan goes
+        // on after the hole: every record but the deleted segment's, to the same end
         let log = CommitLog::open(dir.path(), 4096).unwrap();
-        let err = log.recover(0, true, false, |_, _| Ok(())).unwrap_err();
-        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        let mut seen = Vec::new();
+        let r = log
+            .recover(0, true, false, |off, _| {
+                seen.push(off);
+                Ok(())
+            })
+            .unwrap();
+        let kept: Vec<u64> = offs
+            .iter()
+            .copied()
+            .filter(|o| !(4096..2 * 4096).contains(o))
+            .collect();
+        assert_eq!(seen, kept);
+        assert_eq!(r.end, log.end());
+        assert!(!r.truncated);
+        drop(log);
         let log = CommitLog::open(dir.path(), 4096).unwrap();
         let mut n = 0;
         let r = log

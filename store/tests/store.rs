@@ -495,6 +495,76 @@ fn one_slow_queue_does_not_pin_the_log() {
     );
 }
 
+/// A log compaction and retention left with holes (whole segments deleted) replays from
+/// its first segment when the checkpoint is gone: a demoted leader's directory (see
+/// `replica::drop_broker_state`), opened as a follower and later promoted, as the
+/// replication tests do. The holes are deleted segments, not damage: the replay goes on
+/// after them, and the ack states journaled at the checkpoint that let them go cover the
+/// acks they held.
+#[test]
+fn a_log_with_deleted_segments_replays_whole_without_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_cfg(dir.path());
+    let store = Store::open(cfg.clone()).unwrap();
+    let fast = store.create_queue("/", "fast", true).unwrap();
+    let slow = store.create_queue("/", "slow", true).unwrap();
+    let mut held: BTreeMap<u64, u64> = BTreeMap::new();
+    for i in 0..600u64 {
+        let qs: Vec<u32> = if i % 10 == 0 {
+            vec![fast, slow]
+        } else {
+            vec![fast]
+        };
+        let (_, offs) = append(&store, &qs, i);
+        store.ack(fast, &[offs[0].1]).unwrap().wait().unwrap();
+        if let Some(&(_, off)) = offs.get(1) {
+            held.insert(off, i);
+        }
+        if i % 70 == 69 {
+            let (&off, _) = held.iter().nth(held.len() / 2).unwrap();
+            store.ack(slow, &[off]).unwrap().wait().unwrap();
+            held.remove(&off);
+        }
+        if i % 100 == 99 {
+            store.checkpoint().unwrap();
+            store.run_retention().unwrap();
+        }
+    }
+    let starts: Vec<u64> = store
+        .segment_paths()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        starts.windows(2).any(|w| w[1] - w[0] > cfg.segment_size),
+        "no hole in the log: {starts:?}"
+    );
+    store.close().unwrap();
+    let check = |store: &Store| {
+        assert_eq!(
+            store.unacked(slow, usize::MAX).unwrap(),
+            held.keys().copied().collect::<Vec<_>>()
+        );
+        for (off, i) in &held {
+            let (e, rec) = store.read_queue(slow, *off).unwrap().expect("held entry");
+            assert_eq!(e.tag_hash, *i);
+            assert_eq!(rec.body.as_ref(), body_for(*i).as_slice(), "message {i}");
+        }
+        assert_eq!(store.queue_info(fast).unwrap().pending(), 0);
+    };
+    assert!(triad_store::replica::drop_broker_state(dir.path()).unwrap());
+    // a follower opens it (and cuts nothing)
+    let replica = triad_store::replica::ReplicaStore::open(dir.path(), cfg.segment_size).unwrap();
+    let end = replica.log_end();
+    drop(replica);
+    // then a promotion replays it all
+    let store = Store::open(cfg.clone()).unwrap();
+    assert_eq!(store.stats().commitlog_end, end);
+    check(&store);
+    store.abandon();
+    check(&Store::open(cfg).unwrap());
+}
+
 /// A store with async flushing (as the broker's `flush = "async"`, where a segment can
 /// fill faster than any period) and two queues: `fast` (acked at once) and `slow` (never
 /// read). Returns the config, the store and the two queues.
