@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::amqp::{connect, declare_durable, drain, publish_numbered};
-use common::cluster::{follower, in_sync_count, leader_config, Proc, T};
+use common::cluster::{api, follower, in_sync_count, leader_config, Proc, T};
 use common::{ephemeral_listen_args, TestBroker, TEST_CONFIG};
 use lapin::options::*;
 use triad_core::testing::eventually_blocking;
@@ -215,4 +215,112 @@ fn sync_mode_without_replicas_refuses_stomp_receipts_and_mqtt_pubacks() {
     let r = publisher.read_until(0x40);
     assert!(r.is_err(), "no PUBACK, the connection closed: {r:?}");
     leader.wait_for_log("not enough replicas in sync", T);
+}
+
+/// Small segments, so that a test fills and deletes a few dozen.
+const SMALL_SEGMENTS: &str =
+    "[store]\nsegment_size = \"256 KiB\"\n\n[limits]\nmax_message_size = \"64 KiB\"\n";
+
+/// Commitlog segment files in a data directory.
+fn segment_files(data: &std::path::Path) -> usize {
+    std::fs::read_dir(data.join("commitlog"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Publishes `n` persistent 8 KiB messages to `queue` with confirms, all acked.
+async fn publish_8k(ch: &lapin::Channel, queue: &str, n: usize) {
+    let body = vec![0x5au8; 8 << 10];
+    let mut pending = Vec::with_capacity(n);
+    for _ in 0..n {
+        let c = ch
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &body,
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap();
+        pending.push(c);
+    }
+    for c in pending {
+        assert!(c.await.unwrap().is_ack(), "confirmed");
+    }
+}
+
+/// A follower deletes the segments its leader's retention and compaction delete (once
+/// it holds the copies and the ack states that let them go), so its disk follows the
+/// leader's instead of growing with everything ever written; promoted, it finds every
+/// message still live and none that was acked.
+#[test]
+fn a_follower_deletes_what_the_leaders_retention_deletes_and_its_promotion_finds_the_rest() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let mut leader = TestBroker::start_with_config(&format!(
+        "{SMALL_SEGMENTS}\n[cluster]\nrole = \"leader\"\nnode_id = \"l\"\nlisten = \"127.0.0.1:0\"\n\
+         [replication]\nmode = \"sync\"\nmin_insync = 2\nreplica_lag_max = \"16 MiB\"\n"
+    ));
+    let repl = leader.addr("replication");
+    let config = root.path().join("fa.toml");
+    std::fs::write(
+        &config,
+        format!("{SMALL_SEGMENTS}\n[cluster]\nrole = \"follower\"\nnode_id = \"fa\"\nleader = \"{repl}\"\n"),
+    )
+    .unwrap();
+    let dir_a = root.path().join("fa");
+    let mut fa = Proc::start("fa", &dir_a, &config, &[]);
+    fa.wait_for_log("follower: connected to the leader", T);
+    eventually_blocking("the follower in sync", T, || in_sync_count(&leader) == 1);
+
+    // ten messages nobody reads, in the first segment; then 8 MiB through a queue a
+    // consumer keeps empty: about 32 segments written
+    let addr = leader.amqp_addr();
+    let confirmed = Arc::new(Mutex::new(BTreeSet::new()));
+    rt.block_on(async {
+        let conn = connect(addr).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        declare_durable(&ch, "slow").await.unwrap();
+        declare_durable(&ch, "fast").await.unwrap();
+        publish_numbered(&ch, "slow", 0, 10, &confirmed, None).await;
+        for _ in 0..5 {
+            publish_8k(&ch, "fast", 200).await;
+            assert_eq!(drain(addr, "fast", T).await.len(), 200);
+        }
+    });
+    assert_eq!(confirmed.lock().unwrap().len(), 10);
+    let written: u64 = {
+        let s = api(leader.addr("http"), "/api/cluster");
+        s["log_end"].as_u64().unwrap()
+    };
+    assert!(written > 30 * (256 << 10), "wrote {written} bytes");
+    // the leader keeps a few segments; so does the follower, once told
+    eventually_blocking("the follower deleted what the leader deleted", T, || {
+        let (l, f) = (segment_files(leader.data_dir()), segment_files(&dir_a));
+        l <= 4 && f <= l + 2
+    });
+    assert!(fa.count("replica: deleted the segments the leader's retention deleted") > 0);
+    eprintln!(
+        "{written} bytes written in segments of 256 KiB; on disk: leader {} segments, \
+         follower {}",
+        segment_files(leader.data_dir()),
+        segment_files(&dir_a)
+    );
+
+    // promoted by hand: every live message, nothing acked
+    leader.kill9();
+    fa.kill9();
+    let standalone = root.path().join("fa-standalone.toml");
+    std::fs::write(&standalone, SMALL_SEGMENTS).unwrap();
+    let mut b = Proc::start(
+        "fa standalone",
+        &dir_a,
+        &standalone,
+        &ephemeral_listen_args(),
+    );
+    b.wait_for_log("broker ready", T);
+    let slow = numbers(&rt.block_on(drain(b.addr("amqp"), "slow", T)));
+    assert_eq!(slow, (0..10).collect::<Vec<u64>>());
+    assert!(rt.block_on(drain(b.addr("amqp"), "fast", T)).is_empty());
 }

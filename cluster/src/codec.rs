@@ -3,7 +3,8 @@
 //! A frame is `u32 length` (of what follows, big-endian), `u8 kind`, then the payload;
 //! integers are big-endian, strings `u16 length` + UTF-8, data runs to the frame's end.
 //! The follower speaks first (`Hello`); the leader answers `Welcome` or `Refused`, then
-//! pushes `Journal`, `Snapshot`, `Log` and `Heartbeat`; the follower answers `Ack`.
+//! pushes `Journal`, `Snapshot`, `Log`, `Retained` and `Heartbeat`; the follower answers
+//! `Ack`.
 //! [`decode`] checks the declared length against its limit before buffering anything.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -11,8 +12,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 /// `Hello`'s magic.
 pub const MAGIC: &[u8; 4] = b"TRPL";
 /// The protocol version this build speaks (2: `Welcome` carries where shipping starts
-/// and the leader's epoch history).
-pub const VERSION: u16 = 2;
+/// and the leader's epoch history; 3: `Retained`).
+pub const VERSION: u16 = 3;
 /// The default largest frame (a data chunk is at most [`MAX_CHUNK`]).
 pub const MAX_FRAME: usize = (1 << 20) + 64;
 /// The largest piece of log, journal or snapshot one frame carries.
@@ -21,6 +22,9 @@ pub const MAX_CHUNK: usize = 1 << 20;
 pub const MAX_NODE_ID: usize = 255;
 /// The most epoch-history entries a `Welcome` carries.
 pub const MAX_HISTORY: usize = 1024;
+/// The most segments a `Retained` lists (8 bytes each: within [`MAX_FRAME`]). A leader
+/// holding more sends none, and its followers keep what they hold until it holds fewer.
+pub const MAX_RETAINED: usize = 100_000;
 
 /// Where a leader term began: its first commitlog offset and journal position (the
 /// leader's ends when it was elected). See `crate::epochs`.
@@ -39,6 +43,7 @@ const JOURNAL: u8 = 5;
 const SNAPSHOT: u8 = 6;
 const HEARTBEAT: u8 = 7;
 const ACK: u8 = 8;
+const RETAINED: u8 = 9;
 
 /// One frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +80,16 @@ pub enum Frame {
         offset: u64,
         total: u64,
         data: Bytes,
+    },
+    /// Leader → follower when its retention or compaction deleted segments: the start of
+    /// every segment it holds (ascending), listed before it read its log end `log_end`
+    /// and journal position `journal_pos`. Once the follower holds both durably (the
+    /// compactions' copies, and the ack states journaled at the checkpoint that let the
+    /// segments go), it deletes its sealed segments the list lacks below its last entry.
+    Retained {
+        log_end: u64,
+        journal_pos: u64,
+        segments: Vec<u64>,
     },
     /// Leader → follower when idle: the leader's ends (the follower acks).
     Heartbeat { log_end: u64, journal_pos: u64 },
@@ -183,6 +198,20 @@ pub fn encode(f: &Frame, out: &mut BytesMut) {
             out.put_u64(*log_durable);
             out.put_u64(*journal_durable);
         }
+        Frame::Retained {
+            log_end,
+            journal_pos,
+            segments,
+        } => {
+            out.put_u8(RETAINED);
+            out.put_u64(*log_end);
+            out.put_u64(*journal_pos);
+            // the senders list at most MAX_RETAINED; the decoder refuses more
+            out.put_u32(u32::try_from(segments.len()).unwrap_or(u32::MAX));
+            for s in segments {
+                out.put_u64(*s);
+            }
+        }
     }
     let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
     if let Some(h) = out.get_mut(start..start + 4) {
@@ -290,6 +319,29 @@ pub fn decode(buf: &mut BytesMut, max: usize) -> Result<Option<Frame>, DecodeErr
             log_durable: u64_(&mut p, "ack")?,
             journal_durable: u64_(&mut p, "ack")?,
         },
+        RETAINED => {
+            let what = "retained";
+            let log_end = u64_(&mut p, what)?;
+            let journal_pos = u64_(&mut p, what)?;
+            let n = u32_(&mut p, what)? as usize;
+            // the count is checked against the bytes there before anything is allocated
+            if n > MAX_RETAINED || p.len() != n * 8 {
+                return Err(DecodeError::Malformed("retained (segment list)"));
+            }
+            let mut segments = Vec::with_capacity(n);
+            for _ in 0..n {
+                let s = u64_(&mut p, what)?;
+                if segments.last().is_some_and(|l| *l >= s) {
+                    return Err(DecodeError::Malformed("retained (not ascending)"));
+                }
+                segments.push(s);
+            }
+            Frame::Retained {
+                log_end,
+                journal_pos,
+                segments,
+            }
+        }
         k => return Err(DecodeError::UnknownKind(k)),
     };
     if !p.is_empty() {
@@ -310,6 +362,13 @@ fn u16_(p: &mut Bytes, what: &'static str) -> Result<u16, DecodeError> {
     let mut a = [0u8; 2];
     a.copy_from_slice(&b);
     Ok(u16::from_be_bytes(a))
+}
+
+fn u32_(p: &mut Bytes, what: &'static str) -> Result<u32, DecodeError> {
+    let b = take(p, 4, what)?;
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b);
+    Ok(u32::from_be_bytes(a))
 }
 
 fn u64_(p: &mut Bytes, what: &'static str) -> Result<u64, DecodeError> {
@@ -393,6 +452,16 @@ mod tests {
                 log_durable: u64::MAX,
                 journal_durable: 0,
             },
+            Frame::Retained {
+                log_end: 1 << 33,
+                journal_pos: 5,
+                segments: vec![0, 4 << 20, 12 << 20],
+            },
+            Frame::Retained {
+                log_end: 0,
+                journal_pos: 0,
+                segments: vec![],
+            },
         ]
     }
 
@@ -473,6 +542,43 @@ mod tests {
             decode(&mut out, MAX_FRAME),
             Err(DecodeError::Malformed(_))
         ));
+        // a segment list whose count does not match its bytes, is over the bound, or is
+        // not ascending
+        let retained = |segments: Vec<u64>| {
+            let mut out = BytesMut::new();
+            encode(
+                &Frame::Retained {
+                    log_end: 9,
+                    journal_pos: 9,
+                    segments,
+                },
+                &mut out,
+            );
+            out
+        };
+        let mut out = retained(vec![1, 2]);
+        out.truncate(out.len() - 1);
+        out[3] -= 1;
+        assert!(matches!(
+            decode(&mut out, MAX_FRAME),
+            Err(DecodeError::Malformed(_))
+        ));
+        let mut out = retained(vec![]);
+        let at = out.len() - 4;
+        out[at..].copy_from_slice(&(MAX_RETAINED as u32 + 1).to_be_bytes());
+        assert!(matches!(
+            decode(&mut out, MAX_FRAME),
+            Err(DecodeError::Malformed(_))
+        ));
+        for list in [vec![5, 5], vec![6, 5]] {
+            assert!(matches!(
+                decode(&mut retained(list), MAX_FRAME),
+                Err(DecodeError::Malformed(_))
+            ));
+        }
+        // the longest list fits in a frame
+        let mut out = retained((0..MAX_RETAINED as u64).collect());
+        assert!(matches!(decode(&mut out, MAX_FRAME), Ok(Some(_))));
         // somebody else's protocol
         let mut out = BytesMut::new();
         encode(&all()[0], &mut out);

@@ -179,6 +179,8 @@ fn session(
             history: theirs,
         } => {
             let fatal = |e| Ended::Fatal(FollowerError::Write(e));
+            // this connection's leader says what it holds afresh
+            store.forget_retained();
             truncate_to(
                 store,
                 (log_end, journal_pos),
@@ -310,6 +312,11 @@ fn apply(store: &mut ReplicaStore, f: Frame) -> triad_store::Result<bool> {
                 );
             }
         }
+        Frame::Retained {
+            log_end,
+            journal_pos,
+            segments,
+        } => store.note_retained(segments, log_end, journal_pos),
         Frame::Heartbeat { .. } => return Ok(true),
         other => {
             return Err(triad_store::StoreError::Invalid(format!(

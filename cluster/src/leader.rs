@@ -25,7 +25,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use triad_store::journal::RawJournal;
+use triad_store::commitlog::CommitLog;
+use triad_store::journal::{MetaJournal, RawJournal};
 use triad_store::replica::ReplicaGate;
 use triad_store::store::Store;
 
@@ -524,7 +525,12 @@ impl Shared {
         let journal = self.store.journal();
         let mut out = BytesMut::with_capacity(MAX_FRAME);
         let mut last = Instant::now();
+        let mut retained = Retained::default();
         while !self.stop.load(Ordering::SeqCst) && alive.load(Ordering::SeqCst) {
+            if let Some(f) = retained.changed(log, journal) {
+                push(&mut out, &f);
+                flush(sock, &mut out)?;
+            }
             let (end, _) = self.sample();
             let (jend, _) = journal.position();
             let mut sent = false;
@@ -648,6 +654,44 @@ impl Shared {
         }
     }
 }
+
+/// What a sender last told its follower about the segments this leader holds; see
+/// `Frame::Retained`.
+#[derive(Default)]
+struct Retained {
+    sent: Vec<u64>,
+    checked: Option<Instant>,
+}
+
+impl Retained {
+    /// A `Retained` frame when the segments held changed since the last one (the first
+    /// round always sends one, so a follower that was away learns of what went in the
+    /// meantime). Looked at every [`RETAINED_EVERY`] at most: one list of the segments,
+    /// nothing per record.
+    fn changed(&mut self, log: &CommitLog, journal: &MetaJournal) -> Option<Frame> {
+        if self.checked.is_some_and(|at| at.elapsed() < RETAINED_EVERY) {
+            return None;
+        }
+        self.checked = Some(Instant::now());
+        let held: Vec<u64> = log.segment_list().iter().map(|s| s.start()).collect();
+        if held == self.sent || held.len() > codec::MAX_RETAINED {
+            return None;
+        }
+        // the ends are read after the list: whatever let a segment go (its copies, the
+        // ack states journaled at its checkpoint) is below them
+        let log_end = log.end();
+        let (journal_pos, _) = journal.position();
+        self.sent = held.clone();
+        Some(Frame::Retained {
+            log_end,
+            journal_pos,
+            segments: held,
+        })
+    }
+}
+
+/// How often a sender looks whether retention deleted segments.
+const RETAINED_EVERY: Duration = Duration::from_millis(200);
 
 fn invalid(msg: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_string())

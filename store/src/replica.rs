@@ -9,7 +9,9 @@
 //! - [`ReplicaStore`], on a follower: the data directory's commitlog and metadata journal
 //!   written as raw bytes at the leader's offsets and journal positions, and made
 //!   durable before they are acknowledged. No consume queue, index or checkpoint is kept:
-//!   opening the directory as a broker (promotion) recovers them from the log.
+//!   opening the directory as a broker (promotion) recovers them from the log. The
+//!   segments the leader's retention and compaction deleted are deleted here too, once
+//!   what let the leader delete them is durable here ([`ReplicaStore::note_retained`]).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -266,6 +268,15 @@ impl ReplicaGate {
 /// In-flight snapshot transfer: (position, declared length, bytes so far).
 type SnapshotInProgress = (u64, u64, Vec<u8>);
 
+/// The leader's segment list, and its ends read after it; see
+/// [`ReplicaStore::note_retained`].
+#[derive(Debug)]
+struct Retained {
+    log_end: u64,
+    journal_pos: u64,
+    segments: Vec<u64>,
+}
+
 /// A follower's copy of its leader's commitlog and metadata journal; see the module docs.
 pub struct ReplicaStore {
     log: CommitLog,
@@ -278,6 +289,9 @@ pub struct ReplicaStore {
     log_synced: u64,
     journal_synced: u64,
     snapshot: Option<SnapshotInProgress>,
+    /// The leader's deletions not applied yet, oldest first (at most two: a newer one
+    /// replaces the second, so the first is applied however often they come).
+    retained: std::collections::VecDeque<Retained>,
     _lock: File,
 }
 
@@ -336,6 +350,7 @@ impl ReplicaStore {
             log_synced,
             journal_synced: journal_pos,
             snapshot: None,
+            retained: Default::default(),
             _lock: lock,
         })
     }
@@ -369,6 +384,7 @@ impl ReplicaStore {
     /// Cuts the commitlog at `offset` (a divergent suffix of an older term; see the
     /// cluster crate's epoch history). Durable once this returns.
     pub fn truncate_log(&mut self, offset: u64) -> Result<()> {
+        self.retained.clear();
         self.log.truncate(offset)?;
         self.log_synced = self.log_synced.min(self.log.end());
         Ok(())
@@ -380,6 +396,7 @@ impl ReplicaStore {
     /// once this returns.
     pub fn reset_journal(&mut self) -> Result<()> {
         self.snapshot = None;
+        self.retained.clear();
         for prefix in ["journal-", "snapshot-"] {
             for p in list(&self.meta_dir, prefix)? {
                 let path = self.meta_dir.join(format!("{prefix}{p:020}"));
@@ -491,9 +508,79 @@ impl ReplicaStore {
         Ok(true)
     }
 
+    /// The leader's retention or compaction deleted segments: `segments` is every one it
+    /// holds (ascending), listed before it read its ends `log_end` and `journal_pos`.
+    /// Once this copy holds both durably (a compaction's copies are below that end, and
+    /// the ack states journaled at the checkpoint that let the segments go are below
+    /// that position), [`ReplicaStore::sync`] deletes each sealed segment here that
+    /// starts below the list's last entry and is not in it, so that a promotion's replay
+    /// (from the log's start: see `CommitLog::recover`) finds what the leader's would.
+    /// Notices from an earlier connection are dropped ([`ReplicaStore::forget_retained`]).
+    pub fn note_retained(&mut self, segments: Vec<u64>, log_end: u64, journal_pos: u64) {
+        if !segments.is_sorted_by(|a, b| a < b) {
+            tracing::warn!("replica: a segment list out of order from the leader; ignored");
+            return;
+        }
+        if self.retained.len() >= 2 {
+            self.retained.pop_back();
+        }
+        self.retained.push_back(Retained {
+            log_end,
+            journal_pos,
+            segments,
+        });
+    }
+
+    /// Drops the leader's deletions not applied yet (a new connection, perhaps to a
+    /// new leader, sends its own).
+    pub fn forget_retained(&mut self) {
+        self.retained.clear();
+    }
+
+    /// Applies the deletion notices this copy now holds durably enough for; returns
+    /// the segments deleted.
+    fn apply_retained(&mut self) -> Result<usize> {
+        let mut deleted = 0;
+        while let Some(n) = self.retained.front() {
+            if self.log_synced < n.log_end || self.journal_synced < n.journal_pos {
+                break;
+            }
+            let Some(n) = self.retained.pop_front() else {
+                break;
+            };
+            let Some(&last) = n.segments.last() else {
+                continue;
+            };
+            for seg in self.log.segment_list() {
+                let start = seg.start();
+                if start < last
+                    && seg.end() <= self.log_synced
+                    && n.segments.binary_search(&start).is_err()
+                {
+                    // the segment holding the end stays (delete_segment refuses it)
+                    deleted += usize::from(self.log.delete_segment(start)?);
+                }
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(
+                segments = deleted,
+                first = self.log.min_offset(),
+                "replica: deleted the segments the leader's retention deleted"
+            );
+        }
+        Ok(deleted)
+    }
+
+    /// Segment files this copy holds.
+    pub fn segment_count(&self) -> usize {
+        self.log.segment_list().len()
+    }
+
     /// Makes everything written durable (`fdatasync` of the journal, `msync` of the new
     /// log bytes) and returns the durable (commitlog end, journal position): what the
-    /// follower acknowledges. An error is fatal for this copy.
+    /// follower acknowledges. Then deletes what the leader's deletions now allow
+    /// ([`ReplicaStore::note_retained`]). An error is fatal for this copy.
     pub fn sync(&mut self) -> Result<(u64, u64)> {
         if self.journal_synced < self.journal_pos {
             self.journal
@@ -505,6 +592,9 @@ impl ReplicaStore {
         if self.log_synced < end {
             self.log.flush(self.log_synced, end)?;
             self.log_synced = end;
+        }
+        if !self.retained.is_empty() {
+            self.apply_retained()?;
         }
         Ok((self.log_synced, self.journal_synced))
     }
@@ -622,6 +712,55 @@ mod tests {
                 &vec![i as u8; 300][..]
             );
         }
+    }
+
+    /// The leader's deletions are applied once this copy holds the log end and journal
+    /// position read after the list, to sealed segments only, and not at all after a
+    /// truncation; the copy with holes reopens whole.
+    #[test]
+    fn the_leaders_deleted_segments_go_here_once_its_ends_are_durable_here() {
+        let l = tempfile::tempdir().unwrap();
+        let f = tempfile::tempdir().unwrap();
+        let (log, _) = leader(l.path(), 60);
+        let starts: Vec<u64> = log.segment_list().iter().map(|s| s.start()).collect();
+        assert!(starts.len() >= 5, "{starts:?}");
+        let mut r = ReplicaStore::open(f.path(), 4096).unwrap();
+        while r.log_end() < starts[4] {
+            let at = r.log_end();
+            r.write_log(at, &log.read_raw(at, starts[4] - at).unwrap())
+                .unwrap();
+        }
+        let held = r.sync().unwrap().0;
+        assert_eq!(held, starts[4]);
+        // the leader deleted its first and third segments; its list, then its ends
+        let list: Vec<u64> = starts
+            .iter()
+            .copied()
+            .filter(|s| *s != starts[0] && *s != starts[2])
+            .collect();
+        // not yet: the journal position is not held here
+        r.note_retained(list.clone(), log.end(), 1);
+        r.sync().unwrap();
+        assert_eq!(r.segment_count(), 4);
+        // a truncation drops it
+        r.truncate_log(held).unwrap();
+        ship(&log, &mut r, 1 << 20);
+        r.sync().unwrap();
+        assert_eq!(r.segment_count(), starts.len());
+        // the log end is not held yet: kept until it is
+        r.note_retained(list.clone(), log.end() + 1, 0);
+        r.sync().unwrap();
+        assert_eq!(r.segment_count(), starts.len());
+        r.forget_retained();
+        r.note_retained(list.clone(), log.end(), 0);
+        r.sync().unwrap();
+        let now: Vec<u64> = r.log.segment_list().iter().map(|s| s.start()).collect();
+        assert_eq!(now, list, "the first and third segments went, nothing else");
+        drop(r);
+        // reopened with its holes: nothing is cut, every remaining record is there
+        let r = ReplicaStore::open(f.path(), 4096).unwrap();
+        assert_eq!(r.log_end(), log.end());
+        assert_eq!(r.segment_count(), list.len());
     }
 
     #[test]
