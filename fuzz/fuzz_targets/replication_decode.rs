@@ -68,7 +68,7 @@ impl Fields<'_> {
 
 fn build(b: &[u8]) -> Frame {
     let mut f = Fields(b);
-    match f.u8() % 8 {
+    match f.u8() % 9 {
         0 => {
             let version = u16::from(f.u8()) << 8 | u16::from(f.u8());
             let mut node = f.string(MAX_NODE_ID);
@@ -126,10 +126,27 @@ fn build(b: &[u8]) -> Frame {
             log_end: f.u64(),
             journal_pos: f.u64(),
         },
-        _ => Frame::Ack {
+        7 => Frame::Ack {
             log_durable: f.u64(),
             journal_durable: f.u64(),
         },
+        _ => {
+            let (log_end, journal_pos) = (f.u64(), f.u64());
+            // ascending, as the decoder requires
+            let mut at = 0u64;
+            let mut segments = (0..f.u8() % 16)
+                .map(|_| {
+                    at = at.saturating_add(u64::from(f.u8()) + 1);
+                    at
+                })
+                .collect::<Vec<u64>>();
+            segments.dedup(); // saturated at the top
+            Frame::Retained {
+                log_end,
+                journal_pos,
+                segments,
+            }
+        }
     }
 }
 

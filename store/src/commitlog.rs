@@ -1350,7 +1350,7 @@ mod tests {
     /// hole, whether it starts below or above it; the writer's segment is never
     /// deleted; a scan visits each record of a sealed segment with its bytes.
     #[test]
-    fn a_deleted_middle_segment_leaves_a_gap_recovery_accepts_only_below_its_start() {
+    fn a_deleted_middle_segment_leaves_a_hole_recovery_goes_on_after() {
         let dir = tempfile::tempdir().unwrap();
         let mut offs = Vec::new();
         {
