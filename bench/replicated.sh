@@ -27,7 +27,12 @@
 # Node logs are kept as $LOGDIR/SCENARIO-ROUND-NODE.log; a result line's in_sync_left counts
 # the leader's "left the in-sync set" lines during that run.
 #
-# Environment: ROUNDS (2) DURATION (20) SIZE (1024) WINDOW (1000) OUT
+# After each Triad run, before the nodes stop, the commitlog bytes on disk of each node
+# (du of its data dir's commitlog) are added to the result line as "commitlog_bytes" and
+# printed. SEGMENT (e.g. "64 MiB") sets every node's store.segment_size (default: the
+# broker's 1 GiB), so that a short run fills and deletes segments.
+#
+# Environment: ROUNDS (2) DURATION (20) SIZE (1024) WINDOW (1000) SEGMENT OUT
 #   (replicated-results.jsonl) TRIAD_BIN (target/release/triad) PEER_AMQP_PORT (5680)
 #   FIRST_ROUND (1: the first round's number, to add rounds to a file) SKIP_BUILD=1 LOGDIR (a temp dir) TMPDIR (where the nodes' data dirs go: a disk, not tmpfs)
 set -uo pipefail
@@ -102,6 +107,9 @@ start_node() {
     local name=$1 config=$2
     shift 2
     rm -rf "$WORK/data-$name"
+    if [ -n "${SEGMENT:-}" ]; then
+        config=$(printf '[store]\nsegment_size = "%s"\n\n%s' "$SEGMENT" "$config")
+    fi
     printf '%s\n' "$config" >"$WORK/$name.toml"
     "$TRIAD_BIN" --data-dir "$WORK/data-$name" --config "$WORK/$name.toml" "$@" \
         2>"$WORK/$name.log" >&2 &
@@ -144,7 +152,7 @@ pid_on_port() { # the pid of the process listening on 127.0.0.1:PORT
 
 # run SCENARIO ROUND -> appends the result line to $OUT and prints a table row
 run() {
-    local name=$1 round=$2 port pids=() extra=() line
+    local name=$1 round=$2 port pids=() extra=() line disk=
     case $name in
     rabbit-*)
         port=$PEER_AMQP_PORT
@@ -181,6 +189,12 @@ run() {
         # times a follower left the in-sync set during the run (a stall, a lag past the
         # bound), counted before the nodes are stopped (then every follower leaves)
         [ -f "$WORK/leader.log" ] && left=$(grep -c "left the in-sync set" "$WORK/leader.log")
+        disk=""
+        for node in single leader f1 f2; do
+            [ -d "$WORK/data-$node/commitlog" ] || continue
+            disk="$disk${disk:+,}\"$node\":$(du -sb "$WORK/data-$node/commitlog" | cut -f1)"
+        done
+        echo "  $name round $round: commitlog bytes on disk {$disk}" >&2
         stop_nodes
         for node in single leader f1 f2; do
             [ -f "$WORK/$node.log" ] && mv "$WORK/$node.log" "$LOGDIR/$name-$round-$node.log"
@@ -193,7 +207,7 @@ run() {
     fi
     local load
     load=$(cut -d' ' -f1 /proc/loadavg)
-    echo "$line" | sed "s/^{/{\"scenario\":\"$name\",\"round\":$round,\"loadavg_1m\":$load,\"in_sync_left\":$left,/" >>"$OUT"
+    echo "$line" | sed "s/^{/{\"scenario\":\"$name\",\"round\":$round,\"loadavg_1m\":$load,\"in_sync_left\":$left,\"commitlog_bytes\":{$disk},/" >>"$OUT"
     row "$name" "$round" "$load" "$line" "$left"
 }
 
