@@ -30,7 +30,8 @@
 # After each Triad run, before the nodes stop, the commitlog bytes on disk of each node
 # (du of its data dir's commitlog) are added to the result line as "commitlog_bytes" and
 # printed. SEGMENT (e.g. "64 MiB") sets every node's store.segment_size (default: the
-# broker's 1 GiB), so that a short run fills and deletes segments.
+# broker's 1 GiB), so that a short run fills and deletes segments, and limits messages
+# to 1 MiB (a segment must be larger than the largest message).
 #
 # Environment: ROUNDS (2) DURATION (20) SIZE (1024) WINDOW (1000) SEGMENT OUT
 #   (replicated-results.jsonl) TRIAD_BIN (target/release/triad) PEER_AMQP_PORT (5680)
@@ -108,7 +109,9 @@ start_node() {
     shift 2
     rm -rf "$WORK/data-$name"
     if [ -n "${SEGMENT:-}" ]; then
-        config=$(printf '[store]\nsegment_size = "%s"\n\n%s' "$SEGMENT" "$config")
+        # a segment must be larger than the largest message (128 MiB by default)
+        config=$(printf '[store]\nsegment_size = "%s"\n\n[limits]\nmax_message_size = "1 MiB"\n\n%s' \
+            "$SEGMENT" "$config")
     fi
     printf '%s\n' "$config" >"$WORK/$name.toml"
     "$TRIAD_BIN" --data-dir "$WORK/data-$name" --config "$WORK/$name.toml" "$@" \
