@@ -444,8 +444,16 @@ impl Elector {
         };
         let ttl = c.lease_ttl();
         let r = config.replication.clone().unwrap_or_default();
+        let etcd = match c.etcd_tls.as_ref().and_then(|t| t.files()) {
+            Some(f) => {
+                let tls =
+                    triad_cluster::tls::etcd_client_config(&f).context("[cluster.etcd_tls]")?;
+                Etcd::with_tls(&c.etcd, ttl / 3, tls)
+            }
+            None => Etcd::new(&c.etcd, ttl / 3),
+        };
         Ok(Elector {
-            etcd: Arc::new(Etcd::new(&c.etcd, ttl / 3)),
+            etcd: Arc::new(etcd),
             key: election_key(c.group_name()),
             candidates: candidates_prefix(c.group_name()),
             me: NodeInfo {

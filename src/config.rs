@@ -88,9 +88,12 @@ pub struct ClusterSection {
     pub leader: Option<String>,
     /// `[cluster.tls]`: mutual TLS between nodes (absent: plain TCP).
     pub tls: Option<ClusterTlsSection>,
-    /// etcd's client URLs (`http://HOST:PORT`, its JSON gateway): the election.
+    /// etcd's client URLs (`http://HOST:PORT`, or all `https://HOST:PORT` with
+    /// `[cluster.etcd_tls]`; its JSON gateway): the election.
     #[serde(default)]
     pub etcd: Vec<String>,
+    /// `[cluster.etcd_tls]`: TLS to etcd (its `https://` URLs need it).
+    pub etcd_tls: Option<EtcdTlsSection>,
     /// The leader's lease in etcd (whole seconds, at least 2 s; default 2 s): a leader
     /// that cannot renew it stops confirming within this, and a follower takes over
     /// after it.
@@ -116,6 +119,30 @@ pub struct ClusterTlsSection {
     pub key_file: Option<PathBuf>,
     /// PEM bundle of the CAs the other nodes' certificates must chain to.
     pub ca_file: Option<PathBuf>,
+}
+
+/// `[cluster.etcd_tls]`: etcd's server certificate is verified against `ca_file` for the
+/// host of each `https://` URL; `cert_file` and `key_file` (both or neither) are this
+/// node's client certificate, for an etcd started with `--client-cert-auth`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTlsSection {
+    /// PEM bundle of the CAs etcd's certificate must chain to.
+    pub ca_file: Option<PathBuf>,
+    /// PEM chain of this node's client certificate.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of that certificate.
+    pub key_file: Option<PathBuf>,
+}
+
+impl EtcdTlsSection {
+    /// The files, once [`Config::validate`] has checked them.
+    pub fn files(&self) -> Option<triad_cluster::tls::EtcdTlsFiles> {
+        Some(triad_cluster::tls::EtcdTlsFiles {
+            ca: self.ca_file.clone()?,
+            client: self.cert_file.clone().zip(self.key_file.clone()),
+        })
+    }
 }
 
 impl ClusterTlsSection {
@@ -1035,6 +1062,7 @@ impl Config {
             ("cluster.lease_ttl", c.lease_ttl.is_some()),
             ("cluster.advertise", c.advertise.is_some()),
             ("cluster.name", c.name.is_some()),
+            ("cluster.etcd_tls", c.etcd_tls.is_some()),
         ] {
             if set {
                 return Err(invalid(
@@ -1139,16 +1167,7 @@ impl Config {
                 "contradicts cluster.etcd: the leader is whoever holds the election key",
             ));
         }
-        for url in &c.etcd {
-            let Some(hostport) = url.strip_prefix("http://") else {
-                return Err(invalid(
-                    "cluster.etcd",
-                    url,
-                    "expected http://HOST:PORT (etcd's client URL; no TLS to etcd yet)",
-                ));
-            };
-            check_listen("cluster.etcd", hostport.trim_end_matches('/'))?;
-        }
+        validate_etcd_urls(c)?;
         let ttl = c.lease_ttl();
         if ttl.subsec_nanos() != 0 || !(2..=60).contains(&ttl.as_secs()) {
             return Err(invalid(
@@ -1575,6 +1594,56 @@ fn check_listen(key: &'static str, value: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// `cluster.etcd`: every URL `http://HOST:PORT`, or every one `https://HOST:PORT` with
+/// `[cluster.etcd_tls]` and its `ca_file` (a client certificate is both files or none).
+fn validate_etcd_urls(c: &ClusterSection) -> Result<(), ConfigError> {
+    let tls = c.etcd_tls.is_some();
+    let (scheme, why) = if tls {
+        (
+            "https://",
+            "expected https://HOST:PORT: with [cluster.etcd_tls] every etcd URL is TLS",
+        )
+    } else {
+        (
+            "http://",
+            "expected http://HOST:PORT (https:// needs [cluster.etcd_tls] with etcd's ca_file)",
+        )
+    };
+    for url in &c.etcd {
+        let Some(hostport) = url.strip_prefix(scheme) else {
+            return Err(invalid("cluster.etcd", url, why));
+        };
+        check_listen("cluster.etcd", hostport.trim_end_matches('/'))?;
+    }
+    let Some(t) = &c.etcd_tls else {
+        return Ok(());
+    };
+    for (key, path) in [
+        ("cluster.etcd_tls.ca_file", &t.ca_file),
+        ("cluster.etcd_tls.cert_file", &t.cert_file),
+        ("cluster.etcd_tls.key_file", &t.key_file),
+    ] {
+        if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(invalid(key, "", "must not be empty"));
+        }
+    }
+    if t.ca_file.is_none() {
+        return Err(invalid(
+            "cluster.etcd_tls.ca_file",
+            "",
+            "[cluster.etcd_tls] needs ca_file: the CA etcd's certificate is checked against",
+        ));
+    }
+    if t.cert_file.is_some() != t.key_file.is_some() {
+        return Err(invalid(
+            "cluster.etcd_tls",
+            "",
+            "a client certificate needs both cert_file and key_file",
+        ));
+    }
+    Ok(())
+}
+
 /// `[cluster.tls]`: all three files, none empty.
 fn validate_cluster_tls(t: &ClusterTlsSection) -> Result<(), ConfigError> {
     for (key, path) in [
@@ -1776,6 +1845,53 @@ mod tests {
         refused(
             "[cluster]\nnode_id = \"a\"\nlisten = \"h:1\"\netcd = [\"http://e\"]\n",
             "cluster.etcd",
+        );
+        // TLS to etcd: https:// URLs with [cluster.etcd_tls] and its CA, all or none
+        let https = "[cluster]\nnode_id = \"a\"\nlisten = \"127.0.0.1:5680\"\n\
+                     etcd = [\"https://e:2379\", \"https://10.0.0.2:2379\"]\n";
+        let c = parse(&format!(
+            "{https}[cluster.etcd_tls]\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\n\
+             key_file = \"k.pem\"\n"
+        ))
+        .expect("parses");
+        c.validate().expect("valid");
+        let files = c.cluster.and_then(|c| c.etcd_tls?.files()).expect("files");
+        assert_eq!(files.ca, PathBuf::from("ca.pem"));
+        assert_eq!(
+            files.client,
+            Some((PathBuf::from("c.pem"), PathBuf::from("k.pem")))
+        );
+        parse(&format!(
+            "{https}[cluster.etcd_tls]\nca_file = \"ca.pem\"\n"
+        ))
+        .expect("parses")
+        .validate()
+        .expect("a client certificate is optional");
+        refused(
+            &format!("{https}[cluster.etcd_tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n"),
+            "cluster.etcd_tls.ca_file",
+        );
+        refused(
+            &format!("{https}[cluster.etcd_tls]\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\n"),
+            "cluster.etcd_tls",
+        );
+        refused(
+            &format!("{https}[cluster.etcd_tls]\nca_file = \"\"\n"),
+            "cluster.etcd_tls.ca_file",
+        );
+        refused(
+            &format!("{base}[cluster.etcd_tls]\nca_file = \"ca.pem\"\n"),
+            "cluster.etcd",
+        );
+        refused(
+            "[cluster]\nnode_id = \"a\"\nlisten = \"h:1\"\n\
+             etcd = [\"https://e:2379\", \"http://f:2379\"]\n[cluster.etcd_tls]\nca_file = \"ca.pem\"\n",
+            "cluster.etcd",
+        );
+        refused(
+            "[cluster]\nrole = \"leader\"\nnode_id = \"a\"\nlisten = \"h:1\"\n\
+             [cluster.etcd_tls]\nca_file = \"ca.pem\"\n",
+            "cluster.etcd_tls",
         );
         refused(
             &format!("{base}[replication]\nmode = \"sync\"\n[store]\nflush = \"async\"\n"),

@@ -662,3 +662,96 @@ fn clients_of_a_follower_reach_the_leader_and_find_their_state_after_failover() 
     assert_eq!(rt.block_on(drain(addr, "sq", T)), vec![b"hello".to_vec()]);
     drop(etcd);
 }
+
+/// TLS to etcd (`[cluster.etcd_tls]`): etcd serves `https://` and requires client
+/// certificates from its CA (`--client-cert-auth`). A node configured with etcd's CA and a
+/// client certificate is elected through it; a client without a certificate, one that
+/// does not trust etcd's CA, and a plain `http://` one get nothing from that etcd.
+#[test]
+fn a_node_is_elected_through_an_etcd_that_requires_tls_and_client_certificates() {
+    use common::certs::{new_ca, node_cert};
+    use triad_cluster::testing::EtcdTls;
+    use triad_cluster::tls::{etcd_client_config, EtcdTlsFiles};
+
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let ca = new_ca("etcd CA");
+    let ca_file = dir.join("etcd-ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let (server_cert, server_key) = node_cert(dir, &ca, "etcd");
+    let (client_cert, client_key) = node_cert(dir, &ca, "a-client");
+    let other = new_ca("another CA");
+    let other_file = dir.join("other-ca.pem");
+    std::fs::write(&other_file, other.pem()).unwrap();
+    let Some(etcd) = EtcdServer::start_tls(
+        dir,
+        &EtcdTls {
+            cert: server_cert,
+            key: server_key,
+            client_ca: Some(ca_file.clone()),
+        },
+    ) else {
+        return;
+    };
+    let url = etcd.url();
+    assert!(url.starts_with("https://"), "{url}");
+
+    let config = dir.join("a.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[cluster]\nnode_id = \"a\"\netcd = [\"{url}\"]\nlisten = \"127.0.0.1:0\"\n\
+             [cluster.etcd_tls]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n\
+             [replication]\nmode = \"async\"\n",
+            common::TEST_CONFIG,
+            ca_file.to_str().unwrap(),
+            client_cert.to_str().unwrap(),
+            client_key.to_str().unwrap(),
+        ),
+    )
+    .unwrap();
+    let mut a = Proc::start("a", &dir.join("a"), &config, &ephemeral_listen_args());
+    a.wait_for_log("elected leader", T);
+    a.wait_for_log("broker ready", T);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let key = election_key("default");
+    let client = |ca: &Path, cert: bool| {
+        let files = EtcdTlsFiles {
+            ca: ca.to_path_buf(),
+            client: cert.then(|| (client_cert.clone(), client_key.clone())),
+        };
+        Etcd::with_tls(
+            std::slice::from_ref(&url),
+            T,
+            etcd_client_config(&files).unwrap(),
+        )
+    };
+    // with the CA and a client certificate: the election key names node a
+    let holder = rt
+        .block_on(client(&ca_file, true).holder(&key))
+        .unwrap()
+        .expect("a holds the key");
+    assert_eq!(NodeInfo::from_json(&holder.value).unwrap().node, "a");
+    // without a client certificate, trusting another CA, or in plain text: refused
+    let no_cert = rt.block_on(client(&ca_file, false).holder(&key));
+    assert!(no_cert.is_err(), "{no_cert:?}");
+    let wrong_ca = rt.block_on(client(&other_file, true).holder(&key));
+    assert!(wrong_ca.is_err(), "{wrong_ca:?}");
+    let plain = rt.block_on(
+        Etcd::new(
+            &[url.replace("https://", "http://")],
+            Duration::from_secs(5),
+        )
+        .holder(&key),
+    );
+    assert!(plain.is_err(), "{plain:?}");
+    for (what, e) in [
+        ("no client certificate", no_cert),
+        ("another CA", wrong_ca),
+        ("plain", plain),
+    ] {
+        eprintln!("{what}: {}", e.unwrap_err());
+    }
+    drop(etcd);
+}

@@ -10,47 +10,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use common::certs::{new_ca, node_cert};
 use common::cluster::{api, leader_config, node, publish, start_follower, T};
 use common::TestBroker;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 use triad_core::testing::eventually_blocking;
-
-fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, name);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
-}
-
-/// A node's certificate (server and client use: a node leads or follows), for
-/// `localhost` / 127.0.0.1, signed by `ca`; (cert file, key file) under `dir`.
-fn node_cert(dir: &Path, ca: &CertifiedIssuer<'static, KeyPair>, name: &str) -> (PathBuf, PathBuf) {
-    let mut p =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    p.distinguished_name.push(DnType::CommonName, name);
-    p.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    let key = KeyPair::generate().unwrap();
-    let cert = p.signed_by(&key, ca).unwrap();
-    let c = dir.join(format!("{name}.pem"));
-    let k = dir.join(format!("{name}-key.pem"));
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (c, k)
-}
 
 fn tls_section(cert: &Path, key: &Path, ca: &Path) -> String {
     format!(

@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::certs::new_ca;
 use common::{ephemeral_listen_args, run_to_exit, triad_command, TestBroker};
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
+    CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::version::{TLS12, TLS13};
@@ -61,18 +61,6 @@ struct Pki {
     client: Identity,
     /// Signed by another CA the broker does not trust.
     stranger: Identity,
-}
-
-fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut p = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, name);
-    p.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(p, KeyPair::generate().expect("CA key")).expect("CA cert")
 }
 
 /// A leaf certificate signed by `ca`: (PEM certificate, key pair, DER certificate).

@@ -10,12 +10,13 @@
 //! transaction wins. The **epoch** of a term is the key's `create_revision`: etcd's
 //! revision counter only grows, so a later term always has a larger epoch.
 //!
-//! Every call is one POST with a JSON body on a fresh connection to the first endpoint
-//! that answers (a small number of calls per TTL/3: no pooling needed), bounded by a
+//! Every call is one POST with a JSON body on a fresh connection (TLS with `https://`
+//! endpoints and `[cluster.etcd_tls]`) to the first endpoint that answers (a small number of calls per TTL/3: no pooling needed), bounded by a
 //! timeout; keys and values are base64, 64-bit integers arrive as strings.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -125,6 +126,8 @@ pub struct Etcd {
     timeout: Duration,
     /// The endpoint that answered last (tried first).
     preferred: AtomicUsize,
+    /// TLS to every endpoint (`https://` URLs, `[cluster.etcd_tls]`); `None`: plain.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 fn b64(s: &[u8]) -> String {
@@ -160,12 +163,28 @@ impl Etcd {
                 .iter()
                 .map(|e| {
                     e.trim_start_matches("http://")
+                        .trim_start_matches("https://")
                         .trim_end_matches('/')
                         .to_owned()
                 })
                 .collect(),
             timeout,
             preferred: AtomicUsize::new(0),
+            tls: None,
+        }
+    }
+
+    /// A client of `endpoints` (`https://host:port`) over TLS with `tls`
+    /// ([`crate::tls::etcd_client_config`]): each endpoint's certificate is checked for
+    /// its host.
+    pub fn with_tls(
+        endpoints: &[String],
+        timeout: Duration,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Etcd {
+        Etcd {
+            tls: Some(tls),
+            ..Etcd::new(endpoints, timeout)
         }
     }
 
@@ -183,7 +202,8 @@ impl Etcd {
             let Some(endpoint) = self.endpoints.get(at) else {
                 continue;
             };
-            let answer = tokio::time::timeout(self.timeout, post(endpoint, path, body.clone()))
+            let call = post(endpoint, path, body.clone(), self.tls.as_ref());
+            let answer = tokio::time::timeout(self.timeout, call)
                 .await
                 .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.timeout)));
             match answer {
@@ -398,8 +418,14 @@ fn malformed(path: &'static str, v: &Value) -> EtcdError {
     EtcdError::Malformed { path, what }
 }
 
-/// POSTs `body` to `http://endpoint/path` on a fresh connection; the status and the body.
-async fn post(endpoint: &str, path: &str, body: Bytes) -> Result<(u16, Bytes), String> {
+/// POSTs `body` to `http://endpoint/path` (`https://` with `tls`) on a fresh connection;
+/// the status and the body.
+async fn post(
+    endpoint: &str,
+    path: &str,
+    body: Bytes,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<(u16, Bytes), String> {
     let addrs: Vec<SocketAddr> = endpoint
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve: {e}"))?
@@ -417,7 +443,30 @@ async fn post(endpoint: &str, path: &str, body: Bytes) -> Result<(u16, Bytes), S
     }
     let stream = stream.ok_or(last)?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    match tls {
+        None => exchange(TokioIo::new(stream), endpoint, path, body).await,
+        Some(cfg) => {
+            let name = crate::tls::server_name(endpoint).map_err(|e| e.to_string())?;
+            let stream = tokio_rustls::TlsConnector::from(cfg.clone())
+                .connect(name, stream)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?;
+            exchange(TokioIo::new(stream), endpoint, path, body).await
+        }
+    }
+}
+
+/// One HTTP/1.1 POST on `io`, an open connection to `endpoint`.
+async fn exchange<T>(
+    io: TokioIo<T>,
+    endpoint: &str,
+    path: &str,
+    body: Bytes,
+) -> Result<(u16, Bytes), String>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(|e| e.to_string())?;
     let conn = tokio::spawn(conn);

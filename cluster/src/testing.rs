@@ -20,6 +20,17 @@ pub struct EtcdServer {
     child: Child,
     client: SocketAddr,
     log: PathBuf,
+    /// Serving its clients over TLS ([`EtcdServer::start_tls`]).
+    tls: bool,
+}
+
+/// What [`EtcdServer::start_tls`] serves with: its certificate and key (for 127.0.0.1),
+/// and, with `client_ca`, client certificates required that chain to it (etcd's
+/// `--client-cert-auth`).
+pub struct EtcdTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
 }
 
 /// The etcd binary: `$TRIAD_ETCD`, else `etcd` on the `PATH`, else `/usr/bin/etcd`.
@@ -42,6 +53,15 @@ impl EtcdServer {
     /// Starts etcd with its data in `dir` (see the module docs). Panics if it is
     /// installed but does not come up.
     pub fn start(dir: &Path) -> Option<EtcdServer> {
+        Self::start_with(dir, None)
+    }
+
+    /// [`EtcdServer::start`], serving clients over `https://` with `tls`.
+    pub fn start_tls(dir: &Path, tls: &EtcdTls) -> Option<EtcdServer> {
+        Self::start_with(dir, Some(tls))
+    }
+
+    fn start_with(dir: &Path, tls: Option<&EtcdTls>) -> Option<EtcdServer> {
         let Some(bin) = binary() else {
             eprintln!(
                 "SKIPPED: no etcd binary (install Debian's etcd-server, or set TRIAD_ETCD); \
@@ -52,7 +72,7 @@ impl EtcdServer {
         // a free port can be taken by somebody else before etcd binds it: a few tries
         let mut last = String::new();
         for attempt in 0..3 {
-            match Self::try_start(&bin, dir, attempt) {
+            match Self::try_start(&bin, dir, attempt, tls) {
                 Ok(s) => return Some(s),
                 Err(e) => last = e,
             }
@@ -60,7 +80,12 @@ impl EtcdServer {
         panic!("etcd ({}) did not start: {last}", bin.display());
     }
 
-    fn try_start(bin: &Path, dir: &Path, attempt: u32) -> Result<EtcdServer, String> {
+    fn try_start(
+        bin: &Path,
+        dir: &Path,
+        attempt: u32,
+        tls: Option<&EtcdTls>,
+    ) -> Result<EtcdServer, String> {
         let (cp, pp) = (
             free_port().map_err(|e| e.to_string())?,
             free_port().map_err(|e| e.to_string())?,
@@ -69,9 +94,19 @@ impl EtcdServer {
         let log = dir.join(format!("etcd-{attempt}.log"));
         let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
-        let client = format!("http://127.0.0.1:{cp}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{cp}");
         let peer = format!("http://127.0.0.1:{pp}");
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        if let Some(t) = tls {
+            cmd.arg(format!("--cert-file={}", t.cert.display()))
+                .arg(format!("--key-file={}", t.key.display()));
+            if let Some(ca) = &t.client_ca {
+                cmd.arg("--client-cert-auth")
+                    .arg(format!("--trusted-ca-file={}", ca.display()));
+            }
+        }
+        let child = cmd
             .arg("--name=t")
             .arg(format!("--data-dir={}", data.display()))
             .arg(format!("--listen-client-urls={client}"))
@@ -88,6 +123,7 @@ impl EtcdServer {
             child,
             client: SocketAddr::from(([127, 0, 0, 1], cp)),
             log,
+            tls: tls.is_some(),
         };
         let deadline = Instant::now() + STARTUP;
         loop {
@@ -105,6 +141,10 @@ impl EtcdServer {
     }
 
     fn healthy(&self) -> bool {
+        if self.tls {
+            // no TLS client here: etcd says when it serves
+            return self.log_text().contains("ready to serve client requests");
+        }
         let Ok(mut s) = TcpStream::connect_timeout(&self.client, Duration::from_millis(500)) else {
             return false;
         };
@@ -119,9 +159,10 @@ impl EtcdServer {
         answer.contains("\"health\":\"true\"")
     }
 
-    /// Its client URL, `http://127.0.0.1:PORT`.
+    /// Its client URL, `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.client)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.client)
     }
 
     /// Its log (for a failing test's output).

@@ -14,6 +14,10 @@
 //!   encrypting); socket reads happen outside it, and socket writes under a second lock
 //!   taken first, so records reach the socket in the order they were sealed.
 //!
+//! - [`etcd_client_config`]: the election's client of etcd over `https://`
+//!   (`[cluster.etcd_tls]`): etcd's certificate verified against its CA, a client
+//!   certificate presented when etcd asks for one.
+//!
 //! The handshake runs on the connection's own thread with the socket's timeouts (the
 //! leader's `HANDSHAKE`, the follower's silence bound).
 
@@ -71,30 +75,40 @@ fn load(
     ),
     TlsSetupError,
 > {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&f.cert)
-        .map_err(|e| file_err("certificate", &f.cert)(e.to_string()))?
+    let (chain, key) = load_chain(&f.cert, &f.key)?;
+    Ok((chain, key, load_roots(&f.ca)?))
+}
+
+/// A PEM certificate chain and its key.
+fn load_chain(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsSetupError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| file_err("certificate", cert)(e.to_string()))?
         .collect::<Result<_, _>>()
-        .map_err(|e| file_err("certificate", &f.cert)(e.to_string()))?;
+        .map_err(|e| file_err("certificate", cert)(e.to_string()))?;
     if chain.is_empty() {
-        return Err(file_err("certificate", &f.cert)(
-            "no certificate in it".into(),
-        ));
+        return Err(file_err("certificate", cert)("no certificate in it".into()));
     }
-    let key =
-        PrivateKeyDer::from_pem_file(&f.key).map_err(|e| file_err("key", &f.key)(e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| file_err("key", key)(e.to_string()))?;
+    Ok((chain, key))
+}
+
+/// A PEM bundle of CA certificates (at least one).
+fn load_roots(ca: &Path) -> Result<RootCertStore, TlsSetupError> {
     let mut roots = RootCertStore::empty();
-    let cas =
-        CertificateDer::pem_file_iter(&f.ca).map_err(|e| file_err("CA", &f.ca)(e.to_string()))?;
+    let cas = CertificateDer::pem_file_iter(ca).map_err(|e| file_err("CA", ca)(e.to_string()))?;
     for c in cas {
-        let c = c.map_err(|e| file_err("CA", &f.ca)(e.to_string()))?;
+        let c = c.map_err(|e| file_err("CA", ca)(e.to_string()))?;
         roots
             .add(c)
-            .map_err(|e| file_err("CA", &f.ca)(e.to_string()))?;
+            .map_err(|e| file_err("CA", ca)(e.to_string()))?;
     }
     if roots.is_empty() {
-        return Err(file_err("CA", &f.ca)("no certificate in it".into()));
+        return Err(file_err("CA", ca)("no certificate in it".into()));
     }
-    Ok((chain, key, roots))
+    Ok(roots)
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -127,6 +141,35 @@ pub fn client_config(f: &TlsFiles) -> Result<Arc<ClientConfig>, TlsSetupError> {
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
         .map_err(cfg)?;
+    Ok(Arc::new(c))
+}
+
+/// The files `[cluster.etcd_tls]` names: the CAs etcd's server certificate must chain
+/// to, and this node's client certificate and key when etcd requires one (etcd's
+/// `--client-cert-auth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    pub ca: PathBuf,
+    /// (certificate chain, key), PEM.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+/// The election's TLS to etcd (`https://` endpoints): etcd's certificate verified
+/// against `ca` for the endpoint's host, and the client certificate presented if given.
+pub fn etcd_client_config(f: &EtcdTlsFiles) -> Result<Arc<ClientConfig>, TlsSetupError> {
+    let roots = load_roots(&f.ca)?;
+    let cfg = |e: rustls::Error| TlsSetupError::Config(e.to_string());
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&TLS13, &TLS12])
+        .map_err(cfg)?
+        .with_root_certificates(roots);
+    let c = match &f.client {
+        Some((cert, key)) => {
+            let (chain, key) = load_chain(cert, key)?;
+            builder.with_client_auth_cert(chain, key).map_err(cfg)?
+        }
+        None => builder.with_no_client_auth(),
+    };
     Ok(Arc::new(c))
 }
 

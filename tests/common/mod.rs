@@ -454,6 +454,8 @@ pub fn parse_listening(line: &str) -> Option<(String, SocketAddr)> {
 
 /// lapin helpers: connect, declare a durable queue, drain a queue (see `amqp.rs`).
 pub mod amqp;
+/// rcgen certificates: a CA and node certificates (see `certs.rs`).
+pub mod certs;
 /// Replication: follower processes, cluster configs, a fault-injecting TCP proxy (see
 /// `cluster.rs`).
 pub mod cluster;
