@@ -324,3 +324,77 @@ fn a_follower_deletes_what_the_leaders_retention_deletes_and_its_promotion_finds
     assert_eq!(slow, (0..10).collect::<Vec<u64>>());
     assert!(rt.block_on(drain(b.addr("amqp"), "fast", T)).is_empty());
 }
+
+/// In sync mode a consumer gets a message only once `min_insync` replicas hold it, as
+/// its confirm waits for (RabbitMQ's quorum queues deliver only what is committed): with
+/// the one follower stopped (SIGSTOP), a message published without confirms is not
+/// delivered; once the follower runs again and holds it, it is.
+#[test]
+fn in_sync_mode_a_consumer_gets_a_message_only_once_enough_replicas_hold_it() {
+    use futures_util::StreamExt;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let leader = TestBroker::start_with_config(&leader_config(2));
+    let (fa, _dir) = follower(root.path(), "fa", leader.addr("replication"));
+    eventually_blocking("the follower in sync", T, || in_sync_count(&leader) == 1);
+    let addr = leader.amqp_addr();
+    let http = leader.addr("http");
+    rt.block_on(async {
+        let conn = connect(addr).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        declare_durable(&ch, "dq").await.unwrap();
+        let mut consumer = ch
+            .basic_consume(
+                "dq".into(),
+                "c".into(),
+                BasicConsumeOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let send = |n: u64| {
+            let ch = ch.clone();
+            async move {
+                ch.basic_publish(
+                    "".into(),
+                    "dq".into(),
+                    BasicPublishOptions::default(),
+                    &n.to_le_bytes(),
+                    lapin::BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap();
+            }
+        };
+        // with the follower running: delivered
+        send(1).await;
+        let d = tokio::time::timeout(T, consumer.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.data, 1u64.to_le_bytes());
+        d.ack(BasicAckOptions::default()).await.unwrap();
+
+        fa.signal("-STOP");
+        send(2).await;
+        // published (the leader's log grew past what the follower holds), not delivered
+        eventually_blocking("the leader holds the message", T, || {
+            let s = api(http, "/api/cluster");
+            s["log_end"].as_u64() > s["replicated_offset"].as_u64()
+        });
+        let early = tokio::time::timeout(Duration::from_millis(1500), consumer.next()).await;
+        assert!(
+            early.is_err(),
+            "delivered before a replica held it: {early:?}"
+        );
+        fa.signal("-CONT");
+        let d = tokio::time::timeout(T, consumer.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.data, 2u64.to_le_bytes());
+    });
+    drop(fa);
+}

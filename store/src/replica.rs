@@ -58,6 +58,8 @@ pub struct ReplicaGate {
     written: AtomicU64,
     /// Senders waiting in [`ReplicaGate::wait_appended`].
     sleepers: AtomicUsize,
+    /// `GateState::replicated`, readable without the lock (deliveries' fast path).
+    replicated_hint: AtomicU64,
     /// The lowest commitlog end a connected follower holds (`u64::MAX`: none connected):
     /// retention deletes and compacts no segment past it ([`ReplicaGate::retention_floor`]).
     floor: AtomicU64,
@@ -78,6 +80,7 @@ impl ReplicaGate {
             fenced: std::sync::atomic::AtomicBool::new(false),
             written: AtomicU64::new(0),
             sleepers: AtomicUsize::new(0),
+            replicated_hint: AtomicU64::new(0),
             floor: AtomicU64::new(u64::MAX),
             state: Mutex::new(GateState {
                 replicated: 0,
@@ -168,6 +171,7 @@ impl ReplicaGate {
     pub fn set(&self, replicated: u64, refusing: Option<String>) {
         let mut st = self.lock();
         st.replicated = st.replicated.max(replicated);
+        self.replicated_hint.store(st.replicated, Ordering::SeqCst);
         st.refusing = refusing;
         let ready: Vec<Waker> = if st.refusing.is_some() {
             st.wakers.drain(..).map(|(_, w)| w).collect()
@@ -223,6 +227,29 @@ impl ReplicaGate {
         st.refusing
             .as_ref()
             .map(|why| Err(StoreError::NotEnoughReplicas(why.clone())))
+    }
+
+    /// For deliveries in sync mode (a consumer sees a message only once `min_insync`
+    /// replicas hold it, as its confirm waits for): whether the commitlog up to `end` is
+    /// replicated enough. If not, `waker` (when given) is woken once it is, or when the
+    /// gate refuses or fences (the caller then looks again). Never blocks; one atomic
+    /// load when `end` is already below the replicated offset.
+    pub fn reached_or_wake(&self, end: u64, waker: Option<Waker>) -> bool {
+        if !self.gates() {
+            return true;
+        }
+        let fenced = self.fenced.load(Ordering::SeqCst);
+        if !fenced && self.replicated_hint.load(Ordering::SeqCst) >= end {
+            return true;
+        }
+        let mut st = self.lock();
+        if st.fenced.is_none() && st.replicated >= end {
+            return true;
+        }
+        if let Some(w) = waker {
+            st.wakers.push((end, w));
+        }
+        false
     }
 
     /// Whether `offset` is replicated enough (never blocks).

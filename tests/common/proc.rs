@@ -146,6 +146,17 @@ impl Proc {
             .next_back()
     }
 
+    /// Sends `signal` (`-STOP`, `-CONT`, ...) to the running process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = std::process::Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {signal} {}", self.name);
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

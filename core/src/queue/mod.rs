@@ -138,6 +138,9 @@ struct State {
     ready_count: u64,
     /// Body bytes of the ready messages.
     ready_bytes: u64,
+    /// In `replication.mode = sync`: the window stopped at a message not yet on
+    /// `min_insync` replicas, and the replica gate will kick this queue (see `fill`).
+    replication_wait: bool,
     consumers: Vec<Consumer>,
     /// Single active consumer: deliveries the cancelled active consumer still holds
     /// (unacked, or queued to its connection) that have not come back yet. While any

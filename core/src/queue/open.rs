@@ -152,6 +152,7 @@ impl Queue {
             unacked: HashMap::new(),
             ready_count,
             ready_bytes,
+            replication_wait: false,
             consumers: Vec::new(),
             sac_handover: 0,
             sac_old: 0,

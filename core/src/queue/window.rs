@@ -2,6 +2,7 @@
 //! enqueued, and the oldest taken out.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::tag::{tag_len, tag_priority, TAG_HAS_TTL};
 use super::{lock, After, Entry, Hot, Queue, State, FLOW_HIGH};
@@ -25,6 +26,11 @@ impl Queue {
             let Some(e) = self.store.entry(self.id, off) else {
                 continue;
             };
+            if !self.replicated_enough(st, e.commit_offset + u64::from(e.size)) {
+                // not loaded yet: the gate kicks this queue once it is replicated
+                st.loaded_upto = off;
+                break;
+            }
             let redelivered = off < st.recovered_next
                 && self
                     .store
@@ -59,6 +65,29 @@ impl Queue {
                 },
             );
         }
+    }
+
+    /// In `replication.mode = sync`, whether the record ending at `end` is on
+    /// `min_insync` replicas, so that it may be delivered (RabbitMQ's quorum queues, and
+    /// Kafka's high watermark, deliver only what is committed: a consumer never sees a
+    /// message that a failover then loses). If not, the replica gate kicks this queue
+    /// once it is (one registration at a time). Always true otherwise.
+    fn replicated_enough(&self, st: &mut State, end: u64) -> bool {
+        let Some(gate) = self.store.delivery_gate() else {
+            return true;
+        };
+        let waker = match (st.replication_wait, self.me()) {
+            (false, Some(me)) => Some(std::task::Waker::from(Arc::new(KickOnReplicated(
+                Arc::downgrade(&me),
+            )))),
+            _ => None,
+        };
+        let registered = waker.is_some();
+        if gate.reached_or_wake(end, waker) {
+            return true;
+        }
+        st.replication_wait |= registered;
+        false
     }
 
     pub(super) fn priority_of(&self, tag: u64) -> u8 {
@@ -107,7 +136,11 @@ impl Queue {
             st.ready_count += 1;
             st.ready_bytes += tag_len(tag);
             st.cq_next = st.cq_next.max(offset + 1);
-            if st.loaded_upto == offset && st.ready.len() < self.window {
+            // in sync replication `fill` loads it, once replicated (it knows the size)
+            if st.loaded_upto == offset
+                && st.ready.len() < self.window
+                && self.store.delivery_gate().is_none()
+            {
                 st.loaded_upto += 1;
                 self.note_tag(tag);
                 st.ready.insert(
@@ -148,5 +181,18 @@ impl Queue {
         st.ready_count = st.ready_count.saturating_sub(1);
         st.ready_bytes = st.ready_bytes.saturating_sub(tag_len(e.tag));
         Some((key.1, e))
+    }
+}
+
+/// The replica gate's wake-up of a queue whose window waits for replication: the queue
+/// dispatches again (and registers again if it still has to wait).
+struct KickOnReplicated(std::sync::Weak<Queue>);
+
+impl std::task::Wake for KickOnReplicated {
+    fn wake(self: Arc<Self>) {
+        if let Some(q) = self.0.upgrade() {
+            lock(&q.state).replication_wait = false;
+            q.kick();
+        }
     }
 }

@@ -346,6 +346,12 @@ impl Store {
         &self.inner.journal
     }
 
+    /// The replica gate deliveries wait on: `Some` only in `replication.mode = sync`
+    /// (see [`ReplicaGate::reached_or_wake`]).
+    pub fn delivery_gate(&self) -> Option<&Arc<crate::replica::ReplicaGate>> {
+        self.inner.cfg.replica.as_ref().filter(|g| g.is_sync())
+    }
+
     /// The commitlog, for replication (issue 18) to read raw bytes from.
     pub fn commitlog(&self) -> &CommitLog {
         &self.inner.log
