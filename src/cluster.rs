@@ -609,6 +609,12 @@ impl Elector {
                 }
             }
             let holder = self.etcd.holder(&self.key).await;
+            // a change of the key (the leader's lease ended) ends the wait below early
+            let watch_from = holder
+                .as_ref()
+                .ok()
+                .and_then(|h| h.as_ref())
+                .map(|h| h.revision + 1);
             if let Ok(h) = &holder {
                 // (etcd not answering: keep forwarding where we did)
                 let leader = h.as_ref().and_then(|h| NodeInfo::from_json(&h.value));
@@ -658,8 +664,20 @@ impl Elector {
                     continue;
                 }
             }
+            // Polled every TTL/3, and watched meanwhile: a follower learns that the
+            // leader's key went when it goes, not up to TTL/3 later. A watch that fails
+            // (etcd unreachable) leaves the poll.
+            let watch = async {
+                if let Some(from) = watch_from {
+                    if self.etcd.watch(&self.key, from).await.is_ok() {
+                        return;
+                    }
+                }
+                std::future::pending::<()>().await
+            };
             tokio::select! {
                 _ = tokio::time::sleep(poll) => {}
+                _ = watch => {}
                 _ = sigterm.recv() => break,
                 _ = sigint.recv() => break,
             }

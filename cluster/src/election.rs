@@ -107,6 +107,9 @@ pub struct Holder {
     pub epoch: u64,
     /// The holder's lease.
     pub lease: i64,
+    /// The key's `mod_revision` as read: [`Etcd::watch`] from one past it sees any
+    /// change since.
+    pub revision: u64,
 }
 
 /// A campaign's outcome.
@@ -359,6 +362,39 @@ impl Etcd {
         }
     }
 
+    /// Returns once `key` changes (put or deleted: its holder's lease ended) at or
+    /// after revision `from`, through etcd's watch stream on the endpoint that answered
+    /// last. Not bounded by the client's timeout: the caller races it against its own
+    /// poll and drops it (closing the stream). An error (no endpoint, the stream ended)
+    /// says nothing about the key: the caller polls as before.
+    pub async fn watch(&self, key: &str, from: u64) -> Result<(), EtcdError> {
+        let path = "/v3/watch";
+        let body = json!({ "create_request": { "key": b64(key.as_bytes()),
+                                               "start_revision": from.to_string() } });
+        let at = self.preferred.load(Ordering::Relaxed);
+        let endpoint = self
+            .endpoints
+            .get(at)
+            .or_else(|| self.endpoints.first())
+            .ok_or_else(|| EtcdError::Unreachable {
+                endpoint: String::new(),
+                reason: "no endpoint configured".into(),
+            })?;
+        let body = Bytes::from(body.to_string());
+        match post_with(endpoint, path, body, self.tls.as_ref(), Answer::FirstEvent).await {
+            Ok((status, _)) if (200..300).contains(&status) => Ok(()),
+            Ok((status, bytes)) => Err(EtcdError::Status {
+                path,
+                status,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+            }),
+            Err(reason) => Err(EtcdError::Unreachable {
+                endpoint: endpoint.clone(),
+                reason,
+            }),
+        }
+    }
+
     /// Puts `key` = `value`, bound to `lease` (0: none).
     pub async fn put(&self, key: &str, value: &[u8], lease: i64) -> Result<(), EtcdError> {
         let (key, value) = (b64(key.as_bytes()), b64(value));
@@ -409,6 +445,7 @@ fn holder(path: &'static str, kv: &Value) -> Result<Holder, EtcdError> {
         value: unb64(kv.get("value")).ok_or_else(|| malformed(path, kv))?,
         epoch: epoch as u64,
         lease: int(kv.get("lease")).unwrap_or(0),
+        revision: int(kv.get("mod_revision")).unwrap_or(epoch) as u64,
     })
 }
 
@@ -418,6 +455,15 @@ fn malformed(path: &'static str, v: &Value) -> EtcdError {
     EtcdError::Malformed { path, what }
 }
 
+/// How much of an answer [`post_with`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// All of it (at most [`MAX_ANSWER`]).
+    Whole,
+    /// A watch stream (one JSON message per line) up to its first message with events.
+    FirstEvent,
+}
+
 /// POSTs `body` to `http://endpoint/path` (`https://` with `tls`) on a fresh connection;
 /// the status and the body.
 async fn post(
@@ -425,6 +471,17 @@ async fn post(
     path: &str,
     body: Bytes,
     tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<(u16, Bytes), String> {
+    post_with(endpoint, path, body, tls, Answer::Whole).await
+}
+
+/// [`post`], reading the answer as `answer` says.
+async fn post_with(
+    endpoint: &str,
+    path: &str,
+    body: Bytes,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    answer: Answer,
 ) -> Result<(u16, Bytes), String> {
     let addrs: Vec<SocketAddr> = endpoint
         .to_socket_addrs()
@@ -444,14 +501,14 @@ async fn post(
     let stream = stream.ok_or(last)?;
     let _ = stream.set_nodelay(true);
     match tls {
-        None => exchange(TokioIo::new(stream), endpoint, path, body).await,
+        None => exchange(TokioIo::new(stream), endpoint, path, body, answer).await,
         Some(cfg) => {
             let name = crate::tls::server_name(endpoint).map_err(|e| e.to_string())?;
             let stream = tokio_rustls::TlsConnector::from(cfg.clone())
                 .connect(name, stream)
                 .await
                 .map_err(|e| format!("TLS: {e}"))?;
-            exchange(TokioIo::new(stream), endpoint, path, body).await
+            exchange(TokioIo::new(stream), endpoint, path, body, answer).await
         }
     }
 }
@@ -462,6 +519,7 @@ async fn exchange<T>(
     endpoint: &str,
     path: &str,
     body: Bytes,
+    answer: Answer,
 ) -> Result<(u16, Bytes), String>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -478,17 +536,55 @@ where
     let answer = async {
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        let bytes = Limited::new(resp.into_body(), MAX_ANSWER)
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let bytes = if answer == Answer::FirstEvent && (200..300).contains(&status) {
+            first_event(resp.into_body()).await?
+        } else {
+            Limited::new(resp.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes()
+        };
         Ok((status, bytes))
     }
     .await;
     drop(sender);
     conn.abort();
     answer
+}
+
+/// Reads a watch stream (etcd's gateway writes one JSON message per line) up to the
+/// first message with events; returns that line. An `error` message, the stream's end,
+/// or more than [`MAX_ANSWER`] bytes without a whole line are errors.
+async fn first_event(mut body: hyper::body::Incoming) -> Result<Bytes, String> {
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            let Ok(v) = serde_json::from_slice::<Value>(&line) else {
+                return Err("a watch message that is not JSON".into());
+            };
+            if let Some(e) = v.get("error") {
+                return Err(format!("watch: {e}"));
+            }
+            let events = v.get("result").and_then(|r| r.get("events"));
+            if events
+                .and_then(Value::as_array)
+                .is_some_and(|e| !e.is_empty())
+            {
+                return Ok(Bytes::from(line));
+            }
+        }
+        if buf.len() > MAX_ANSWER {
+            return Err("a watch message over the size limit".into());
+        }
+    }
+    Err("the watch stream ended".into())
 }
 
 #[cfg(test)]
@@ -528,6 +624,7 @@ mod tests {
             value: a.to_json().into_bytes(),
             epoch: e1,
             lease: la,
+            revision: e1,
         };
         assert_eq!(lost, Campaign::Lost(want.clone()));
         assert_eq!(NodeInfo::from_json(&want.value), Some(a));
@@ -617,6 +714,39 @@ mod tests {
             c.holder(&k2).await.unwrap().is_some(),
             "the renewed key stays"
         );
+    }
+
+    /// A watch from one past the revision read returns when the key changes (here its
+    /// lease is revoked and it goes), and at once when it changed since that revision.
+    #[tokio::test]
+    async fn a_watch_returns_when_the_key_changes_after_the_revision_read() {
+        let Some((server, _dir)) = etcd() else { return };
+        let c = Arc::new(Etcd::new(&[server.url()], Duration::from_secs(5)));
+        let key = election_key("t3");
+        let lease = c.grant(TTL).await.unwrap();
+        assert!(matches!(
+            c.campaign(&key, b"a", lease).await.unwrap(),
+            Campaign::Won { .. }
+        ));
+        let h = c.holder(&key).await.unwrap().expect("held");
+        let w = {
+            let (c, key) = (c.clone(), key.clone());
+            tokio::spawn(async move { c.watch(&key, h.revision + 1).await })
+        };
+        // a change of another key is not this key's
+        c.put(&election_key("t3-other"), b"x", 0).await.unwrap();
+        assert!(!w.is_finished(), "the watch returned for another key");
+        c.revoke(lease).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("the watch saw the key go")
+            .unwrap()
+            .unwrap();
+        // from a revision the change is past: at once
+        tokio::time::timeout(Duration::from_secs(10), c.watch(&key, h.revision + 1))
+            .await
+            .expect("a past change is reported at once")
+            .unwrap();
     }
 
     #[tokio::test]
