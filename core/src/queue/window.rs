@@ -76,17 +76,22 @@ impl Queue {
         let Some(gate) = self.store.delivery_gate() else {
             return true;
         };
-        let waker = match (st.replication_wait, self.me()) {
-            (false, Some(me)) => Some(std::task::Waker::from(Arc::new(KickOnReplicated(
-                Arc::downgrade(&me),
-            )))),
-            _ => None,
-        };
-        let registered = waker.is_some();
-        if gate.reached_or_wake(end, waker) {
+        // the common case, replicated already: one atomic load, no waker built
+        if gate.reached_or_wake(end, None) {
             return true;
         }
-        st.replication_wait |= registered;
+        if st.replication_wait {
+            return false;
+        }
+        let Some(me) = self.me() else {
+            return false;
+        };
+        let waker = std::task::Waker::from(Arc::new(KickOnReplicated(Arc::downgrade(&me))));
+        // registered under the gate's lock, which looks again: replicated meanwhile, go on
+        if gate.reached_or_wake(end, Some(waker)) {
+            return true;
+        }
+        st.replication_wait = true;
         false
     }
 
