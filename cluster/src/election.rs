@@ -205,7 +205,13 @@ impl Etcd {
             let Some(endpoint) = self.endpoints.get(at) else {
                 continue;
             };
-            let call = post(endpoint, path, body.clone(), self.tls.as_ref());
+            let call = post(
+                endpoint,
+                path,
+                body.clone(),
+                self.tls.as_ref(),
+                Answer::Whole,
+            );
             let answer = tokio::time::timeout(self.timeout, call)
                 .await
                 .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.timeout)));
@@ -381,7 +387,7 @@ impl Etcd {
                 reason: "no endpoint configured".into(),
             })?;
         let body = Bytes::from(body.to_string());
-        match post_with(endpoint, path, body, self.tls.as_ref(), Answer::FirstEvent).await {
+        match post(endpoint, path, body, self.tls.as_ref(), Answer::FirstEvent).await {
             Ok((status, _)) if (200..300).contains(&status) => Ok(()),
             Ok((status, bytes)) => Err(EtcdError::Status {
                 path,
@@ -455,7 +461,7 @@ fn malformed(path: &'static str, v: &Value) -> EtcdError {
     EtcdError::Malformed { path, what }
 }
 
-/// How much of an answer [`post_with`] reads.
+/// How much of an answer [`post`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Answer {
     /// All of it (at most [`MAX_ANSWER`]).
@@ -465,18 +471,8 @@ enum Answer {
 }
 
 /// POSTs `body` to `http://endpoint/path` (`https://` with `tls`) on a fresh connection;
-/// the status and the body.
+/// the status and the body, read as `answer` says.
 async fn post(
-    endpoint: &str,
-    path: &str,
-    body: Bytes,
-    tls: Option<&Arc<rustls::ClientConfig>>,
-) -> Result<(u16, Bytes), String> {
-    post_with(endpoint, path, body, tls, Answer::Whole).await
-}
-
-/// [`post`], reading the answer as `answer` says.
-async fn post_with(
     endpoint: &str,
     path: &str,
     body: Bytes,

@@ -599,11 +599,6 @@ impl ReplicaStore {
         Ok(deleted)
     }
 
-    /// Segment files this copy holds.
-    pub fn segment_count(&self) -> usize {
-        self.log.segment_list().len()
-    }
-
     /// Makes everything written durable (`fdatasync` of the journal, `msync` of the new
     /// log bytes) and returns the durable (commitlog end, journal position): what the
     /// follower acknowledges. Then deletes what the leader's deletions now allow
@@ -768,16 +763,16 @@ mod tests {
         // not yet: the journal position is not held here
         r.note_retained(list.clone(), log.end(), 1);
         r.sync().unwrap();
-        assert_eq!(r.segment_count(), 4);
+        assert_eq!(r.log.segment_list().len(), 4);
         // a truncation drops it
         r.truncate_log(held).unwrap();
         ship(&log, &mut r, 1 << 20);
         r.sync().unwrap();
-        assert_eq!(r.segment_count(), starts.len());
+        assert_eq!(r.log.segment_list().len(), starts.len());
         // the log end is not held yet: kept until it is
         r.note_retained(list.clone(), log.end() + 1, 0);
         r.sync().unwrap();
-        assert_eq!(r.segment_count(), starts.len());
+        assert_eq!(r.log.segment_list().len(), starts.len());
         r.forget_retained();
         r.note_retained(list.clone(), log.end(), 0);
         r.sync().unwrap();
@@ -787,7 +782,7 @@ mod tests {
         // reopened with its holes: nothing is cut, every remaining record is there
         let r = ReplicaStore::open(f.path(), 4096).unwrap();
         assert_eq!(r.log_end(), log.end());
-        assert_eq!(r.segment_count(), list.len());
+        assert_eq!(r.log.segment_list().len(), list.len());
     }
 
     #[test]

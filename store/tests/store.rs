@@ -403,6 +403,27 @@ fn retention_deletes_consumed_segments_only() {
 /// holds every tenth message for a long time: the log (the segment being written
 /// included) stays within twice the slow queue's live bytes plus two segments, and the slow queue's
 /// messages survive compaction, crashes in the middle of one and restarts, exactly once.
+/// The slow queue holds exactly `held` (queue offset -> message number), each message
+/// whole and found once by its key (a compaction's copy, never also its original), and
+/// the fast queue nothing.
+fn check_held(store: &Store, [fast, slow]: [u32; 2], held: &BTreeMap<u64, u64>) {
+    assert_eq!(
+        store.unacked(slow, usize::MAX).unwrap(),
+        held.keys().copied().collect::<Vec<_>>()
+    );
+    for (off, i) in held {
+        let (e, rec) = store.read_queue(slow, *off).unwrap().expect("held entry");
+        assert_eq!(e.tag_hash, *i);
+        assert_eq!(rec.body.as_ref(), body_for(*i).as_slice(), "message {i}");
+        assert_eq!(rec.properties.as_ref(), format!("p{i}").as_bytes());
+        assert_eq!(rec.born_ts_ms, *i);
+        // one copy is found by its key, even while an older one still exists
+        let found = store.lookup_key(format!("msg-{i}").as_bytes(), 8).unwrap();
+        assert_eq!(found.len(), 1, "message {i} by key");
+    }
+    assert_eq!(store.queue_info(fast).unwrap().pending(), 0);
+}
+
 #[test]
 fn one_slow_queue_does_not_pin_the_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -464,30 +485,13 @@ fn one_slow_queue_does_not_pin_the_log() {
         written > 40 * cfg.segment_size,
         "the test wrote {written} bytes: enough segments to matter"
     );
-    let check = |store: &Store| {
-        assert_eq!(
-            store.unacked(slow, usize::MAX).unwrap(),
-            held.keys().copied().collect::<Vec<_>>()
-        );
-        for (off, i) in &held {
-            let (e, rec) = store.read_queue(slow, *off).unwrap().expect("held entry");
-            assert_eq!(e.tag_hash, *i);
-            assert_eq!(rec.body.as_ref(), body_for(*i).as_slice(), "message {i}");
-            assert_eq!(rec.properties.as_ref(), format!("p{i}").as_bytes());
-            assert_eq!(rec.born_ts_ms, *i);
-            // one copy is found by its key, even while an older one still exists
-            let found = store.lookup_key(format!("msg-{i}").as_bytes(), 8).unwrap();
-            assert_eq!(found.len(), 1, "message {i} by key");
-        }
-        assert_eq!(store.queue_info(fast).unwrap().pending(), 0);
-    };
-    check(&store);
+    check_held(&store, [fast, slow], &held);
     store.abandon();
     let store = Store::open(cfg.clone()).unwrap();
-    check(&store);
+    check_held(&store, [fast, slow], &held);
     drop(store);
     let store = Store::open(cfg.clone()).unwrap();
-    check(&store);
+    check_held(&store, [fast, slow], &held);
     eprintln!(
         "at most {max_segments} segments, at most {worst:.2} beyond twice the live bytes, \
          for {} held messages",
@@ -509,17 +513,8 @@ fn a_log_with_deleted_segments_replays_whole_without_its_checkpoint() {
     let fast = store.create_queue("/", "fast", true).unwrap();
     let slow = store.create_queue("/", "slow", true).unwrap();
     let mut held: BTreeMap<u64, u64> = BTreeMap::new();
-    for i in 0..600u64 {
-        let qs: Vec<u32> = if i % 10 == 0 {
-            vec![fast, slow]
-        } else {
-            vec![fast]
-        };
-        let (_, offs) = append(&store, &qs, i);
-        store.ack(fast, &[offs[0].1]).unwrap().wait().unwrap();
-        if let Some(&(_, off)) = offs.get(1) {
-            held.insert(off, i);
-        }
+    write_fast_and_slow(&store, [fast, slow], 600, |i, slow_entry| {
+        held.extend(slow_entry.map(|off| (off, i)));
         if i % 70 == 69 {
             let (&off, _) = held.iter().nth(held.len() / 2).unwrap();
             store.ack(slow, &[off]).unwrap().wait().unwrap();
@@ -529,7 +524,7 @@ fn a_log_with_deleted_segments_replays_whole_without_its_checkpoint() {
             store.checkpoint().unwrap();
             store.run_retention().unwrap();
         }
-    }
+    });
     let starts: Vec<u64> = store
         .segment_paths()
         .iter()
@@ -540,18 +535,6 @@ fn a_log_with_deleted_segments_replays_whole_without_its_checkpoint() {
         "no hole in the log: {starts:?}"
     );
     store.close().unwrap();
-    let check = |store: &Store| {
-        assert_eq!(
-            store.unacked(slow, usize::MAX).unwrap(),
-            held.keys().copied().collect::<Vec<_>>()
-        );
-        for (off, i) in &held {
-            let (e, rec) = store.read_queue(slow, *off).unwrap().expect("held entry");
-            assert_eq!(e.tag_hash, *i);
-            assert_eq!(rec.body.as_ref(), body_for(*i).as_slice(), "message {i}");
-        }
-        assert_eq!(store.queue_info(fast).unwrap().pending(), 0);
-    };
     assert!(triad_store::replica::drop_broker_state(dir.path()).unwrap());
     // a follower opens it (and cuts nothing)
     let replica = triad_store::replica::ReplicaStore::open(dir.path(), cfg.segment_size).unwrap();
@@ -560,9 +543,9 @@ fn a_log_with_deleted_segments_replays_whole_without_its_checkpoint() {
     // then a promotion replays it all
     let store = Store::open(cfg.clone()).unwrap();
     assert_eq!(store.stats().commitlog_end, end);
-    check(&store);
+    check_held(&store, [fast, slow], &held);
     store.abandon();
-    check(&Store::open(cfg).unwrap());
+    check_held(&Store::open(cfg).unwrap(), [fast, slow], &held);
 }
 
 /// A store with async flushing (as the broker's `flush = "async"`, where a segment can
