@@ -288,12 +288,15 @@ impl FlushShared {
         self.lock().shutdown
     }
 
-    /// For the flusher: everything below `offset` is durable now.
+    /// For the flusher: everything below `offset` is durable now. It is also written:
+    /// a flush to the log's end (the checkpoint's) can pass appends whose writers have
+    /// not called [`Self::appended`] yet, and `written ≥ flushed` must hold.
     pub fn complete(&self, offset: u64) {
         let mut st = self.lock();
         if offset > st.flushed {
             st.flushed = offset;
         }
+        st.written = st.written.max(offset);
         let flushed = st.flushed;
         let mut ready = Vec::new();
         st.wakers.retain(|(t, w)| {
@@ -512,6 +515,21 @@ mod tests {
         assert!(Durable::new(30, s.clone()).wait().is_err());
         assert!(s.check().is_err());
         assert_eq!(s.next_target(), None);
+    }
+
+    #[test]
+    fn a_flush_past_what_was_reported_appended_is_not_an_underflow() {
+        // The checkpoint flushes to the log's end, which may hold appends whose writers
+        // have not told the flusher yet (they dropped the writer lock and were preempted):
+        // their late `appended` calls come in below the flushed offset.
+        let s = FlushShared::new(0);
+        s.appended(50, u64::MAX);
+        s.complete(200);
+        assert_eq!(s.appended(100, 0), 200);
+        assert_eq!(s.written(), 200);
+        assert_eq!(s.next_target_async(Duration::from_millis(1), 1), None);
+        s.appended(250, u64::MAX);
+        assert_eq!(s.next_target_async(Duration::from_millis(1), 1), Some(250));
     }
 
     #[test]
