@@ -331,7 +331,20 @@ fn a_follower_deletes_what_the_leaders_retention_deletes_and_its_promotion_finds
 /// delivered; once the follower runs again and holds it, it is.
 #[test]
 fn in_sync_mode_a_consumer_gets_a_message_only_once_enough_replicas_hold_it() {
+    a_consumer_waits_for_the_replicas(false);
+}
+
+#[test]
+fn in_sync_mode_a_stream_consumer_reads_an_entry_only_once_enough_replicas_hold_it() {
+    a_consumer_waits_for_the_replicas(true);
+}
+
+/// With `min_insync = 2` and the one follower stopped (SIGSTOP), a message is published
+/// (the leader holds it) but not delivered, from a classic queue or a `stream`; once the
+/// follower runs again it is.
+fn a_consumer_waits_for_the_replicas(stream: bool) {
     use futures_util::StreamExt;
+    use lapin::types::{AMQPValue, FieldTable, LongString};
     let rt = tokio::runtime::Runtime::new().unwrap();
     let root = tempfile::tempdir().unwrap();
     let leader = TestBroker::start_with_config(&leader_config(2));
@@ -342,13 +355,37 @@ fn in_sync_mode_a_consumer_gets_a_message_only_once_enough_replicas_hold_it() {
     rt.block_on(async {
         let conn = connect(addr).await.unwrap();
         let ch = conn.create_channel().await.unwrap();
-        declare_durable(&ch, "dq").await.unwrap();
+        let mut consume_args = FieldTable::default();
+        if stream {
+            let mut args = FieldTable::default();
+            args.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString(LongString::from("stream")),
+            );
+            ch.queue_declare(
+                "dq".into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                args,
+            )
+            .await
+            .unwrap();
+            ch.basic_qos(10, BasicQosOptions::default()).await.unwrap();
+            consume_args.insert(
+                "x-stream-offset".into(),
+                AMQPValue::LongString(LongString::from("first")),
+            );
+        } else {
+            declare_durable(&ch, "dq").await.unwrap();
+        }
         let mut consumer = ch
             .basic_consume(
                 "dq".into(),
                 "c".into(),
                 BasicConsumeOptions::default(),
-                lapin::types::FieldTable::default(),
+                consume_args,
             )
             .await
             .unwrap();

@@ -137,6 +137,12 @@ struct State {
     first: u64,
     /// One past the last entry.
     next: u64,
+    /// In `replication.mode = sync`: one past the last entry known to be on
+    /// `min_insync` replicas; consumers read below it only (as a classic queue's window
+    /// loads, see `Queue::fill`). Raised as dispatches find entries replicated.
+    replicated: u64,
+    /// The replica gate holds a waker that dispatches again once more is replicated.
+    replication_wait: bool,
     /// Body bytes of the retained entries, kept only with `x-max-length-bytes` (0
     /// otherwise: counting costs an index read per entry).
     bytes: u64,
@@ -233,6 +239,9 @@ impl Stream {
             st: Mutex::new(State {
                 first,
                 next,
+                // entries stored before this open may not be replicated yet either
+                replicated: first,
+                replication_wait: false,
                 bytes,
                 consumers: Vec::new(),
                 next_id: 1,
@@ -631,7 +640,7 @@ impl Stream {
 
     /// Hands entries to every consumer with credit from its own cursor.
     fn dispatch(&self, me: &Arc<Queue>, st: &mut State, hot: Option<(u64, &Hot)>) {
-        let (first, next) = (st.first, st.next);
+        let (first, next) = (st.first, self.replicated_next(me, st));
         let mut delivered = 0;
         // the last entry read: consumers at the same offset (those following the tail)
         // share its properties (with `x-stream-offset`) instead of each building them
@@ -670,6 +679,52 @@ impl Stream {
             }
         }
         st.delivered += delivered;
+    }
+
+    /// One past the last entry consumers may read: `next`, except in
+    /// `replication.mode = sync`, where it is one past the last entry on `min_insync`
+    /// replicas, so that no consumer reads an entry a failover then loses (what the
+    /// confirm waited for). When it stops short of `next`, the replica gate dispatches
+    /// again once more is replicated (one registration at a time). Each entry is looked
+    /// at once (a compaction's copy may sit later in the log than a newer entry, so one
+    /// entry's replication says nothing of the next's).
+    fn replicated_next(&self, me: &Arc<Queue>, st: &mut State) -> u64 {
+        let Some(gate) = self.store.delivery_gate() else {
+            return st.next;
+        };
+        st.replicated = st.replicated.max(st.first);
+        while st.replicated < st.next {
+            let Some(e) = self.store.entry(self.id, st.replicated) else {
+                // gone (retention raced) or unreadable: dispatch skips it too
+                st.replicated += 1;
+                continue;
+            };
+            let end = e.commit_offset + u64::from(e.size);
+            if gate.reached_or_wake(end, None) {
+                st.replicated += 1;
+                continue;
+            }
+            if st.replication_wait {
+                break;
+            }
+            // registered under the gate's lock, which looks again
+            if gate.reached_or_wake(end, Some(crate::queue::replicated_waker(me))) {
+                st.replicated += 1;
+                continue;
+            }
+            st.replication_wait = true;
+            break;
+        }
+        st.replicated
+    }
+
+    /// The replica gate's wake-up: more is replicated (or the gate fenced); dispatch.
+    pub(crate) fn on_replicated(&self, me: &Arc<Queue>) {
+        let mut st = self.lock();
+        st.replication_wait = false;
+        if !st.deleted {
+            self.dispatch(me, &mut st, None);
+        }
     }
 
     /// Entry `off` as delivered (its properties with `x-stream-offset`): from `cached`

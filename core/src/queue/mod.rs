@@ -57,6 +57,7 @@ pub use flow::{FLOW_HIGH, FLOW_LOW};
 pub use info::{ConsumerInfo, QueueStats, RATE_NAMES};
 use limits::refuses_when_full;
 pub(crate) use tag::make_tag;
+pub(crate) use window::replicated_waker;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};

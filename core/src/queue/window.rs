@@ -86,9 +86,8 @@ impl Queue {
         let Some(me) = self.me() else {
             return false;
         };
-        let waker = std::task::Waker::from(Arc::new(KickOnReplicated(Arc::downgrade(&me))));
         // registered under the gate's lock, which looks again: replicated meanwhile, go on
-        if gate.reached_or_wake(end, Some(waker)) {
+        if gate.reached_or_wake(end, Some(replicated_waker(&me))) {
             return true;
         }
         st.replication_wait = true;
@@ -189,15 +188,27 @@ impl Queue {
     }
 }
 
-/// The replica gate's wake-up of a queue whose window waits for replication: the queue
-/// dispatches again (and registers again if it still has to wait).
+/// The waker a queue leaves with the replica gate when its deliveries wait for
+/// replication (sync mode).
+pub(crate) fn replicated_waker(q: &Arc<Queue>) -> std::task::Waker {
+    std::task::Waker::from(Arc::new(KickOnReplicated(Arc::downgrade(q))))
+}
+
+/// The replica gate's wake-up of a queue whose deliveries wait for replication: the
+/// queue (or stream) dispatches again, and registers again if it still has to wait.
 struct KickOnReplicated(std::sync::Weak<Queue>);
 
 impl std::task::Wake for KickOnReplicated {
     fn wake(self: Arc<Self>) {
-        if let Some(q) = self.0.upgrade() {
-            lock(&q.state).replication_wait = false;
-            q.kick();
+        let Some(q) = self.0.upgrade() else {
+            return;
+        };
+        match &q.stream {
+            Some(s) => s.on_replicated(&q),
+            None => {
+                lock(&q.state).replication_wait = false;
+                q.kick();
+            }
         }
     }
 }
