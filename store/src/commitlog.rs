@@ -33,7 +33,7 @@ use bytes::Bytes;
 use memmap2::MmapRaw;
 
 use crate::error::{Result, StoreError};
-use crate::file::{offset_name, open_preallocated, parse_offset_name, sync_dir};
+use crate::file::{data_ranges, offset_name, open_preallocated, parse_offset_name, sync_dir};
 use crate::record::{self, Decoded, MessageView, MIN_PADDING};
 
 /// How far past the writer [`CommitLog::warm_ahead`] keeps pages faulted in (at most a
@@ -1068,28 +1068,31 @@ impl CommitLog {
 }
 
 /// Zeroes (and flushes) every 4 KiB chunk of `seg` from `local` on that holds a non-zero
-/// byte; returns whether there was one. A chunk is compared whole with a zero chunk (one
-/// `memcmp`, also in debug builds, where a byte-by-byte scan of a 1 GiB segment took
-/// 11 s of a restart) and written only if stale, so the never-written rest of a
-/// preallocated segment is read once and not written.
+/// byte; returns whether there was one. Only the parts the filesystem says may hold data
+/// are read ([`data_ranges`]: the never-written rest of a preallocated segment is not
+/// even faulted in). A chunk is compared whole with a zero chunk (one `memcmp`, also in
+/// debug builds, where a byte-by-byte scan of a 1 GiB segment took 11 s of a restart)
+/// and written only if stale.
 fn zero_stale(seg: &Segment, local: u64) -> Result<bool> {
-    const CHUNK: usize = 4096;
-    static ZEROS: [u8; CHUNK] = [0; CHUNK];
-    let Some(tail) = seg.slice_mut(local, seg.len) else {
-        return Ok(false);
-    };
-    let mut span: Option<(usize, usize)> = None;
-    for (i, c) in tail.chunks_mut(CHUNK).enumerate() {
-        if c != ZEROS.get(..c.len()).unwrap_or(&ZEROS) {
-            c.fill(0);
-            let at = i * CHUNK;
-            span = Some((span.map_or(at, |s| s.0), at + c.len()));
+    const CHUNK: u64 = 4096;
+    static ZEROS: [u8; CHUNK as usize] = [0; CHUNK as usize];
+    let mut span: Option<(u64, u64)> = None;
+    for (from, to) in data_ranges(&seg.path, local, seg.len) {
+        let Some(part) = seg.slice_mut(from, to) else {
+            continue;
+        };
+        for (i, c) in part.chunks_mut(CHUNK as usize).enumerate() {
+            if c != ZEROS.get(..c.len()).unwrap_or(&ZEROS) {
+                c.fill(0);
+                let at = from + i as u64 * CHUNK;
+                span = Some((span.map_or(at, |s| s.0), at + c.len() as u64));
+            }
         }
     }
     let Some((a, b)) = span else {
         return Ok(false);
     };
-    seg.flush_range(local + a as u64, local + b as u64)?;
+    seg.flush_range(a, b)?;
     Ok(true)
 }
 
