@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::amqp::{connect, declare_durable, drain, publish_numbered};
+use common::amqp::{connect, declare_durable, declare_durable_with, drain, publish_numbered};
 use common::cluster::{api, follower, in_sync_count, leader_config, Proc, T};
 use common::{ephemeral_listen_args, TestBroker, TEST_CONFIG};
 use lapin::options::*;
@@ -362,16 +362,7 @@ fn a_consumer_waits_for_the_replicas(stream: bool) {
                 "x-queue-type".into(),
                 AMQPValue::LongString(LongString::from("stream")),
             );
-            ch.queue_declare(
-                "dq".into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                args,
-            )
-            .await
-            .unwrap();
+            declare_durable_with(&ch, "dq", args).await.unwrap();
             ch.basic_qos(10, BasicQosOptions::default()).await.unwrap();
             consume_args.insert(
                 "x-stream-offset".into(),

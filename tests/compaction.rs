@@ -304,16 +304,9 @@ fn an_expired_queue_frees_its_disk() {
         let ch = conn.create_channel().await.unwrap();
         let mut args = FieldTable::default();
         args.insert("x-expires".into(), lapin::types::AMQPValue::LongInt(1500));
-        ch.queue_declare(
-            "expiring".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await
-        .unwrap();
+        amqp::declare_durable_with(&ch, "expiring", args)
+            .await
+            .unwrap();
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .unwrap();

@@ -23,16 +23,9 @@ fn now_ms() -> u64 {
 }
 
 async fn declare(ch: &Channel, name: &str, args: FieldTable) {
-    ch.queue_declare(
-        name.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
+    common::amqp::declare_durable_with(ch, name, args)
+        .await
+        .unwrap();
 }
 
 fn delayed_props(ms: i64, sent_at: u64) -> BasicProperties {

@@ -255,16 +255,9 @@ fn queue_x_expires_frees_its_disk() {
             .unwrap();
         let mut args = FieldTable::default();
         args.insert("x-expires".into(), AMQPValue::LongInt(1500));
-        ch.queue_declare(
-            "expiring".into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await
-        .unwrap();
+        common::amqp::declare_durable_with(&ch, "expiring", args)
+            .await
+            .unwrap();
         for i in 0..100u32 {
             ch.basic_publish(
                 "".into(),

@@ -35,16 +35,9 @@ fn stream_args(extra: &[(&str, AMQPValue)]) -> FieldTable {
 }
 
 async fn declare_stream(ch: &Channel, name: &str, args: FieldTable) {
-    ch.queue_declare(
-        name.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
+    common::amqp::declare_durable_with(ch, name, args)
+        .await
+        .unwrap();
 }
 
 async fn publish_confirmed(ch: &Channel, queue: &str, bodies: impl Iterator<Item = Vec<u8>>) {

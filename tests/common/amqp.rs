@@ -27,6 +27,16 @@ pub async fn connect(addr: SocketAddr) -> lapin::Result<Connection> {
 
 /// Declares a durable queue; returns its ready message count.
 pub async fn declare_durable(ch: &Channel, name: &str) -> lapin::Result<u32> {
+    declare_durable_with(ch, name, FieldTable::default()).await
+}
+
+/// Declares a durable queue with arguments (`x-queue-type`, `x-expires`, ...); returns
+/// its ready message count.
+pub async fn declare_durable_with(
+    ch: &Channel,
+    name: &str,
+    args: FieldTable,
+) -> lapin::Result<u32> {
     let q = ch
         .queue_declare(
             name.into(),
@@ -34,7 +44,7 @@ pub async fn declare_durable(ch: &Channel, name: &str) -> lapin::Result<u32> {
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            args,
         )
         .await?;
     Ok(q.message_count())
